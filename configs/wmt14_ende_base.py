@@ -1,0 +1,17 @@
+"""The paper's base model (table 3): N=6, d_model 512, d_ff 2048, h 8, dropout 0.1, label
+smoothing 0.1, 37,000 shared BPE-sized vocabulary, ~25k target tokens per batch, 100k steps,
+WMT14 English->German from TFDS (downloads on first use)."""
+from configs import common
+
+
+def get_config():
+  c = common.base_config()
+  c.model.update(vocab_size=37_000, d_model=512, d_ff=2048, num_heads=8, num_layers=6,
+                 dropout_rate=0.1, max_len=256)
+  c.data.update(name="wmt14_translate/de-en", source_lang="en", target_lang="de",
+                train_split="train", eval_split="validation", test_split="test",
+                vocab_size=37_000, tokens_per_batch=25_000, max_len=256)
+  c.optim.update(warmup_steps=4000, label_smoothing=0.1)
+  c.num_train_steps = 100_000
+  c.checkpoint_every_steps = 1_000
+  return c

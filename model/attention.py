@@ -1,0 +1,99 @@
+"""Scaled dot-product attention and the head split/merge around it (pure functions).
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V          (paper, eq. 1)
+
+Shapes use `heads` for h and `d_k` / `d_v` for the per-head widths (d_model / h in the paper).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def split_heads(x: jax.Array, num_heads: int) -> jax.Array:
+  """[batch, length, d_model] -> [batch, length, heads, d_model / heads]."""
+  if x.ndim != 3:
+    raise ValueError(f"split_heads: x must be [batch, length, d_model], got shape {x.shape}")
+  batch, length, d_model = x.shape
+  if d_model % num_heads:
+    raise ValueError(f"split_heads: d_model={d_model} is not divisible by num_heads={num_heads}")
+  return x.reshape(batch, length, num_heads, d_model // num_heads)
+
+
+def merge_heads(x: jax.Array) -> jax.Array:
+  """[batch, length, heads, d_v] -> [batch, length, heads * d_v]."""
+  if x.ndim != 4:
+    raise ValueError(f"merge_heads: x must be [batch, length, heads, d_v], got shape {x.shape}")
+  batch, length, heads, d_v = x.shape
+  return x.reshape(batch, length, heads * d_v)
+
+
+def _check_shapes(query, key, value, mask):
+  if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+    raise ValueError(
+        "dot_product_attention: query, key and value must be [batch, length, heads, depth]; got "
+        f"query {query.shape}, key {key.shape}, value {value.shape}")
+  bq, _, hq, dq = query.shape
+  bk, lk, hk, dk = key.shape
+  bv, lv, hv, _ = value.shape
+  if not (bq == bk == bv and hq == hk == hv and dq == dk and lk == lv):
+    raise ValueError(
+        "dot_product_attention: mismatched shapes: query [batch, q_len, heads, d_k] "
+        f"{query.shape}, key [batch, kv_len, heads, d_k] {key.shape}, value "
+        f"[batch, kv_len, heads, d_v] {value.shape}")
+  if mask is not None:
+    full = (bq, hq, query.shape[1], lk)
+    if mask.ndim != 4 or any(m not in (1, f) for m, f in zip(mask.shape, full)):
+      raise ValueError(
+          f"dot_product_attention: mask shape {mask.shape} does not broadcast to "
+          f"[batch, heads, q_len, kv_len] = {full}")
+
+
+def attention_weights(query: jax.Array, key: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+  """softmax(Q Kᵀ / √d_k) over the keys, in float32.
+
+  Args:
+    query: [batch, q_len, heads, d_k].
+    key: [batch, kv_len, heads, d_k].
+    mask: boolean, broadcastable to [batch, heads, q_len, kv_len]; True = may attend.
+
+  Returns:
+    [batch, heads, q_len, kv_len] float32 weights. A query row whose keys are all masked gets
+    all-zero weights (not NaN, not uniform), so its output is zero.
+  """
+  depth = query.shape[-1]
+  query = query / jnp.sqrt(depth).astype(query.dtype)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+  if mask is None:
+    return jax.nn.softmax(logits, axis=-1)
+  logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(logits, axis=-1)
+  # A fully masked row would softmax to uniform weights: zero it instead.
+  return jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
+
+
+def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
+                          mask: jax.Array | None = None, *, dropout_rate: float = 0.0,
+                          dropout_rng: jax.Array | None = None, return_weights: bool = False):
+  """Scaled dot-product attention.
+
+  Args:
+    query: [batch, q_len, heads, d_k].
+    key: [batch, kv_len, heads, d_k].
+    value: [batch, kv_len, heads, d_v].
+    mask: boolean, broadcastable to [batch, heads, q_len, kv_len]; True = may attend.
+    dropout_rate: dropout on the attention weights (applied when `dropout_rng` is given).
+    dropout_rng: PRNG key for that dropout; None = deterministic.
+    return_weights: also return the [batch, heads, q_len, kv_len] weights (before dropout).
+
+  Returns:
+    [batch, q_len, heads, d_v] in the dtype of `value` (and the weights if asked).
+  """
+  _check_shapes(query, key, value, mask)
+  weights = attention_weights(query, key, mask)
+  used = weights
+  if dropout_rng is not None and dropout_rate > 0.0:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    used = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+  out = jnp.einsum("bhqk,bkhd->bqhd", used.astype(value.dtype), value)
+  return (out, weights) if return_weights else out

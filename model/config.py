@@ -1,0 +1,66 @@
+"""The model's hyperparameters, with the paper's names, checked once when built."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+ATTENTION_IMPLS = ("xla", "cudnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Hyperparameters of the encoder-decoder (paper section 3 and table 3).
+
+  `num_layers` is per stack (N in the paper). `dtype` is the computation dtype; parameters are
+  always float32. `attention_impl='cudnn'` uses `jax.nn.dot_product_attention`'s cuDNN kernel
+  (GPU only); 'xla' is the reference path.
+  """
+  vocab_size: int
+  d_model: int = 512
+  d_ff: int = 2048
+  num_heads: int = 8
+  num_layers: int = 6
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  share_embeddings: bool = True
+  max_len: int = 256
+  pre_ln: bool = False
+  dtype: str = "float32"
+  remat: bool = False
+  attention_impl: str = "xla"
+
+  def __post_init__(self):
+    def bad(field, why):
+      raise ValueError(f"config error: model.{field}={getattr(self, field)!r}: {why}")
+    for field in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "max_len"):
+      if int(getattr(self, field)) <= 0:
+        bad(field, "must be a positive integer")
+    if self.d_model % self.num_heads:
+      bad("d_model", f"must be divisible by model.num_heads={self.num_heads} "
+          f"(d_k = d_model / num_heads)")
+    for field in ("dropout_rate", "attention_dropout_rate"):
+      if not 0.0 <= getattr(self, field) < 1.0:
+        bad(field, "must be in [0, 1)")
+    if self.dtype not in _DTYPES:
+      bad("dtype", f"must be one of {sorted(_DTYPES)}")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      bad("attention_impl", f"must be one of {ATTENTION_IMPLS}")
+
+  @property
+  def compute_dtype(self):
+    return _DTYPES[self.dtype]
+
+  @classmethod
+  def from_config(cls, model_cfg: Any, **overrides) -> "TransformerConfig":
+    """Builds from the `config.model` ConfigDict, taking the fields this class knows."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in dict(model_cfg).items() if k in fields}
+    values.update(overrides)
+    missing = [f.name for f in dataclasses.fields(cls)
+               if f.default is dataclasses.MISSING and f.name not in values]
+    if missing:
+      raise ValueError(f"config error: model.{missing[0]} is required")
+    return cls(**values)

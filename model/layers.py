@@ -1,0 +1,230 @@
+"""The Transformer's building blocks (paper section 3): embeddings and positional encoding,
+multi-head attention, the position-wise feed-forward network, and the encoder and decoder layers.
+
+Parameters carry logical axis names (`embed`, `heads`, `kv`, `mlp`, `vocab`) as metadata only;
+`training/parallel.py` maps them to a device mesh. Nothing here knows about devices.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+from flax.linen import initializers
+
+from model import attention as attn
+from model.config import TransformerConfig
+
+_dense_init = initializers.xavier_uniform()
+
+
+def _kernel(names: tuple[str, ...], init=_dense_init):
+  return nn.with_logical_partitioning(init, names)
+
+
+def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
+  """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same)   (section 3.5).
+
+  Args:
+    positions: [batch, length] integer positions (explicit, so packed sentences restart at 0).
+  Returns:
+    [batch, length, d_model] float32.
+  """
+  if positions.ndim != 2:
+    raise ValueError(f"sinusoidal_encoding: positions must be [batch, length], got {positions.shape}")
+  if d_model % 2:
+    raise ValueError(f"sinusoidal_encoding: d_model={d_model} must be even")
+  inv_freq = jnp.exp(-jnp.log(10000.0) * jnp.arange(0, d_model, 2, dtype=jnp.float32) / d_model)
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [batch, length, d_model/2]
+  # Interleave so even channels are sin and odd channels cos, exactly as in the paper.
+  return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
+
+
+class Embed(nn.Module):
+  """Token embeddings scaled by √d_model (section 3.4); `attend` is the pre-softmax projection
+  when the embedding is shared with the output layer."""
+  vocab_size: int
+  d_model: int
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.embedding = self.param(
+        "embedding", nn.with_logical_partitioning(
+            initializers.normal(stddev=self.d_model ** -0.5), ("vocab", "embed")),
+        (self.vocab_size, self.d_model), jnp.float32)
+
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    """[batch, length] ids -> [batch, length, d_model]."""
+    return (jnp.take(self.embedding, tokens, axis=0) * jnp.sqrt(self.d_model)).astype(self.dtype)
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    """[batch, length, d_model] -> [batch, length, vocab] logits (x Eᵀ)."""
+    return jnp.einsum("bld,vd->blv", x, self.embedding.astype(self.dtype))
+
+
+class MultiHeadAttention(nn.Module):
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+  With `decode=True` it runs one target position at a time from a key/value cache:
+  self-attention appends this step's key/value; cross-attention projects the encoder output
+  once (when the cache is created) and reuses it every step.
+  """
+  config: TransformerConfig
+  cross: bool = False
+
+  def _proj(self, name):
+    cfg = self.config
+    return nn.DenseGeneral((cfg.num_heads, cfg.d_model // cfg.num_heads), axis=-1,
+                           kernel_init=_kernel(("embed", "heads", "kv")),
+                           bias_init=nn.with_logical_partitioning(initializers.zeros, ("heads", "kv")),
+                           dtype=cfg.compute_dtype, param_dtype=jnp.float32, name=name)
+
+  @nn.compact
+  def __call__(self, x: jax.Array, memory: jax.Array | None, mask: jax.Array | None,
+               deterministic: bool, decode: bool = False, return_weights: bool = False):
+    """x: [batch, q_len, d_model]; memory: [batch, kv_len, d_model] (cross) or None (self);
+    mask: boolean [batch, 1, q_len, kv_len]. Returns [batch, q_len, d_model]."""
+    cfg = self.config
+    if x.ndim != 3 or x.shape[-1] != cfg.d_model:
+      raise ValueError(f"MultiHeadAttention: x must be [batch, length, d_model={cfg.d_model}], "
+                       f"got {x.shape}")
+    query = self._proj("query")(x)
+    if self.cross:
+      key, value, mask = self._cross_key_value(memory, mask, decode)
+    else:
+      key, value = self._proj("key")(x), self._proj("value")(x)
+      if decode:
+        key, value, mask = self._self_cache(key, value, mask)
+    rng = None
+    if not deterministic and cfg.attention_dropout_rate > 0:
+      rng = self.make_rng("dropout")
+    if cfg.attention_impl == "cudnn" and not return_weights and rng is None:
+      out = jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="cudnn")
+      weights = None
+    else:
+      out, weights = attn.dot_product_attention(query, key, value, mask, return_weights=True,
+                                                dropout_rate=cfg.attention_dropout_rate,
+                                                dropout_rng=rng)
+    if return_weights:
+      self.sow("intermediates", "attention_weights", weights)
+    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), kernel_init=_kernel(("heads", "kv", "embed")),
+                           bias_init=nn.with_logical_partitioning(initializers.zeros, ("embed",)),
+                           dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="out")(out)
+
+  def _self_cache(self, key, value, mask):
+    """Decode-time self-attention: write this step's key/value into the cache at `cache_index`."""
+    initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not initialized:  # creating the cache: shapes come from a [batch, max_len] dummy target
+      return key, value, mask
+    if key.shape[1] != 1:
+      raise ValueError(f"MultiHeadAttention: decode step expects one position, got {key.shape}")
+    i = index.value
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, i, 0, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, i, 0, 0))
+    index.value = i + 1
+    max_len = cached_key.value.shape[1]
+    mask = (jnp.arange(max_len) <= i)[None, None, None, :]
+    return cached_key.value, cached_value.value, mask
+
+  def _cross_key_value(self, memory, mask, decode):
+    """Keys/values from the encoder output; at decode time projected once and cached."""
+    if not decode:
+      return self._proj("key")(memory), self._proj("value")(memory), mask
+    if self.has_variable("cache", "cross_key"):
+      cache = self.variables["cache"]
+      return cache["cross_key"], cache["cross_value"], cache["cross_mask"]
+    key, value = self._proj("key")(memory), self._proj("value")(memory)
+    # The source mask is per sentence ([batch, 1, 1, kv_len]) so beams can be reordered with it.
+    src_mask = jnp.any(mask, axis=2, keepdims=True)
+    self.variable("cache", "cross_key", lambda: key)
+    self.variable("cache", "cross_value", lambda: value)
+    self.variable("cache", "cross_mask", lambda: src_mask)
+    return key, value, mask
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W1 + b1) W2 + b2   (section 3.3)."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[batch, length, d_model] -> [batch, length, d_model]."""
+    cfg = self.config
+    h = nn.Dense(cfg.d_ff, kernel_init=_kernel(("embed", "mlp")),
+                 bias_init=nn.with_logical_partitioning(initializers.zeros, ("mlp",)),
+                 dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="wi")(x)
+    h = nn.relu(h)
+    return nn.Dense(cfg.d_model, kernel_init=_kernel(("mlp", "embed")),
+                    bias_init=nn.with_logical_partitioning(initializers.zeros, ("embed",)),
+                    dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="wo")(h)
+
+
+def layer_norm(name: str, config: TransformerConfig) -> nn.LayerNorm:
+  return nn.LayerNorm(dtype=config.compute_dtype, param_dtype=jnp.float32, name=name,
+                      scale_init=nn.with_logical_partitioning(initializers.ones, ("embed",)),
+                      bias_init=nn.with_logical_partitioning(initializers.zeros, ("embed",)))
+
+
+class Residual(nn.Module):
+  """LayerNorm(x + Dropout(Sublayer(x)))   (section 5.4, post-LN, the paper's), or with
+  `pre_ln`: x + Dropout(Sublayer(LayerNorm(x)))."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
+               deterministic: bool) -> jax.Array:
+    cfg = self.config
+    norm = layer_norm("norm", cfg)
+    y = sublayer(norm(x) if cfg.pre_ln else x)
+    y = nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+    return x + y if cfg.pre_ln else norm(x + y)
+
+
+class EncoderLayer(nn.Module):
+  """Self-attention then feed-forward, each wrapped in `Residual`."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+    """x: [batch, src_len, d_model]; mask: [batch, 1, src_len, src_len]."""
+    cfg = self.config
+    self_attn = MultiHeadAttention(cfg, name="self_attention")
+    x = Residual(cfg, name="attention_block")(
+        x, lambda y: self_attn(y, None, mask, deterministic), deterministic)
+    return Residual(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"), deterministic)
+
+
+class DecoderLayer(nn.Module):
+  """Masked self-attention, encoder-decoder attention (omitted when `cross_attention=False`,
+  as in a decoder-only model), then feed-forward; each wrapped in `Residual`."""
+  config: TransformerConfig
+  cross_attention: bool = True
+
+  @nn.compact
+  def __call__(self, y: jax.Array, memory: jax.Array | None, self_mask: jax.Array | None,
+               cross_mask: jax.Array | None, deterministic: bool, decode: bool = False,
+               return_weights: bool = False) -> jax.Array:
+    """y: [batch, tgt_len, d_model]; memory: [batch, src_len, d_model] (encoder output);
+    self_mask: [batch, 1, tgt_len, tgt_len]; cross_mask: [batch, 1, tgt_len, src_len]."""
+    cfg = self.config
+    self_attn = MultiHeadAttention(cfg, name="self_attention")
+    y = Residual(cfg, name="self_attention_block")(
+        y, lambda h: self_attn(h, None, self_mask, deterministic, decode), deterministic)
+    if self.cross_attention:
+      cross = MultiHeadAttention(cfg, cross=True, name="cross_attention")
+      y = Residual(cfg, name="cross_attention_block")(
+          y, lambda h: cross(h, memory, cross_mask, deterministic, decode, return_weights),
+          deterministic)
+    return Residual(cfg, name="ffn_block")(y, FeedForward(cfg, name="ffn"), deterministic)
+
+
+def maybe_remat(layer_cls, config: TransformerConfig, static_argnums: tuple[int, ...]):
+  """Wraps a layer class in `nn.remat` (recompute activations in the backward pass) when
+  `config.remat` is set. `static_argnums` count `self` as argument 0."""
+  if not config.remat:
+    return layer_cls
+  return nn.remat(layer_cls, static_argnums=static_argnums)

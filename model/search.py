@@ -1,0 +1,285 @@
+"""Autoregressive search over a decoder step function: greedy, sampling and beam search.
+
+All functions are pure and jit-able (``batch_size``, ``max_len``, ``beam_size``,
+``top_k`` and ``eos_id`` must be static); time steps run in ``lax.while_loop``.
+
+Step function contract::
+
+    step_fn(ids, cache) -> (logits, cache)
+
+* ``ids``: ``[n, 1]`` int32, the previous token of each of the ``n`` live
+  sequences; the first step gets ``0``, the decoder's start symbol (targets are
+  shifted right with 0 = PAD).
+* ``logits``: ``[n, vocab]``, any float dtype; log-softmax is taken in float32.
+* ``cache``: any pytree (may be empty). Every leaf of rank >= 1 has leading
+  dimension ``n``; rank-0 leaves (e.g. a shared decode index) are passed
+  through untouched when beams are expanded or reordered. The structure,
+  shapes and dtypes must be the same before and after a step.
+
+Output convention: ``ids`` rows hold the generated tokens (the start symbol is
+not included); after a row's EOS every position is PAD, and a row that never
+emits EOS runs to ``max_len`` without one.
+
+``max_lens`` (optional, ``[batch]`` int): per-sentence maximum number of
+generated tokens *including* EOS. At step ``t`` (0-based) a sentence with
+``t + 1 >= max_lens`` is forced to emit EOS, so its row has at most
+``max_lens`` non-PAD tokens, the last being EOS. Values above ``max_len`` have
+no effect (the global ``max_len`` truncates without EOS); values below 1 act as 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+__all__ = ["PAD_ID", "EOS_ID", "length_penalty", "expand_to_beams", "gather_beams",
+           "greedy_search", "sample", "beam_search"]
+
+PAD_ID = 0
+EOS_ID = 1
+NEG_INF = float("-inf")
+
+StepFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
+
+
+def length_penalty(length, alpha):
+    """GNMT length penalty ``((5 + length) / 6) ** alpha`` in float32 (any shape)."""
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def _map_batched(fn, tree):
+    """Applies ``fn`` to every leaf of rank >= 1; rank-0 leaves pass through."""
+    return jax.tree_util.tree_map(lambda x: x if jnp.ndim(x) == 0 else fn(x), tree)
+
+
+def expand_to_beams(tree, beam_size: int):
+    """Repeats each batch row ``beam_size`` times: leaves ``[batch, ...]`` -> ``[batch*beam, ...]``.
+
+    Row ``b * beam_size + j`` is beam ``j`` of batch entry ``b``. Rank-0 leaves pass through.
+    """
+    return _map_batched(lambda x: jnp.repeat(x, beam_size, axis=0), tree)
+
+
+def gather_beams(tree, indices, batch: int, beam: int):
+    """Reorders beams within each batch entry.
+
+    Args:
+      tree: pytree, leaves ``[batch*beam, ...]`` (beam-major within a batch entry,
+        as made by ``expand_to_beams``); rank-0 leaves pass through.
+      indices: ``[batch, new_beam]`` int, source beam in ``[0, beam)`` for each new beam.
+    Returns:
+      the tree with leaves ``[batch*new_beam, ...]``; new row ``b*new_beam + j`` is
+      old row ``b*beam + indices[b, j]``.
+    """
+    flat = (indices + jnp.arange(batch, dtype=indices.dtype)[:, None] * beam).reshape(-1)
+    return _map_batched(lambda x: x[flat], tree)
+
+
+def _take_beams(x, indices):
+    """``x`` ``[batch, beam, ...]``, ``indices`` ``[batch, new]`` -> ``[batch, new, ...]``."""
+    idx = indices.reshape(indices.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, idx, axis=1)
+
+
+def _log_probs(logits):
+    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+
+
+def _decode(step_fn: StepFn, cache, batch_size: int, max_len: int, choose, eos_id: int, max_lens):
+    """Shared loop of greedy/sampling; ``choose(logp [batch, vocab], t) -> [batch]`` tokens."""
+    if max_lens is not None:
+        max_lens = jnp.asarray(max_lens, jnp.int32)
+
+    def cond(state):
+        t, _, _, done, _ = state
+        return (t < max_len) & ~jnp.all(done)
+
+    def body(state):
+        t, ids, prev, done, cache = state
+        logits, cache = step_fn(prev[:, None], cache)
+        tok = choose(_log_probs(logits), t).astype(jnp.int32)
+        if max_lens is not None:
+            tok = jnp.where(t + 1 >= max_lens, eos_id, tok)
+        tok = jnp.where(done, PAD_ID, tok)
+        ids = lax.dynamic_update_slice(ids, tok[:, None], (0, t))
+        return t + 1, ids, tok, done | (tok == eos_id), cache
+
+    init = (
+        jnp.int32(0),
+        jnp.full((batch_size, max_len), PAD_ID, jnp.int32),
+        jnp.zeros((batch_size,), jnp.int32),  # start symbol
+        jnp.zeros((batch_size,), bool),
+        cache,
+    )
+    return lax.while_loop(cond, body, init)[1]
+
+
+def greedy_search(step_fn: StepFn, cache, batch_size: int, max_len: int, *, eos_id: int = EOS_ID,
+                  max_lens=None):
+    """Argmax decoding; stops early once every sequence has emitted EOS.
+
+    Args:
+      cache: pytree with leaves ``[batch, ...]`` (or rank 0).
+      max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
+    Returns:
+      ids ``[batch, max_len]`` int32, PAD after EOS.
+    """
+    # Argmax of the float32 log-probs (not the raw logits) so ties break exactly
+    # as in beam search; beam_size=1 reproduces this function.
+    return _decode(step_fn, cache, batch_size, max_len,
+                   lambda logp, t: jnp.argmax(logp, axis=-1), eos_id, max_lens)
+
+
+def sample(step_fn: StepFn, cache, rng, batch_size: int, max_len: int, *, temperature=1.0,
+           top_k: int = 0, eos_id: int = EOS_ID, max_lens=None):
+    """Ancestral sampling from ``softmax(logits / temperature)``, optionally over the top-k only.
+
+    Step ``t`` uses ``jax.random.fold_in(rng, t)``, so the output is a deterministic
+    function of ``rng``. ``top_k=0`` samples from the full vocabulary; ``top_k=1``
+    (or a Python ``temperature == 0``) equals ``greedy_search``.
+
+    Returns:
+      ids ``[batch, max_len]`` int32, PAD after EOS.
+    """
+    if isinstance(temperature, (int, float)) and temperature == 0:
+        return greedy_search(step_fn, cache, batch_size, max_len, eos_id=eos_id, max_lens=max_lens)
+
+    def choose(logp, t):
+        key = jax.random.fold_in(rng, t)
+        if top_k > 0:
+            vals, idx = lax.top_k(logp, top_k)  # [batch, k], ties -> lower id first
+            j = jax.random.categorical(key, vals / temperature, axis=-1)
+            return jnp.take_along_axis(idx, j[:, None], axis=-1)[:, 0]
+        return jax.random.categorical(key, logp / temperature, axis=-1)
+
+    return _decode(step_fn, cache, batch_size, max_len, choose, eos_id, max_lens)
+
+
+class _BeamState(NamedTuple):
+    t: jax.Array           # [] steps taken = tokens generated per live hypothesis
+    tok: jax.Array         # [batch, beam] last token of each live hypothesis
+    live_seqs: jax.Array   # [batch, beam, max_len]
+    live_logp: jax.Array   # [batch, beam] summed log-probs, sorted descending; -inf = dead
+    cache: Any             # leaves [batch*beam, ...]
+    fin_seqs: jax.Array    # [batch, beam, max_len]
+    fin_scores: jax.Array  # [batch, beam] length-normalised, sorted descending; -inf = empty
+    fin_flags: jax.Array   # [batch, beam] bool, slot holds a finished hypothesis
+    done: jax.Array        # [batch] bool, finished set frozen
+
+
+def beam_search(step_fn: StepFn, cache, batch_size: int, max_len: int, *, beam_size: int = 4,
+                alpha=0.6, eos_id: int = EOS_ID, max_lens=None):
+    """Beam search with the GNMT length penalty (Wu et al. 2016; Vaswani et al. 2017).
+
+    Scoring: a hypothesis of ``len`` generated tokens, *counting its EOS*, with summed
+    log-probability ``logp`` scores ``logp / ((5 + len) / 6) ** alpha``. E.g. ``[a, b, EOS]``
+    has ``len = 3``; a hypothesis forced to finish by ``max_lens`` counts the forced EOS,
+    which itself costs log-prob 0. A hypothesis still live at ``max_len`` (no EOS) has
+    ``len = max_len``.
+
+    Each step expands every live beam over the vocabulary and takes the top ``2*beam``
+    candidates. EOS candidates ranked within the top ``beam`` (i.e. ones that would occupy
+    a beam) move to the finished set, which keeps the ``beam`` best scores; the live set
+    is the top ``beam`` non-EOS candidates (there are always enough among ``2*beam``).
+    A batch entry is done, and its finished set frozen, once the set is full and the best
+    live ``logp`` divided by the largest length penalty it can still get (at most
+    ``min(max_lens, max_len)`` tokens) cannot beat the worst finished score, or once no
+    live beam is left. With ``beam_size == 1`` an entry is done as soon as its hypothesis
+    finishes, so the result equals ``greedy_search`` exactly for any ``alpha``. The loop
+    ends when every entry is done or at ``max_len``; an entry with fewer than ``beam``
+    finished hypotheses is then filled with the best live ones (scored as above).
+
+    Args:
+      step_fn: see module doc; called with ``n = batch * beam_size``.
+      cache: pytree with leaves ``[batch, ...]`` (or rank 0); expanded here to
+        ``[batch * beam_size, ...]`` with ``expand_to_beams``.
+      alpha: length-penalty exponent (0 = plain log-prob).
+      max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
+    Returns:
+      ids ``[batch, beam, max_len]`` int32 (PAD after EOS) and scores ``[batch, beam]``
+      float32, sorted best first. Slots with no hypothesis at all (only possible when
+      fewer than ``beam`` distinct ones exist) have score ``-inf``.
+    """
+    b, k = batch_size, beam_size
+    lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
+    lp_max = length_penalty(lmax, alpha)  # [] or [batch]
+
+    def body(s: _BeamState) -> _BeamState:
+        t = s.t
+        logits, cache = step_fn(s.tok.reshape(b * k, 1), s.cache)
+        logp = _log_probs(logits)
+        vocab = logp.shape[-1]
+        logp = logp.reshape(b, k, vocab)
+        if max_lens is not None:
+            eos_only = jnp.where(jnp.arange(vocab) == eos_id, 0.0, NEG_INF)
+            forced = (t + 1 >= jnp.asarray(max_lens, jnp.int32))[:, None, None]
+            logp = jnp.where(forced, eos_only, logp)
+
+        # Top 2k continuations over all beams x vocabulary; ties -> lower (beam, token).
+        cand = (s.live_logp[:, :, None] + logp).reshape(b, k * vocab)
+        vals, flat = lax.top_k(cand, 2 * k)                    # [b, 2k]
+        src, tok = flat // vocab, (flat % vocab).astype(jnp.int32)
+        seqs = _take_beams(s.live_seqs, src)
+        seqs = lax.dynamic_update_slice(seqs, tok[:, :, None], (0, 0, t))
+        is_eos = tok == eos_id
+
+        # Finished: EOS among the top k, merged with the previous finished set.
+        new_fin = is_eos[:, :k] & (vals[:, :k] > NEG_INF) & ~s.done[:, None]
+        new_scores = jnp.where(new_fin, vals[:, :k] / length_penalty(t + 1, alpha), NEG_INF)
+        all_scores = jnp.concatenate([s.fin_scores, new_scores], axis=1)
+        all_flags = jnp.concatenate([s.fin_flags, new_fin], axis=1)
+        all_seqs = jnp.concatenate([s.fin_seqs, seqs[:, :k]], axis=1)
+        fin_scores, keep = lax.top_k(jnp.where(all_flags, all_scores, NEG_INF), k)
+        fin_flags = jnp.take_along_axis(all_flags, keep, axis=1)
+        fin_seqs = _take_beams(all_seqs, keep)
+
+        # Live: best k non-EOS continuations; the cache follows its source beams.
+        live_logp, pick = lax.top_k(jnp.where(is_eos, NEG_INF, vals), k)
+        live_seqs = _take_beams(seqs, pick)
+        live_tok = jnp.take_along_axis(tok, pick, axis=1)
+        cache = gather_beams(cache, jnp.take_along_axis(src, pick, axis=1), b, k)
+
+        full = jnp.all(fin_flags, axis=1)
+        if k == 1:
+            stop = full | (live_logp[:, 0] == NEG_INF)
+        else:
+            # logp <= 0, so logp / lp(L) is largest at the largest reachable lp(L).
+            best_lp = jnp.maximum(length_penalty(t + 2, alpha), lp_max)
+            bound = live_logp[:, 0] / best_lp
+            worst = jnp.where(full, fin_scores[:, -1], NEG_INF)
+            stop = bound <= worst
+        return _BeamState(t + 1, live_tok, live_seqs, live_logp, cache,
+                          fin_seqs, fin_scores, fin_flags, s.done | stop)
+
+    def cond(s: _BeamState):
+        return (s.t < max_len) & ~jnp.all(s.done)
+
+    seqs0 = jnp.full((b, k, max_len), PAD_ID, jnp.int32)
+    init = _BeamState(
+        t=jnp.int32(0),
+        tok=jnp.zeros((b, k), jnp.int32),  # start symbol
+        live_seqs=seqs0,
+        # All beams start identical: only beam 0 is alive so the first step expands it once.
+        live_logp=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1)),
+        cache=expand_to_beams(cache, k),
+        fin_seqs=seqs0,
+        fin_scores=jnp.full((b, k), NEG_INF, jnp.float32),
+        fin_flags=jnp.zeros((b, k), bool),
+        done=jnp.zeros((b,), bool),
+    )
+    s = lax.while_loop(cond, body, init)
+
+    # Fill entries with fewer than k finished hypotheses from the live ones, then sort.
+    live_scores = s.live_logp / length_penalty(s.t, alpha)
+    scores = jnp.concatenate([s.fin_scores, live_scores], axis=1)       # [b, 2k]
+    is_fin = jnp.concatenate([s.fin_flags, jnp.zeros((b, k), bool)], axis=1)
+    seqs = jnp.concatenate([s.fin_seqs, s.live_seqs], axis=1)
+    # Finished first (best first), then live (best first); keep k; sort by score.
+    chosen = jnp.lexsort((-scores, ~is_fin), axis=-1)[:, :k]
+    scores = jnp.take_along_axis(scores, chosen, axis=1)
+    order = jnp.argsort(-scores, axis=1, stable=True)
+    chosen = jnp.take_along_axis(chosen, order, axis=1)
+    return _take_beams(seqs, chosen), jnp.take_along_axis(scores, order, axis=1)

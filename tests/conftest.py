@@ -1,0 +1,20 @@
+"""Test setup: eight simulated CPU devices, set before JAX is imported anywhere."""
+import os
+import pathlib
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    """Path to ../shared/data; skips the test when the folder is absent (a user's clone)."""
+    path = SHARED / "data"
+    if not path.is_dir():
+        pytest.skip(f"needs the shared corpora in {path} (present in CI, absent in a user's clone)")
+    return path

@@ -1,0 +1,269 @@
+"""The model's mathematics against independent NumPy references and the paper's invariants."""
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import flax.linen as nn
+
+from model import attention, masks
+from model.config import TransformerConfig
+from model.layers import sinusoidal_encoding
+from model.loss import smoothed_cross_entropy, token_accuracy
+from model.transformer import Transformer, shift_right
+
+TINY = TransformerConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_layers=2,
+                         dropout_rate=0.0, max_len=64)
+
+
+# ----------------------------------------------------------------------------- references
+def np_attention(q, k, v, mask):
+  q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+  logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+  mask = np.broadcast_to(mask, logits.shape)
+  logits = np.where(mask, logits, -np.inf)
+  mx = np.max(np.where(mask, logits, -1e300), axis=-1, keepdims=True)
+  e = np.where(mask, np.exp(logits - mx), 0.0)
+  denom = e.sum(-1, keepdims=True)
+  w = np.where(denom > 0, e / np.where(denom > 0, denom, 1), 0.0)
+  return np.einsum("bhqk,bkhd->bqhd", w, v)
+
+
+@pytest.mark.parametrize("b,lq,lk,h,d", [(1, 1, 1, 1, 4), (2, 5, 7, 4, 8), (3, 9, 4, 2, 16)])
+def test_attention_matches_float64_reference(b, lq, lk, h, d):
+  rng = np.random.default_rng(b * 100 + lq)
+  q, k, v = (rng.normal(size=s).astype(np.float32) for s in ((b, lq, h, d), (b, lk, h, d), (b, lk, h, d)))
+  mask = rng.random((b, 1, lq, lk)) > 0.4
+  mask[0, 0, 0, :] = False  # one fully masked query row
+  out = attention.dot_product_attention(q, k, v, mask)
+  ref = np_attention(q, k, v, mask)
+  assert np.all(np.isfinite(out))
+  np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-4)
+  np.testing.assert_array_equal(np.asarray(out)[0, 0], 0.0)
+  # No mask at all.
+  np.testing.assert_allclose(attention.dot_product_attention(q, k, v), np_attention(q, k, v, True),
+                             atol=2e-5, rtol=1e-4)
+
+
+def test_masks_match_reference():
+  rng = np.random.default_rng(0)
+  tgt = np.array([[5, 6, 7, 0, 0], [3, 4, 5, 6, 8]])
+  src = np.array([[9, 9, 0], [1, 2, 3]])
+  tseg = np.array([[1, 1, 2, 0, 0], [1, 1, 1, 2, 2]])
+  sseg = np.array([[1, 2, 0], [1, 1, 2]])
+  pad = (tgt > 0)[:, None, :, None] & (tgt > 0)[:, None, None, :]
+  np.testing.assert_array_equal(masks.padding_mask(tgt, tgt), pad)
+  causal = np.array([[j <= i for j in range(5)] for i in range(5)])
+  np.testing.assert_array_equal(masks.causal_mask(5)[0, 0], causal)
+  seg = tseg[:, None, :, None] == tseg[:, None, None, :]
+  np.testing.assert_array_equal(masks.decoder_self_mask(tgt, tseg), pad & causal & seg)
+  enc = ((src > 0)[:, None, :, None] & (src > 0)[:, None, None, :]
+         & (sseg[:, None, :, None] == sseg[:, None, None, :]))
+  np.testing.assert_array_equal(masks.encoder_self_mask(src, sseg), enc)
+  cross = ((tgt > 0)[:, None, :, None] & (src > 0)[:, None, None, :]
+           & (tseg[:, None, :, None] == sseg[:, None, None, :]))
+  np.testing.assert_array_equal(masks.cross_mask(tgt, src, tseg, sseg), cross)
+  assert masks.combine_masks(None, None) is None
+  del rng
+
+
+def test_positional_encoding_formula():
+  pos = np.array([[0, 1, 2, 7], [3, 0, 1, 2]])
+  pe = np.asarray(sinusoidal_encoding(jnp.asarray(pos), 16))
+  i = np.arange(8)
+  for b in range(2):
+    for t in range(4):
+      np.testing.assert_allclose(pe[b, t, 0::2], np.sin(pos[b, t] / 10000 ** (2 * i / 16)), atol=1e-5)
+      np.testing.assert_allclose(pe[b, t, 1::2], np.cos(pos[b, t] / 10000 ** (2 * i / 16)), atol=1e-5)
+
+
+def test_shift_right_restarts_each_segment():
+  tgt = jnp.array([[5, 6, 1, 7, 1, 0]])
+  seg = jnp.array([[1, 1, 1, 2, 2, 0]])
+  np.testing.assert_array_equal(shift_right(tgt), [[0, 5, 6, 1, 7, 1]])
+  np.testing.assert_array_equal(shift_right(tgt, seg), [[0, 5, 6, 0, 7, 0]])
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_label_smoothed_loss_matches_one_hot_reference(eps):
+  rng = np.random.default_rng(1)
+  logits = rng.normal(size=(2, 3, 7)).astype(np.float32)
+  tgt = rng.integers(0, 7, (2, 3))
+  w = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
+  logp = logits - np.log(np.exp(logits.astype(np.float64)).sum(-1, keepdims=True))
+  q = np.full((2, 3, 7), eps / 6)
+  np.put_along_axis(q, tgt[..., None], 1 - eps, axis=-1)
+  ent = -(q * np.log(np.where(q > 0, q, 1))).sum(-1)
+  ref = ((-(q * logp).sum(-1) - ent) * w).sum()
+  loss, n = smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(tgt), jnp.asarray(w), eps)
+  np.testing.assert_allclose(loss, ref, rtol=1e-5)
+  assert float(n) == 3.0
+  correct, n = token_accuracy(jnp.asarray(logits), jnp.asarray(tgt), jnp.asarray(w))
+  assert float(correct) == float(((logits.argmax(-1) == tgt) * w).sum())
+  # The minimum (predicting q exactly) is zero.
+  best, _ = smoothed_cross_entropy(jnp.log(jnp.asarray(q, jnp.float32) + 1e-30), jnp.asarray(tgt),
+                                   None, eps)
+  assert abs(float(best)) < 1e-4
+
+
+# ----------------------------------------------------------------------------- the model
+@pytest.fixture(scope="module")
+def tiny():
+  model = Transformer(TINY)
+  rng = np.random.default_rng(0)
+  inputs = jnp.asarray(rng.integers(2, 40, (2, 9)), jnp.int32)
+  targets = jnp.asarray(rng.integers(2, 40, (2, 7)), jnp.int32)
+  params = nn.unbox(model.init(jax.random.key(0), inputs, targets)["params"])
+  apply = jax.jit(lambda p, i, t: model.apply({"params": p}, i, t))
+  return model, params, apply, inputs, targets
+
+
+def test_causality(tiny):
+  model, params, apply, inputs, targets = tiny
+  base = apply(params, inputs, targets)
+  for t in range(targets.shape[1]):
+    changed = targets.at[:, t].set((targets[:, t] + 7) % 38 + 2)
+    out = apply(params, inputs, changed)
+    np.testing.assert_array_equal(out[:, :t + 1], base[:, :t + 1])  # t predicts token t from < t
+    if t + 1 < targets.shape[1]:
+      assert not np.allclose(out[:, t + 1:], base[:, t + 1:])
+
+
+def test_padding_never_leaks(tiny):
+  model, params, apply, inputs, targets = tiny
+  padded = inputs.at[:, 6:].set(0)
+  base = apply(params, padded, targets)
+  # More padding, or anything at all in the encoder output behind padding: same logits.
+  np.testing.assert_allclose(apply(params, jnp.pad(padded, ((0, 0), (0, 5))), targets), base,
+                             atol=1e-5)
+  encoded = model.apply({"params": params}, padded, method=Transformer.encode)
+  poked = encoded.at[:, 6:].set(1e3 * jax.random.normal(jax.random.key(3), encoded[:, 6:].shape))
+  out = model.apply({"params": params}, poked, padded, targets, method=Transformer.decode)
+  np.testing.assert_allclose(out, base, atol=1e-5)
+
+
+def test_packed_rows_equal_separate_sentences(tiny):
+  model, params, apply, _, _ = tiny
+  a_src, a_tgt = [5, 6, 7, 1], [8, 9, 1]
+  b_src, b_tgt = [10, 11, 1], [12, 13, 14, 15, 1]
+  pack = lambda x, y: jnp.asarray([x + y + [0] * (10 - len(x) - len(y))], jnp.int32)
+  seg = lambda x, y: jnp.asarray([[1] * len(x) + [2] * len(y) + [0] * (10 - len(x) - len(y))])
+  pos = lambda x, y: jnp.asarray([list(range(len(x))) + list(range(len(y))) + [0] * (10 - len(x) - len(y))])
+  packed = model.apply({"params": params}, pack(a_src, b_src), pack(a_tgt, b_tgt),
+                       pos(a_src, b_src), pos(a_tgt, b_tgt), seg(a_src, b_src), seg(a_tgt, b_tgt))
+  alone_a = apply(params, jnp.asarray([a_src]), jnp.asarray([a_tgt]))
+  alone_b = apply(params, jnp.asarray([b_src]), jnp.asarray([b_tgt]))
+  np.testing.assert_allclose(packed[0, :3], alone_a[0], atol=1e-5)
+  np.testing.assert_allclose(packed[0, 3:8], alone_b[0], atol=1e-5)
+
+
+def test_cached_decoding_equals_full_decoding(tiny):
+  model, params, apply, inputs, targets = tiny
+  full = apply(params, inputs, targets)
+  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+  _, v = model.apply({"params": params}, encoded, inputs, targets.shape[1],
+                     method=Transformer.init_cache, mutable=["cache"])
+  cache = v["cache"]
+  step = jax.jit(lambda p, c, ids: model.apply({"params": p, "cache": c}, ids,
+                                               method=Transformer.decode_step, mutable=["cache"]))
+  prev = shift_right(targets)
+  steps = []
+  for t in range(targets.shape[1]):
+    logits, v = step(params, cache, prev[:, t:t + 1])
+    cache = v["cache"]
+    steps.append(logits)
+  assert np.max(np.abs(np.stack(steps, 1) - full)) <= 1e-5
+
+
+@pytest.mark.parametrize("config,paper", [("configs/wmt14_ende_base.py", 65e6),
+                                          ("configs/wmt14_ende_big.py", 213e6)])
+def test_parameter_counts_match_paper(config, paper):
+  out = subprocess.run([sys.executable, "-m", "model.summary", f"--config={config}"],
+                       capture_output=True, text=True, check=True).stdout
+  last = out.strip().splitlines()[-1]
+  assert last.startswith("params: ")
+  n = int(last.split()[1])
+  assert abs(n - paper) / paper < 0.05, n
+
+
+@pytest.mark.parametrize("pre_ln,dtype", [(True, "float32"), (False, "bfloat16")])
+def test_forward_backward_finite(pre_ln, dtype):
+  cfg = TransformerConfig(**{**TINY.__dict__, "pre_ln": pre_ln, "dtype": dtype, "num_layers": 1,
+                             "dropout_rate": 0.1, "attention_dropout_rate": 0.1})
+  model = Transformer(cfg)
+  inputs = jnp.ones((2, 6), jnp.int32)
+  targets = jnp.full((2, 5), 3, jnp.int32)
+  params = nn.unbox(model.init(jax.random.key(0), inputs, targets)["params"])
+  assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(params))
+
+  @jax.jit
+  def loss_fn(p):
+    logits = model.apply({"params": p}, inputs, targets, deterministic=False,
+                         rngs={"dropout": jax.random.key(1)})
+    assert logits.dtype == cfg.compute_dtype
+    return smoothed_cross_entropy(logits, targets, None, 0.1)[0]
+
+  loss, grads = jax.value_and_grad(loss_fn)(params)
+  assert np.isfinite(loss)
+  assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
+
+
+def test_remat_gives_same_gradients():
+  inputs = jnp.asarray([[4, 5, 6, 1]])
+  targets = jnp.asarray([[7, 8, 1]])
+  grads = []
+  for remat in (False, True):
+    model = Transformer(TransformerConfig(**{**TINY.__dict__, "remat": remat, "num_layers": 1}))
+    params = nn.unbox(model.init(jax.random.key(0), inputs, targets)["params"])
+    f = lambda p: smoothed_cross_entropy(model.apply({"params": p}, inputs, targets), targets)[0]
+    grads.append(jax.jit(jax.grad(f))(params))
+  for a, b in zip(jax.tree_util.tree_leaves(grads[0]), jax.tree_util.tree_leaves(grads[1])):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_unshared_embeddings_have_own_output_layer():
+  model = Transformer(TransformerConfig(**{**TINY.__dict__, "share_embeddings": False}))
+  params = model.init(jax.random.key(0), jnp.ones((1, 3), jnp.int32), jnp.ones((1, 3), jnp.int32))
+  params = nn.unbox(params["params"])
+  assert "target_embed" in params and "logits" in params["decoder"]
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_bad_shapes_raise_value_errors_naming_arguments():
+  q = jnp.ones((2, 3, 4, 8))
+  with pytest.raises(ValueError, match="query, key and value"):
+    attention.dot_product_attention(q[0], q, q)
+  with pytest.raises(ValueError, match="mismatched shapes"):
+    attention.dot_product_attention(q, jnp.ones((2, 3, 4, 6)), q)
+  with pytest.raises(ValueError, match="mask shape"):
+    attention.dot_product_attention(q, q, q, jnp.ones((2, 1, 5, 3), bool))
+  with pytest.raises(ValueError, match="padding_mask: batch sizes differ"):
+    masks.padding_mask(jnp.ones((2, 3)), jnp.ones((3, 3)))
+  model = Transformer(TINY)
+  with pytest.raises(ValueError, match="inputs must be \\[batch, length\\]"):
+    model.init(jax.random.key(0), jnp.ones((3,), jnp.int32), jnp.ones((1, 3), jnp.int32))
+  with pytest.raises(ValueError, match="batch sizes differ"):
+    model.init(jax.random.key(0), jnp.ones((2, 3), jnp.int32), jnp.ones((1, 3), jnp.int32))
+  with pytest.raises(ValueError, match="targets_segmentation shape"):
+    model.init(jax.random.key(0), jnp.ones((1, 3), jnp.int32), jnp.ones((1, 3), jnp.int32),
+               targets_segmentation=jnp.ones((1, 4), jnp.int32))
+  with pytest.raises(ValueError, match="loss: logits"):
+    smoothed_cross_entropy(jnp.ones((2, 3, 5)), jnp.ones((2, 4), jnp.int32))
+
+
+def test_config_errors_are_clear():
+  with pytest.raises(ValueError, match="model.d_model=30.*divisible by model.num_heads=4"):
+    TransformerConfig(vocab_size=10, d_model=30, num_heads=4)
+  with pytest.raises(ValueError, match="model.dtype"):
+    TransformerConfig(vocab_size=10, d_model=32, num_heads=4, dtype="float64x")
+  from model.build import build_model
+  with pytest.raises(ValueError, match="model.type='lstm9' is unknown; valid types: transformer"):
+    build_model({"type": "lstm9", "vocab_size": 10})
+  out = subprocess.run([sys.executable, "-m", "model.summary", "--config=configs/tiny.py",
+                        "--config.model.vocab_size=50", "--config.model.no_such_field=3"],
+                       capture_output=True, text=True)
+  assert out.returncode == 2
+  assert "unknown config field 'config.model.no_such_field'" in out.stderr
+  assert "Traceback" not in out.stderr
