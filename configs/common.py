@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from data.pipeline import default_data_config
+
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -39,29 +41,9 @@ def base_config() -> ml_collections.ConfigDict:
       rnn_bidirectional=True,
   ))
 
-  # Data: 'synthetic' (built in), 'files' (<dir>/<split>.<lang>[.gz]) or a TFDS name.
-  c.data = ml_collections.ConfigDict(dict(
-      name="synthetic",
-      dir="",
-      tfds_data_dir="",
-      source_lang="en",
-      target_lang="de",
-      train_split="train",
-      eval_split="validation",
-      test_split="test",
-      vocab_size=8000,
-      vocab_path="",
-      tokens_per_batch=4096,  # padded target tokens per global batch (the paper: ~25k)
-      max_len=64,
-      packing=True,
-      truncate=False,
-      cache_dir="",
-      synthetic_num_train=20_000,
-      synthetic_num_eval=500,
-      synthetic_vocab=32,
-      synthetic_min_len=4,
-      synthetic_max_len=12,
-  ))
+  # Data: 'synthetic' (built in), 'files' (<dir>/<split>.<lang>[.gz]) or a TFDS name; the fields
+  # and their meaning are in data/pipeline.py.
+  c.data = default_data_config()
 
   # Optimization: Adam with the paper's inverse-square-root schedule.
   c.optim = ml_collections.ConfigDict(dict(

@@ -1,0 +1,274 @@
+"""Translation with a trained model: encode once, then greedy, sampled or beam search.
+
+    ids = translate(model, params, inputs, beam_size=4)   # [batch, max_decode_len]
+    outs = translate_all(model, params, token_lists)      # any number of sentences, input order
+
+`model` is any module made by `model.build.build_model` (it offers `encode`, `init_cache`,
+`decode_step`). Source rows are token ids ending in EOS, padded with 0. Output rows hold the
+generated tokens up to and including EOS, then PAD; a row cut by `max_decode_len` has no EOS.
+The decoder never emits PAD (its logit is masked), so PAD only ever means "after EOS".
+
+Each distinct (model, input shape, search settings) is compiled once: parameters are an
+argument of the compiled function, never constants baked into it.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+from jax import lax
+
+from model import search
+from model.search import EOS_ID, PAD_ID
+
+MIN_BUCKET = 8
+
+
+def position_limit(model) -> int | None:
+  """The longest target a model can place, or None. A model type with learned position tables
+  declares `positional_limit = True` and gets `config.max_len`; the Transformer's sinusoidal
+  positions have no limit."""
+  if getattr(model, "positional_limit", False):
+    return int(model.config.max_len)
+  return None
+
+
+def _mask_pad(logits):
+  """[n, vocab] -> float32 logits with PAD impossible."""
+  return logits.astype(jnp.float32).at[:, PAD_ID].set(-jnp.inf)
+
+
+def _cached_step(model, params):
+  """step_fn over the model's key/value cache: one decoder position per call."""
+  def step(ids, cache):
+    logits, state = model.apply({"params": params, "cache": cache}, ids, method="decode_step",
+                                mutable=["cache"])
+    return _mask_pad(logits), state["cache"]
+  return step
+
+
+def _uncached_step(model, params):
+  """step_fn without a cache: re-runs the whole teacher-forced model on the prefix each step.
+
+  State: `inputs` [n, src_len]; `targets` [n, max_len], the tokens generated so far, then a
+  non-PAD filler (so the current position is not masked as padding); `t` [] the step.
+  """
+  def step(ids, state):
+    t, targets = state["t"], state["targets"]
+    written = lax.dynamic_update_slice(targets, ids, (0, jnp.maximum(t - 1, 0)))
+    targets = jnp.where(t > 0, written, targets)  # step 0 gets the start symbol: nothing to write
+    logits = model.apply({"params": params}, state["inputs"], targets)  # [n, max_len, vocab]
+    logits = lax.dynamic_index_in_dim(logits, t, axis=1, keepdims=False)
+    return _mask_pad(logits), {"inputs": state["inputs"], "targets": targets, "t": t + 1}
+  return step
+
+
+_COMPILED: dict[tuple, Callable] = {}  # static settings -> jitted (params, inputs, rng) -> ids
+
+
+def _translate_fn(model, beam_size: int, alpha: float, max_extra_len: int, max_decode_len: int,
+                  temperature: float, top_k: int, use_cache: bool):
+  """The jitted `(params, inputs, rng) -> ids` for one set of static settings (made once)."""
+  key = (model, beam_size, alpha, max_extra_len, max_decode_len, temperature, top_k, use_cache)
+  if key not in _COMPILED:
+    _COMPILED[key] = jax.jit(_make_run(*key))
+  return _COMPILED[key]
+
+
+def _make_run(model, beam_size, alpha, max_extra_len, max_decode_len, temperature, top_k,
+              use_cache):
+
+  def run(params, inputs, rng):
+    batch = inputs.shape[0]
+    max_lens = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32) + max_extra_len
+    if use_cache:
+      encoded = model.apply({"params": params}, inputs, method="encode")
+      _, state = model.apply({"params": params}, encoded, inputs, max_decode_len,
+                             method="init_cache", mutable=["cache"])
+      step, cache = _cached_step(model, params), state["cache"]
+    else:
+      step = _uncached_step(model, params)
+      cache = {"inputs": inputs, "targets": jnp.full((batch, max_decode_len), EOS_ID, jnp.int32),
+               "t": jnp.int32(0)}
+    if temperature > 0:
+      return search.sample(step, cache, rng, batch, max_decode_len, temperature=temperature,
+                           top_k=top_k, max_lens=max_lens)
+    if beam_size == 1:
+      return search.greedy_search(step, cache, batch, max_decode_len, max_lens=max_lens)
+    ids, _ = search.beam_search(step, cache, batch, max_decode_len, beam_size=beam_size,
+                                alpha=alpha, max_lens=max_lens)
+    return ids[:, 0]
+
+  return run
+
+
+def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
+              max_extra_len: int = 50, max_decode_len: int | None = None, rng=None,
+              temperature: float = 0.0, top_k: int = 0, use_cache: bool = True) -> jax.Array:
+  """Best translation of each source row.
+
+  Args:
+    model: a module from `model.build.build_model`; params: its (unboxed) parameters.
+    inputs: [batch, src_len] source ids ending in EOS, 0 on padding.
+    beam_size: 1 = greedy search; more = beam search with length penalty exponent `alpha`.
+    max_extra_len: a sentence's output has at most (its source tokens + this) tokens, EOS
+      included (the last one forced to EOS).
+    max_decode_len: static output width; default src_len + max_extra_len (capped by
+      `position_limit(model)`). Rows reaching it stop without EOS.
+    rng, temperature, top_k: temperature > 0 samples (from the top_k tokens when top_k > 0)
+      instead of searching; rng defaults to `jax.random.key(0)`.
+    use_cache: False re-runs the full model on the prefix every step (same output, slower).
+
+  Returns:
+    ids [batch, max_decode_len] int32: tokens up to EOS, then PAD.
+  """
+  inputs = jnp.asarray(inputs, jnp.int32)
+  if inputs.ndim != 2:
+    raise ValueError(f"translate: inputs must be [batch, src_len] ids, got shape {inputs.shape}")
+  if beam_size < 1 or max_extra_len < 0 or temperature < 0 or top_k < 0:
+    raise ValueError(f"translate: need beam_size >= 1, max_extra_len >= 0, temperature >= 0 and "
+                     f"top_k >= 0; got {beam_size}, {max_extra_len}, {temperature}, {top_k}")
+  if max_decode_len is None:
+    max_decode_len = inputs.shape[1] + max_extra_len
+  limit = position_limit(model)
+  if limit is not None:
+    max_decode_len = min(max_decode_len, limit)
+  if max_decode_len < 1:
+    raise ValueError(f"translate: max_decode_len must be positive, got {max_decode_len}")
+  sampling = temperature > 0
+  # Settings that do not change the computation are normalised so they share one compilation.
+  fn = _translate_fn(model, 1 if sampling else int(beam_size),
+                     float(alpha) if beam_size > 1 and not sampling else 0.0, int(max_extra_len),
+                     int(max_decode_len), float(temperature), int(top_k) if sampling else 0,
+                     bool(use_cache))
+  if rng is None:
+    rng = jax.random.key(0)
+  return fn(params, inputs, rng)
+
+
+def compiled_count() -> int:
+  """Number of compilations `translate` holds (all settings and shapes together)."""
+  return sum(fn._cache_size() for fn in _COMPILED.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Many sentences: batches of similar length.
+
+def bucket_length(n: int) -> int:
+  """Padded length for a sentence of `n` tokens: the smallest of 8, 12, 16, 24, 32, 48, ...
+  (2^k and 1.5 * 2^k) that is >= n, so padding wastes at most a third."""
+  length = MIN_BUCKET
+  while length < n:
+    length = length * 3 // 2 if length & (length - 1) == 0 else length // 3 * 4
+  return length
+
+
+class LengthBatch(NamedTuple):
+  """One batch of `length_batches`: `inputs` [rows, length] padded ids; row j < len(indices) is
+  sentence `indices[j]`, later rows repeat the last real row (filler)."""
+  indices: np.ndarray
+  inputs: np.ndarray
+
+
+def length_batches(token_lists: Sequence[Sequence[int]], tokens_per_batch: int,
+                   batch_multiple: int = 1) -> list[LengthBatch]:
+  """Groups sentences of similar length into padded batches.
+
+  Sentences are sorted by length and padded to `bucket_length`; a batch holds at most
+  `tokens_per_batch // length` rows (at least `batch_multiple`), always a multiple of
+  `batch_multiple`. A bucket's last, partial batch is rounded up to `batch_multiple` times a
+  power of two rows, so few distinct shapes (compilations) occur.
+
+  Returns:
+    the batches; concatenating their `indices` gives every sentence index once.
+  """
+  if tokens_per_batch < 1 or batch_multiple < 1:
+    raise ValueError(f"length_batches: tokens_per_batch ({tokens_per_batch}) and batch_multiple "
+                     f"({batch_multiple}) must be positive")
+  lengths = np.array([len(t) for t in token_lists], np.int64)
+  order = np.argsort(lengths, kind="stable")
+  buckets = np.array([bucket_length(n) for n in lengths[order]], np.int64)
+  batches = []
+  for length in np.unique(buckets):
+    members = order[buckets == length]
+    full = max(batch_multiple, tokens_per_batch // length // batch_multiple * batch_multiple)
+    for start in range(0, len(members), full):
+      indices = members[start:start + full]
+      groups = -(-len(indices) // batch_multiple)
+      rows = min(full, batch_multiple * (1 << (groups - 1).bit_length()))
+      ids = np.zeros((rows, int(length)), np.int32)
+      for row, i in enumerate(indices):
+        ids[row, :lengths[i]] = token_lists[i]
+      ids[len(indices):] = ids[len(indices) - 1]
+      batches.append(LengthBatch(indices, ids))
+  return batches
+
+
+def translate_all(model, params, token_lists: Sequence[Sequence[int]], *,
+                  tokens_per_batch: int = 4096, batch_multiple: int = 1,
+                  **kwargs) -> list[np.ndarray]:
+  """`translate` over any number of sentences, batched by `length_batches`.
+
+  Args:
+    token_lists: source ids of each sentence, each ending in EOS.
+    tokens_per_batch: padded source tokens per batch (beam search multiplies the work by beam).
+    **kwargs: passed to `translate` (beam_size, alpha, max_extra_len, ...).
+
+  Returns:
+    per sentence, in input order: its translation's ids [tokens] (no EOS, no PAD).
+  """
+  outputs: list[np.ndarray | None] = [None] * len(token_lists)
+  for batch in length_batches(token_lists, tokens_per_batch, batch_multiple):
+    ids = np.asarray(translate(model, params, batch.inputs, **kwargs))
+    for row, i in enumerate(batch.indices):
+      outputs[i] = strip(ids[row])
+  return outputs
+
+
+def strip(ids) -> np.ndarray:
+  """[length] ids -> the tokens before the first EOS, PAD dropped."""
+  ids = np.asarray(ids).reshape(-1)
+  eos = np.flatnonzero(ids == EOS_ID)
+  if len(eos):
+    ids = ids[:eos[0]]
+  return ids[ids != PAD_ID]
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention weights for plotting.
+
+def _natural_key(path):
+  return [tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(k))) for k in path]
+
+
+def attention_weights(model, params, inputs, output_ids) -> np.ndarray:
+  """Encoder-decoder attention of one sentence pair, for plotting.
+
+  Args:
+    inputs: [src_len] source ids ending in EOS (PAD dropped).
+    output_ids: [length] its translation, read up to the first EOS; EOS is appended when
+      missing, so the last target row is the EOS position.
+
+  Returns:
+    [layers, heads, tgt_len, src_len] float32 weights (each row sums to 1 over the source).
+  """
+  src = np.asarray(inputs).reshape(-1)
+  src = src[src != PAD_ID]
+  tgt = np.append(strip(output_ids), EOS_ID)
+  src, tgt = jnp.asarray(src[None], jnp.int32), jnp.asarray(tgt[None], jnp.int32)
+
+  def forward(mdl, src, tgt):
+    return mdl.decode(mdl.encode(src), src, tgt, return_weights=True)
+
+  _, state = model.apply({"params": params}, src, tgt, method=forward, mutable=["intermediates"])
+  flat = traverse_util.flatten_dict(state["intermediates"])
+  found = sorted((path for path in flat
+                  if path[-1] == "attention_weights" and "cross_attention" in path),
+                 key=_natural_key)
+  if not found:
+    raise ValueError(f"attention_weights: {type(model).__name__} sowed no cross-attention weights")
+  return np.stack([np.asarray(flat[p][0][0], np.float32) for p in found])

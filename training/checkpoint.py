@@ -1,0 +1,245 @@
+"""Orbax checkpoints in `<workdir>/checkpoints/<step>/`: save (async), resume, restore on other
+devices, and the parameter average the paper evaluates.
+
+A checkpoint holds `state` (params, Adam moments, step, the non-finite counter) and `meta`
+(JSON: the config, the data iterator's position, the RNG seed). The vocabulary file sits in the
+workdir beside it. Orbax writes each step into a temporary folder and renames it when complete,
+so a crash mid-save leaves the previous checkpoint intact; restore skips unfinished folders and
+falls back past a checkpoint that cannot be read, with a warning naming it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Any
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
+
+CHECKPOINT_DIR = "checkpoints"
+AVERAGE_DIR = "averaged"
+# Model fields whose change makes a checkpoint's parameters unusable.
+SHAPE_FIELDS = ("type", "vocab_size", "d_model", "d_ff", "num_heads", "num_layers",
+                "share_embeddings", "rnn_cell", "rnn_bidirectional")
+
+
+def checkpoint_dir(workdir) -> pathlib.Path:
+  return pathlib.Path(workdir).absolute() / CHECKPOINT_DIR
+
+
+def _step_dirs(root: pathlib.Path) -> tuple[list[int], list[pathlib.Path]]:
+  """(finished steps, unfinished/foreign folders) in a checkpoints folder."""
+  steps, other = [], []
+  if root.is_dir():
+    for p in sorted(root.iterdir()):
+      if p.is_dir() and p.name.isdigit():
+        steps.append(int(p.name))
+      else:
+        other.append(p)
+  return sorted(steps), other
+
+
+class Checkpointer:
+  """Saves and restores the training state and its metadata in `<workdir>/checkpoints`."""
+
+  def __init__(self, workdir, *, keep: int = 5, keep_best: int = 0, async_save: bool = True):
+    self.root = checkpoint_dir(workdir)
+    policies = [pp.LatestN(n=max(int(keep), 1))]
+    if keep_best:
+      policies.append(pp.BestN(get_metric_fn=lambda m: m["bleu"], reverse=True, n=int(keep_best),
+                               keep_checkpoints_without_metrics=False))
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=pp.AnyPreservationPolicy(policies),
+        enable_async_checkpointing=async_save, create=True)
+    self.manager = ocp.CheckpointManager(self.root, options=options)
+
+  def save(self, step: int, state, meta: dict, metrics: dict | None = None, force=False) -> bool:
+    """Starts writing `state` (a pytree of arrays) and `meta` (JSON-able) at `step`; returns
+    while the write finishes in the background (async mode)."""
+    return self.manager.save(
+        int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                           meta=ocp.args.JsonSave(meta)),
+        metrics=metrics, force=force)
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def steps(self) -> list[int]:
+    return list(self.manager.all_steps())
+
+  def restore_latest(self, abstract_state):
+    """Restores the newest readable checkpoint into `abstract_state` (ShapeDtypeStructs with
+    shardings). Returns (step, state, meta) or None when there is none."""
+    steps, other = _step_dirs(self.root)
+    for p in other:
+      logging.warning("skipping %s: not a finished checkpoint (an interrupted save?)", p)
+    for step in reversed(steps):
+      try:
+        state, meta = restore(self.root / str(step), abstract_state)
+        return step, state, meta
+      except Exception as e:  # corrupt or truncated: fall back to the one before
+        logging.warning("skipping checkpoint %s: it could not be read (%s: %s)",
+                        self.root / str(step), type(e).__name__, str(e).splitlines()[0][:200])
+    return None
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def restore(path: pathlib.Path, abstract_state=None):
+  """(state, meta) from one checkpoint folder. `abstract_state` gives shapes, dtypes and
+  shardings (restore onto these devices); None restores numpy arrays on the host."""
+  path = pathlib.Path(path)
+  meta = json.loads((path / "meta" / "metadata").read_text()) if (path / "meta" / "metadata").exists() \
+      else None
+  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
+    if abstract_state is None:
+      restored = ckptr.restore(path, args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(restore_args=_numpy_restore_args(path)),
+          meta=ocp.args.JsonRestore()))
+    else:
+      restored = ckptr.restore(path, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+  return restored["state"], restored["meta"] if meta is None else meta
+
+
+def _numpy_restore_args(path: pathlib.Path):
+  with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as c:
+    tree = c.metadata(path / "state")
+  tree = getattr(tree, "item_metadata", tree)
+  tree = getattr(tree, "tree", tree)
+  return jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+
+
+def config_from_meta(meta: dict) -> ml_collections.ConfigDict:
+  """The training config stored in a checkpoint (JSON, never executed or unpickled)."""
+  return ml_collections.ConfigDict(json.loads(meta["config"]))
+
+
+def check_compatible(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict):
+  """Raises if the model in `current` has a different shape from the checkpoint's."""
+  diffs = [f"model.{k}: checkpoint {saved.model.get(k)!r} != config {current.model.get(k)!r}"
+           for k in SHAPE_FIELDS if saved.model.get(k) != current.model.get(k)]
+  if diffs:
+    raise ValueError("the config's model does not match the checkpoint's (no silent "
+                     "re-initialisation; use a new workdir or the old settings): " + "; ".join(diffs))
+
+
+# ----------------------------------------------------------------------------- inference
+@dataclasses.dataclass
+class Restored:
+  """What decoding needs from a workdir."""
+  config: ml_collections.ConfigDict
+  params: Any
+  step: int
+  vocab: Any
+
+
+def _describe(workdir: pathlib.Path) -> str:
+  if not workdir.exists():
+    return f"{workdir} does not exist"
+  entries = sorted(p.name + ("/" if p.is_dir() else "") for p in workdir.iterdir())
+  return f"{workdir} contains: {', '.join(entries) if entries else 'nothing'}"
+
+
+def available_steps(workdir) -> list[int]:
+  return _step_dirs(checkpoint_dir(workdir))[0]
+
+
+def average_params(param_trees: list) -> Any:
+  """Element-wise mean of parameter trees (float64 accumulation, cast back to each dtype)."""
+  if not param_trees:
+    raise ValueError("average_params: no parameter trees given")
+  return jax.tree_util.tree_map(
+      lambda *xs: (np.mean(np.stack([np.asarray(x, np.float64) for x in xs]), axis=0)
+                   .astype(np.asarray(xs[0]).dtype)), *param_trees)
+
+
+def _load_params(path: pathlib.Path):
+  state, meta = restore(path)
+  return state["params"], meta
+
+
+def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
+  """Config, parameters (host numpy; put them on any devices), step and vocabulary from a
+  workdir alone.
+
+  checkpoint: 'latest', a step number, or 'average:<k>' (mean of the last k checkpoints'
+  parameters, or the file `python -m training.average` wrote for them).
+  """
+  from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_vocab
+  workdir = pathlib.Path(workdir).absolute()
+  steps = available_steps(workdir)
+  if not steps:
+    raise FileNotFoundError(f"no checkpoint in {checkpoint_dir(workdir)}; {_describe(workdir)}")
+  checkpoint = str(checkpoint)
+  if checkpoint == "latest":
+    chosen = [steps[-1]]
+  elif checkpoint.startswith("average:"):
+    try:
+      k = int(checkpoint.split(":", 1)[1])
+    except ValueError:
+      raise ValueError(f"--checkpoint={checkpoint!r}: expected average:<k> with k an integer") from None
+    if k < 1 or k > len(steps):
+      raise ValueError(f"--checkpoint={checkpoint}: {len(steps)} checkpoints available "
+                       f"(steps {', '.join(map(str, steps))})")
+    chosen = steps[-k:]
+  elif checkpoint.isdigit():
+    if int(checkpoint) not in steps:
+      raise ValueError(f"--checkpoint={checkpoint}: no checkpoint at step {checkpoint}; available "
+                       f"steps: {', '.join(map(str, steps))}")
+    chosen = [int(checkpoint)]
+  else:
+    raise ValueError(f"--checkpoint={checkpoint!r}: expected latest, a step number or average:<k>")
+
+  avg_file = workdir / AVERAGE_DIR / f"last{len(chosen)}"
+  if len(chosen) > 1 and (avg_file / "state").exists():
+    state, meta = restore(avg_file)
+    if meta.get("averaged_steps") == chosen:
+      params = state["params"]
+    else:
+      params = None
+  else:
+    params = None
+  if params is None:
+    trees = []
+    for s in chosen:
+      p, meta = _load_params(checkpoint_dir(workdir) / str(s))
+      trees.append(p)
+    params = trees[0] if len(trees) == 1 else average_params(trees)
+  config = config_from_meta(meta)
+  vocab_path = config.data.vocab_path or next(
+      (str(workdir / n) for n in (VOCAB_MODEL_NAME, VOCAB_JSON_NAME) if (workdir / n).exists()), "")
+  if not vocab_path:
+    raise FileNotFoundError(f"no vocabulary (vocab.model or vocab.json) in {_describe(workdir)}")
+  return Restored(config=config, params=params, step=chosen[-1], vocab=load_vocab(vocab_path))
+
+
+def write_average(workdir, last: int) -> pathlib.Path:
+  """Averages the last `last` checkpoints' parameters into `<workdir>/averaged/last<k>`,
+  which `load_for_inference(workdir, 'average:<k>')` then loads."""
+  workdir = pathlib.Path(workdir).absolute()
+  steps = available_steps(workdir)
+  if len(steps) < last:
+    raise ValueError(f"--last={last}: only {len(steps)} checkpoints in {checkpoint_dir(workdir)} "
+                     f"(steps {', '.join(map(str, steps)) or 'none'}); {_describe(workdir)}")
+  chosen = steps[-last:]
+  trees, meta = [], None
+  for s in chosen:
+    p, meta = _load_params(checkpoint_dir(workdir) / str(s))
+    trees.append(p)
+  meta = dict(meta, averaged_steps=chosen)
+  out = workdir / AVERAGE_DIR / f"last{last}"
+  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
+    ckptr.save(out, args=ocp.args.Composite(
+        state=ocp.args.StandardSave({"params": average_params(trees)}),
+        meta=ocp.args.JsonSave(meta)), force=True)
+  return out

@@ -1,0 +1,65 @@
+"""The training state (parameters, Optax state, step) and the paper's optimizer (section 5.3)."""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import flax
+import flax.linen as nn
+import optax
+
+from model.build import init_variables
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything the step updates. `nonfinite_streak` counts consecutive skipped updates."""
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  nonfinite_streak: jax.Array
+
+
+def learning_rate_schedule(optim_cfg, d_model: int, total_steps: int = 100_000):
+  """step (0-based optimizer count) -> learning rate.
+
+  'rsqrt' (the paper's): lrate = learning_rate · d_model^-0.5 · min(s^-0.5, s · warmup^-1.5), s = step + 1.
+  'constant': learning_rate after a linear warmup. 'cosine': linear warmup to learning_rate, then
+  cosine decay to 0 at `total_steps`.
+  """
+  kind = optim_cfg.schedule
+  warmup = max(int(optim_cfg.warmup_steps), 1)
+  peak = float(optim_cfg.learning_rate)
+  if kind == "rsqrt":
+    def schedule(count):
+      s = jnp.asarray(count, jnp.float32) + 1.0
+      return peak * d_model ** -0.5 * jnp.minimum(s ** -0.5, s * warmup ** -1.5)
+    return schedule
+  if kind == "constant":
+    return lambda count: peak * jnp.minimum(1.0, (jnp.asarray(count, jnp.float32) + 1.0) / warmup)
+  if kind == "cosine":
+    return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, max(total_steps, warmup + 1))
+  raise ValueError(f"config error: optim.schedule={kind!r}; valid: rsqrt, constant, cosine")
+
+
+def make_optimizer(config) -> tuple[optax.GradientTransformation, Any]:
+  """Adam(β1, β2, ε) on the schedule, optional global-norm clipping and decoupled weight decay."""
+  o = config.optim
+  schedule = learning_rate_schedule(o, config.model.d_model, config.num_train_steps)
+  parts = []
+  if o.clip_norm and o.clip_norm > 0:
+    parts.append(optax.clip_by_global_norm(o.clip_norm))
+  parts.append(optax.scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps))
+  if o.weight_decay:
+    parts.append(optax.add_decayed_weights(o.weight_decay))
+  parts.append(optax.scale_by_learning_rate(schedule))
+  return optax.chain(*parts), schedule
+
+
+def init_state(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
+  """A fresh state. Parameters keep their logical-axis boxes (`nn.Partitioned`) so callers can read
+  the sharding spec with `nn.get_partition_spec`; `nn.unbox` the result before training."""
+  params = init_variables(model, rng)["params"]
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    nonfinite_streak=jnp.zeros((), jnp.int32))

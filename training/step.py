@@ -1,0 +1,112 @@
+"""The training and evaluation steps: pure functions of one device's view of the batch.
+
+    train_step(state, batch, rng, *, model, config, axis_name=None) -> (state, metrics)
+
+With `axis_name` (the pmap case) gradients and metric sums are summed over that axis with
+`lax.psum`; without it the step sees the whole (possibly Mesh-sharded) batch and XLA inserts the
+collectives. Nothing here knows which: `training/parallel.py` wraps it.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from model.loss import smoothed_cross_entropy, token_accuracy
+from training.state import TrainState
+
+BATCH_KEYS = ("inputs", "targets", "inputs_position", "targets_position", "inputs_segmentation",
+              "targets_segmentation")
+
+
+def _weights(batch):
+  """1.0 on real target tokens (segment id > 0), 0.0 on padding."""
+  return (batch["targets_segmentation"] > 0).astype(jnp.float32)
+
+
+def _sums(model, params, batch, rng, label_smoothing, deterministic):
+  """Summed loss, correct predictions and token count of one (micro-)batch."""
+  logits = model.apply({"params": params}, batch["inputs"], batch["targets"],
+                       batch["inputs_position"], batch["targets_position"],
+                       batch["inputs_segmentation"], batch["targets_segmentation"],
+                       deterministic=deterministic, rngs=None if deterministic else {"dropout": rng})
+  weights = _weights(batch)
+  loss, tokens = smoothed_cross_entropy(logits, batch["targets"], weights, label_smoothing)
+  correct, _ = token_accuracy(logits, batch["targets"], weights)
+  nll = loss
+  if label_smoothing > 0:  # report the plain negative log-likelihood too (perplexity)
+    nll, _ = smoothed_cross_entropy(logits, batch["targets"], weights, 0.0)
+  return loss, {"loss": loss, "nll": nll, "correct": correct, "tokens": tokens}
+
+
+def _psum(tree, axis_name):
+  return tree if axis_name is None else jax.lax.psum(tree, axis_name)
+
+
+def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransformation,
+               schedule, label_smoothing: float, grad_accum_steps: int = 1,
+               axis_name: str | None = None):
+  """One optimizer update on `batch` (dict of [batch, length] int32 arrays, see BATCH_KEYS).
+
+  The loss is the label-smoothed cross entropy summed over all target tokens of the global batch
+  divided by their number, so with `grad_accum_steps=k` the batch is split into k micro-batches
+  whose gradient sums are added before that one division: the update equals one step on the
+  whole batch. A non-finite loss or gradient leaves the state unchanged (counted in metrics).
+  """
+  rng = jax.random.fold_in(rng, state.step)
+  if axis_name is not None:
+    rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
+  grad_fn = jax.grad(lambda p, b, r: _sums(model, p, b, r, label_smoothing, False), has_aux=True)
+
+  if grad_accum_steps == 1:
+    grads, sums = grad_fn(state.params, batch, rng)
+  else:
+    rows = batch["targets"].shape[0]
+    if rows % grad_accum_steps:
+      raise ValueError(f"train_step: batch of {rows} rows is not divisible by "
+                       f"optim.grad_accum_steps={grad_accum_steps}")
+    micro = jax.tree_util.tree_map(
+        lambda x: x.reshape(grad_accum_steps, rows // grad_accum_steps, *x.shape[1:]), batch)
+
+    def accumulate(carry, xs):
+      i, mb = xs
+      g, s = grad_fn(state.params, mb, jax.random.fold_in(rng, i))
+      return jax.tree_util.tree_map(jnp.add, carry, (g, s)), None
+
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+    zero_sums = {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "tokens")}
+    (grads, sums), _ = jax.lax.scan(accumulate, (zeros, zero_sums),
+                                    (jnp.arange(grad_accum_steps), micro))
+
+  grads, sums = _psum((grads, sums), axis_name)
+  denom = jnp.maximum(sums["tokens"], 1.0)
+  grads = jax.tree_util.tree_map(lambda g: g / denom, grads)
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
+
+  updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+  new_params = optax.apply_updates(state.params, updates)
+  keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(finite, a, b), new, old)
+  new_state = state.replace(
+      step=state.step + 1,
+      params=keep(new_params, state.params),
+      opt_state=keep(new_opt_state, state.opt_state),
+      nonfinite_streak=jnp.where(finite, 0, state.nonfinite_streak + 1))
+  metrics = {
+      "loss": sums["loss"] / denom,
+      "nll": sums["nll"] / denom,
+      "accuracy": sums["correct"] / denom,
+      "tokens": sums["tokens"],
+      "grad_norm": grad_norm,
+      "learning_rate": schedule(state.step),
+      "nonfinite": 1 - finite.astype(jnp.int32),
+      "nonfinite_streak": new_state.nonfinite_streak,
+  }
+  return new_state, metrics
+
+
+def eval_step(params, batch, *, model, label_smoothing: float, axis_name: str | None = None):
+  """Summed loss, nll, correct predictions and tokens of one eval batch (divide after summing
+  over all batches)."""
+  _, sums = _sums(model, params, batch, None, label_smoothing, True)
+  return _psum(sums, axis_name)
