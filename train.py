@@ -84,13 +84,7 @@ def train(config, workdir: pathlib.Path) -> dict:
   accum = int(config.optim.grad_accum_steps)
   if accum < 1:
     raise Stop(f"config error: optim.grad_accum_steps={accum} must be >= 1")
-  if config.parallelism == "pmap":
-    data_parallel = jax.device_count()
-  elif config.parallelism == "mesh":
-    mesh = par.make_mesh(config.mesh)
-    data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
-  else:
-    raise Stop(f"config error: parallelism={config.parallelism!r}; valid: pmap, mesh")
+  data_parallel = par.data_parallel_size(config)
 
   # Data. Process 0 trains/tokenizes first so the others reuse its vocabulary and cache.
   def build_data():
@@ -131,10 +125,11 @@ def train(config, workdir: pathlib.Path) -> dict:
                                    async_save=config.checkpoint.async_save)
   train_iter = pipeline.train_iter()
   rng = jax.random.key(config.seed)
-  restored = checkpointer.restore_latest(_restore_target(parallel))
+  restored = checkpointer.restore_latest(
+      _restore_target(parallel, config),
+      check_meta=lambda meta: ckpt.check_compatible(ckpt.config_from_meta(meta), config))
   if restored is not None:
     step0, state, meta = restored
-    ckpt.check_compatible(ckpt.config_from_meta(meta), config)
     state = parallel.place_state(state) if parallel.kind == "pmap" else state
     train_iter.restore(meta["data_state"])
     logging.info("resumed from %s at step %d", checkpointer.root / str(step0), step0)
@@ -229,14 +224,15 @@ def train(config, workdir: pathlib.Path) -> dict:
   return last_eval
 
 
-def _restore_target(parallel):
+def _restore_target(parallel, config):
   """Abstract state with the shardings this run uses (pmap: one device, replicated after)."""
   import jax
+  from training import parallel as par
   if parallel.kind == "mesh":
     return jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
         parallel.abstract_state, parallel.state_sharding)
-  one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  one = jax.sharding.SingleDeviceSharding(par.local_devices(config)[0])
   return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),
                                 parallel.abstract_state)
 

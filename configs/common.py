@@ -18,6 +18,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 1_000
   # 'pmap' (data parallel, replicated state) or 'mesh' (jit over a Mesh with sharded state).
   c.parallelism = "mesh"
+  c.num_devices = 0  # use the first N devices of each process; 0 = all
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
 
   # Model: the paper's names. num_layers is per stack; vocab_size 0 = the vocabulary's size.

@@ -66,6 +66,9 @@ class Embed(nn.Module):
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
+  The projections are plain matrices, as in the paper (no biases; a key bias would have zero
+  gradient anyway, since softmax ignores a shift shared by all keys).
+
   With `decode=True` it runs one target position at a time from a key/value cache:
   self-attention appends this step's key/value; cross-attention projects the encoder output
   once (when the cache is created) and reuses it every step.
@@ -75,9 +78,8 @@ class MultiHeadAttention(nn.Module):
 
   def _proj(self, name):
     cfg = self.config
-    return nn.DenseGeneral((cfg.num_heads, cfg.d_model // cfg.num_heads), axis=-1,
+    return nn.DenseGeneral((cfg.num_heads, cfg.d_model // cfg.num_heads), axis=-1, use_bias=False,
                            kernel_init=_kernel(("embed", "heads", "kv")),
-                           bias_init=nn.with_logical_partitioning(initializers.zeros, ("heads", "kv")),
                            dtype=cfg.compute_dtype, param_dtype=jnp.float32, name=name)
 
   @nn.compact
@@ -108,9 +110,8 @@ class MultiHeadAttention(nn.Module):
                                                 dropout_rng=rng)
     if return_weights:
       self.sow("intermediates", "attention_weights", weights)
-    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), kernel_init=_kernel(("heads", "kv", "embed")),
-                           bias_init=nn.with_logical_partitioning(initializers.zeros, ("embed",)),
-                           dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="out")(out)
+    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False,
+                           kernel_init=_kernel(("heads", "kv", "embed")), dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="out")(out)
 
   def _self_cache(self, key, value, mask):
     """Decode-time self-attention: write this step's key/value into the cache at `cache_index`."""

@@ -74,13 +74,23 @@ class Checkpointer:
   def steps(self) -> list[int]:
     return list(self.manager.all_steps())
 
-  def restore_latest(self, abstract_state):
+  def restore_latest(self, abstract_state, check_meta=None):
     """Restores the newest readable checkpoint into `abstract_state` (ShapeDtypeStructs with
-    shardings). Returns (step, state, meta) or None when there is none."""
+    shardings). `check_meta(meta)` may raise to refuse a checkpoint (e.g. another model shape);
+    that error propagates. Returns (step, state, meta) or None when there is none."""
     steps, other = _step_dirs(self.root)
     for p in other:
       logging.warning("skipping %s: not a finished checkpoint (an interrupted save?)", p)
     for step in reversed(steps):
+      meta_file = self.root / str(step) / "meta" / "metadata"
+      try:
+        meta = json.loads(meta_file.read_text())
+      except (OSError, ValueError) as e:
+        logging.warning("skipping checkpoint %s: its metadata could not be read (%s)",
+                        self.root / str(step), e)
+        continue
+      if check_meta is not None:
+        check_meta(meta)
       try:
         state, meta = restore(self.root / str(step), abstract_state)
         return step, state, meta
@@ -98,8 +108,6 @@ def restore(path: pathlib.Path, abstract_state=None):
   """(state, meta) from one checkpoint folder. `abstract_state` gives shapes, dtypes and
   shardings (restore onto these devices); None restores numpy arrays on the host."""
   path = pathlib.Path(path)
-  meta = json.loads((path / "meta" / "metadata").read_text()) if (path / "meta" / "metadata").exists() \
-      else None
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
     if abstract_state is None:
       restored = ckptr.restore(path, args=ocp.args.Composite(
@@ -108,7 +116,7 @@ def restore(path: pathlib.Path, abstract_state=None):
     else:
       restored = ckptr.restore(path, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-  return restored["state"], restored["meta"] if meta is None else meta
+  return restored["state"], restored["meta"]
 
 
 def _numpy_restore_args(path: pathlib.Path):

@@ -69,6 +69,40 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
                        f"(process {process_id} of {num_processes}): {e}") from None
 
 
+# ----------------------------------------------------------------------------- devices
+def local_devices(config) -> list:
+  """This process's devices, or its first `config.num_devices` of them."""
+  devices = jax.local_devices()
+  n = int(config.get("num_devices", 0) or 0)
+  if n < 0 or n > len(devices):
+    raise ValueError(f"config error: num_devices={n}, but this process has {len(devices)} devices")
+  return devices[:n] if n else devices
+
+
+def global_devices(config) -> list:
+  """The devices of all processes that take part (`num_devices` of each)."""
+  n = int(config.get("num_devices", 0) or 0)
+  if not n:
+    return jax.devices()
+  local_count = jax.local_device_count()
+  if n < 0 or n > local_count:
+    raise ValueError(f"config error: num_devices={n}, but this process has {local_count} devices")
+  by_process = {}
+  for d in jax.devices():
+    by_process.setdefault(d.process_index, []).append(d)
+  return [d for p in sorted(by_process) for d in by_process[p][:n]]
+
+
+def data_parallel_size(config) -> int:
+  """How many ways the global batch is split under config.parallelism."""
+  if config.parallelism == "pmap":
+    return len(local_devices(config)) * jax.process_count()
+  if config.parallelism == "mesh":
+    mesh = make_mesh(config.mesh, global_devices(config))
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+  raise ValueError(f"config error: parallelism={config.parallelism!r}; valid: pmap, mesh")
+
+
 # ----------------------------------------------------------------------------- mesh
 def make_mesh(mesh_cfg, devices=None) -> Mesh:
   """A Mesh with axes (data, fsdp, tensor); one size may be -1 = the remaining devices."""
@@ -159,21 +193,27 @@ def build(kind: str, config, *, init_fn: Callable[[jax.Array], TrainState], trai
   abstract = jax.eval_shape(init_fn, jax.random.key(0))
   unboxed_init = lambda rng: nn.unbox(init_fn(rng))
   if kind == "pmap":
-    return _build_pmap(abstract, unboxed_init, train_step, eval_step)
+    return _build_pmap(abstract, unboxed_init, train_step, eval_step, local_devices(config))
   if kind == "mesh":
     return _build_mesh(config, abstract, unboxed_init, train_step, eval_step)
   raise ValueError(f"config error: parallelism={kind!r}; valid: pmap, mesh")
 
 
-def _build_pmap(abstract, init_fn, train_step, eval_step) -> Parallel:
-  devices = jax.local_devices()
+def _build_pmap(abstract, init_fn, train_step, eval_step, devices) -> Parallel:
   n = len(devices)
   p_train = jax.pmap(functools.partial(train_step, axis_name=AXIS), axis_name=AXIS,
-                     in_axes=(0, 0, None), donate_argnums=(0,))
-  p_eval = jax.pmap(functools.partial(eval_step, axis_name=AXIS), axis_name=AXIS)
+                     in_axes=(0, 0, None), donate_argnums=(0,), devices=devices)
+  p_eval = jax.pmap(functools.partial(eval_step, axis_name=AXIS), axis_name=AXIS,
+                    devices=devices)
+
+  replicated = NamedSharding(Mesh(np.asarray(devices), (AXIS,)), P(AXIS))
 
   def place_state(state):
-    return jax.device_put_replicated(jax.device_get(state), devices)
+    """Host state -> one copy per device along a new leading axis (pmap's layout)."""
+    def put(x):
+      x = np.asarray(x)
+      return jax.make_array_from_callback((n, *x.shape), replicated, lambda idx: x[None])
+    return jax.tree_util.tree_map(put, jax.device_get(state))
 
   def place_batch(batch):
     _check_rows(batch, n, "pmap")
@@ -193,12 +233,12 @@ def _build_pmap(abstract, init_fn, train_step, eval_step) -> Parallel:
     return place_state(jax.jit(init_fn)(rng))
 
   unboxed = nn.unbox(abstract)
-  return Parallel("pmap", jax.device_count(), place_state, place_batch, host_state, train,
+  return Parallel("pmap", n * jax.process_count(), place_state, place_batch, host_state, train,
                   evaluate, init, unboxed, None)
 
 
 def _build_mesh(config, abstract, init_fn, train_step, eval_step) -> Parallel:
-  mesh = make_mesh(config.mesh)
+  mesh = make_mesh(config.mesh, global_devices(config))
   shardings = state_shardings(abstract, mesh)
   data_sharding = batch_sharding(mesh)
   replicated = NamedSharding(mesh, P())

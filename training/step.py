@@ -81,7 +81,7 @@ def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransf
   grads, sums = _psum((grads, sums), axis_name)
   denom = jnp.maximum(sums["tokens"], 1.0)
   grads = jax.tree_util.tree_map(lambda g: g / denom, grads)
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
 
   updates, new_opt_state = tx.update(grads, state.opt_state, state.params)

@@ -1,0 +1,212 @@
+"""Training: the schedule, the step's invariants, parallel equivalence, train.py end to end."""
+import functools
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import flax.linen as nn
+
+from configs import common
+from model.build import build_model
+from training import parallel as par
+from training import step as step_lib
+from training.state import init_state, learning_rate_schedule, make_optimizer
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def tiny_config(**overrides):
+  c = common.base_config()
+  c.model.update(d_model=32, d_ff=64, num_heads=4, num_layers=1, dropout_rate=0.0, max_len=32,
+                 vocab_size=36)
+  c.data.update(name="synthetic", tokens_per_batch=256, max_len=16, synthetic_num_train=2000,
+                synthetic_num_eval=64, synthetic_max_len=6)
+  c.optim.update(warmup_steps=10, learning_rate=1.0, label_smoothing=0.1)
+  c.num_train_steps = 20
+  c.log_every_steps = 5
+  c.eval_every_steps = 1000
+  c.checkpoint_every_steps = 1000
+  c.eval.bleu_sentences = 0
+  c.checkpoint.async_save = False
+  for k, v in overrides.items():
+    node = c
+    *path, last = k.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = v
+  return c
+
+
+def fixed_batches(n=5, rows=16, length=8, seed=0):
+  """Deterministic unpacked batches in the pipeline's format."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(n):
+    lens = rng.integers(3, length + 1, rows)
+    b = {}
+    for side in ("inputs", "targets"):
+      tok = rng.integers(4, 36, (rows, length)).astype(np.int32)
+      valid = np.arange(length)[None] < lens[:, None]
+      tok = np.where(valid, tok, 0)
+      tok[np.arange(rows), lens - 1] = 1
+      b[side] = tok
+      b[f"{side}_segmentation"] = valid.astype(np.int32)
+      b[f"{side}_position"] = np.where(valid, np.arange(length)[None], 0).astype(np.int32)
+    out.append(b)
+  return out
+
+
+def make_parallel(config):
+  model = build_model(config.model)
+  tx, schedule = make_optimizer(config)
+  train_step = functools.partial(step_lib.train_step, model=model, tx=tx, schedule=schedule,
+                                 label_smoothing=config.optim.label_smoothing,
+                                 grad_accum_steps=config.optim.grad_accum_steps)
+  eval_step = functools.partial(step_lib.eval_step, model=model,
+                                label_smoothing=config.optim.label_smoothing)
+  return par.build(config.parallelism, config, init_fn=lambda r: init_state(model, tx, r),
+                   train_step=train_step, eval_step=eval_step)
+
+
+def run_losses(config, batches):
+  p = make_parallel(config)
+  state = p.init_state(jax.random.key(0))
+  losses = []
+  for b in batches:
+    state, m = p.train_step(state, b, jax.random.key(1))
+    losses.append(float(m["loss"]))
+  return np.array(losses), p.host_state(state), p, state
+
+
+# ----------------------------------------------------------------------------- schedule
+def test_schedule_equals_paper_formula():
+  c = common.base_config()
+  sched = learning_rate_schedule(c.optim, 512)
+  for step in (1, 4000, 16000):
+    expected = 512 ** -0.5 * min(step ** -0.5, step * 4000 ** -1.5)
+    # The optimizer's count is 0-based: update number `step` uses count step - 1.
+    np.testing.assert_allclose(float(sched(step - 1)), expected, rtol=1e-6)
+  with pytest.raises(ValueError, match="optim.schedule='bogus'"):
+    c.optim.schedule = "bogus"
+    learning_rate_schedule(c.optim, 512)
+
+
+# ----------------------------------------------------------------------------- parallelism
+@pytest.fixture(scope="module")
+def reference_run():
+  batches = fixed_batches()
+  losses, state, _, _ = run_losses(tiny_config(num_devices=1), batches)
+  return batches, losses, state
+
+
+@pytest.mark.parametrize("kind,mesh", [("pmap", None), ("mesh", (8, 1, 1)), ("mesh", (2, 2, 2))])
+def test_parallel_schemes_equal_one_device(reference_run, kind, mesh):
+  batches, ref_losses, ref_state = reference_run
+  overrides = {"parallelism": kind, "num_devices": 8}
+  if mesh:
+    overrides.update({"mesh.data": mesh[0], "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2]})
+  losses, state, p, placed = run_losses(tiny_config(**overrides), batches)
+  assert np.all(np.diff(ref_losses[:3]) < 0) or ref_losses[-1] < ref_losses[0]
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
+  for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+  if mesh == (2, 2, 2):  # really sharded: each device holds a piece of the big matrices
+    emb = placed.params["embed"]["embedding"]
+    shard = emb.addressable_shards[0].data
+    assert shard.size * 4 == emb.size, (emb.shape, shard.shape, emb.sharding)
+    wi = placed.params["encoder"]["layer_0"]["ffn"]["wi"]["kernel"]
+    assert wi.addressable_shards[0].data.size * 4 == wi.size
+    mu = jax.tree_util.tree_leaves(placed.opt_state)[1]
+    assert mu.addressable_shards[0].data.size < mu.size
+
+
+def test_gradient_accumulation_equals_one_big_step(reference_run):
+  batches, ref_losses, ref_state = reference_run
+  losses, state, _, _ = run_losses(tiny_config(num_devices=1, **{"optim.grad_accum_steps": 4}),
+                                   batches)
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_nonfinite_update_is_skipped_and_counted(reference_run):
+  batches, _, _ = reference_run
+  p = make_parallel(tiny_config(num_devices=1))
+  state = p.init_state(jax.random.key(0))
+  state = state.replace(params=jax.tree_util.tree_map(lambda x: x.at[..., 0].set(jnp.nan)
+                                                      if x.ndim == 2 else x, state.params))
+  before = p.host_state(state)
+  new, m = p.train_step(state, batches[0], jax.random.key(1))
+  after = p.host_state(new)
+  assert int(m["nonfinite"]) == 1 and int(after.nonfinite_streak) == 1
+  assert int(after.step) == 1
+  for a, b in zip(jax.tree_util.tree_leaves(before.params), jax.tree_util.tree_leaves(after.params)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_bad_parallel_settings_are_clear():
+  with pytest.raises(ValueError, match=r"mesh.data × mesh.fsdp × mesh.tensor = 3 × 1 × 1 = 3, but there are 8 devices"):
+    par.make_mesh({"data": 3, "fsdp": 1, "tensor": 1})
+  with pytest.raises(ValueError, match="8 devices cannot be split into mesh"):
+    par.make_mesh({"data": -1, "fsdp": 3, "tensor": 1})
+  p = make_parallel(tiny_config(parallelism="pmap", num_devices=8))
+  state = p.init_state(jax.random.key(0))
+  bad = fixed_batches(1, rows=12)[0]
+  with pytest.raises(ValueError, match="12 rows .* not divisible by the 8"):
+    p.train_step(state, bad, jax.random.key(0))
+
+
+# ----------------------------------------------------------------------------- train.py
+def _train_py(args, timeout=300, **kw):
+  return subprocess.run([sys.executable, str(REPO / "train.py"), *args], capture_output=True,
+                        text=True, timeout=timeout, cwd=REPO, **kw)
+
+
+def test_train_lowers_loss_and_writes_metrics(tmp_path):
+  from train import train
+  config = tiny_config(num_devices=1)
+  config.eval.bleu_sentences = 16
+  train(config, tmp_path)
+  records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  train_losses = [r["loss"] for r in records if r["split"] == "train"]
+  assert [r["step"] for r in records if r["split"] == "train"] == [5, 10, 15, 20]
+  assert train_losses[-1] < train_losses[0]
+  final = [r for r in records if r["split"] == "eval"][-1]
+  for key in ("loss", "accuracy", "perplexity", "bleu", "exact_match"):
+    assert key in final
+  assert all(k in records[0] for k in ("learning_rate", "tokens_per_s", "loss"))
+  assert list((tmp_path / "tensorboard").iterdir())
+  assert (tmp_path / "checkpoints" / "20").is_dir()
+
+
+def test_too_many_nonfinite_steps_stop_training(tmp_path):
+  from train import Stop, train
+  config = tiny_config(num_devices=1, **{"optim.learning_rate": 1e30, "optim.max_nonfinite_steps": 3})
+  with pytest.raises(Stop, match="consecutive steps had a non-finite loss"):
+    train(config, tmp_path)
+
+
+def test_train_py_bad_input_is_one_clear_line(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  out = _train_py(["--config=configs/tiny.py", f"--workdir={blocker}/sub"], timeout=120)
+  assert out.returncode == 1 and "not writable" in out.stderr and "Traceback" not in out.stderr
+  out = _train_py(["--config=configs/tiny.py", f"--workdir={tmp_path}/w", "--config.optim.lr=3"],
+                  timeout=120)
+  assert out.returncode == 2 and "unknown config field 'config.optim.lr'" in out.stderr
+  d = tmp_path / "corpus"
+  d.mkdir()
+  (d / "train.en").write_text("a\nb\nc\n")
+  (d / "train.de").write_text("x\ny\n")
+  out = _train_py(["--config=configs/tiny.py", f"--workdir={tmp_path}/w2", "--config.data.name=files",
+                   f"--config.data.dir={d}"], timeout=120)
+  assert out.returncode == 1, out.stderr[-2000:]
+  assert "train.en" in out.stderr and "train.de" in out.stderr and "Traceback" not in out.stderr
+  out = _train_py(["--config=configs/tiny.py", f"--workdir={tmp_path}/w3",
+                   "--config.data.name=no_such_tfds_dataset"], timeout=180)
+  assert out.returncode == 1 and "no_such_tfds_dataset" in out.stderr

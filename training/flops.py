@@ -1,0 +1,77 @@
+"""Analytic model FLOPs of a training step (matrix products only), for MFU.
+
+Conventions (as in the PaLM paper's MFU, appendix B):
+  * A product of an [m, k] and a [k, n] matrix costs 2·m·k·n FLOPs (one multiply, one add).
+  * Only matrix products count: biases, LayerNorm, softmax, dropout, the loss and the optimizer
+    are left out, and so are embedding lookups (a gather, not a product).
+  * A weight matrix of P parameters applied to N tokens costs 2·P·N.
+  * Each attention adds its two products, Q Kᵀ and A V, over all heads:
+    2 · 2 · batch · q_len · kv_len · d_model (d_model = heads · d_k). Causal and padding masks
+    do not reduce it: the whole q_len × kv_len block is computed.
+  * Backward costs twice the forward (a gradient for the activations and one for the weights),
+    so a training step is 3 × forward. Recomputation (`model.remat`) is not counted: it is not
+    model work.
+
+Encoder-decoder ('transformer'), with d = d_model, f = d_ff, V = vocab, B = batch,
+S = source tokens and T = target tokens per row, per layer:
+  encoder:  self-attention  2·4d²·B·S + 2·2·B·S·S·d;   feed-forward 2·2·d·f·B·S
+  decoder:  self-attention  2·4d²·B·T + 2·2·B·T·T·d
+            cross-attention 2·2d²·B·T (Q, output) + 2·2d²·B·S (K, V of the encoder output)
+                            + 2·2·B·T·S·d
+            feed-forward    2·2·d·f·B·T
+and once: the output projection 2·d·V·B·T (target tokens only).
+
+Decoder-only ('decoder_only'): one causal stack over L = S + T tokens per row (self-attention
+and feed-forward as above with L), and the output projection over the T target tokens only
+(the logits of source positions are not used: they are not model work).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def forward_breakdown(model_cfg: Any, batch: int, src_len: int, tgt_len: int) -> dict[str, int]:
+  """Forward-pass matmul FLOPs by part, for `config.model` and a [batch, src_len] source /
+  [batch, tgt_len] target batch. Raises ValueError for a model type without a formula."""
+  kind = model_cfg.get("type", "transformer")
+  d, f, vocab = int(model_cfg["d_model"]), int(model_cfg["d_ff"]), int(model_cfg["vocab_size"])
+  n = int(model_cfg["num_layers"])
+  b, s, t = int(batch), int(src_len), int(tgt_len)
+
+  def projections(weights, tokens):  # weights: parameters of the matrices applied to `tokens`
+    return 2 * weights * b * tokens
+
+  def attention(q_len, kv_len):
+    return 2 * 2 * b * q_len * kv_len * d
+
+  if kind == "transformer":
+    return {
+        "encoder_projections": n * projections(4 * d * d, s),
+        "encoder_attention": n * attention(s, s),
+        "encoder_ffn": n * projections(2 * d * f, s),
+        "decoder_projections": n * (projections(4 * d * d, t)      # self Q, K, V, output
+                                    + projections(2 * d * d, t)    # cross Q, output
+                                    + projections(2 * d * d, s)),  # cross K, V (encoder output)
+        "decoder_attention": n * (attention(t, t) + attention(t, s)),
+        "decoder_ffn": n * projections(2 * d * f, t),
+        "output_projection": projections(d * vocab, t),
+    }
+  if kind == "decoder_only":
+    length = s + t
+    return {
+        "decoder_projections": n * projections(4 * d * d, length),
+        "decoder_attention": n * attention(length, length),
+        "decoder_ffn": n * projections(2 * d * f, length),
+        "output_projection": projections(d * vocab, t),
+    }
+  raise ValueError(f"no FLOP formula for model.type={kind!r} (known: transformer, decoder_only)")
+
+
+def forward_flops(model_cfg: Any, batch: int, src_len: int, tgt_len: int) -> int:
+  """Matmul FLOPs of one forward pass (see the module doc)."""
+  return sum(forward_breakdown(model_cfg, batch, src_len, tgt_len).values())
+
+
+def train_flops(model_cfg: Any, batch: int, src_len: int, tgt_len: int) -> int:
+  """Matmul FLOPs of one training step: forward + backward = 3 × forward."""
+  return 3 * forward_flops(model_cfg, batch, src_len, tgt_len)
