@@ -245,6 +245,19 @@ def _natural_key(path):
   return [tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(k))) for k in path]
 
 
+_WEIGHTS: dict = {}  # model -> jitted (params, inputs, targets) -> sown intermediates
+
+
+def _make_weights(model):
+  def forward(mdl, src, tgt):
+    return mdl.decode(mdl.encode(src), src, tgt, return_weights=True)
+
+  def run(params, src, tgt):
+    _, state = model.apply({"params": params}, src, tgt, method=forward, mutable=["intermediates"])
+    return state["intermediates"]
+  return run
+
+
 def attention_weights(model, params, inputs, output_ids) -> np.ndarray:
   """Encoder-decoder attention of one sentence pair, for plotting.
 
@@ -259,13 +272,10 @@ def attention_weights(model, params, inputs, output_ids) -> np.ndarray:
   src = np.asarray(inputs).reshape(-1)
   src = src[src != PAD_ID]
   tgt = np.append(strip(output_ids), EOS_ID)
-  src, tgt = jnp.asarray(src[None], jnp.int32), jnp.asarray(tgt[None], jnp.int32)
-
-  def forward(mdl, src, tgt):
-    return mdl.decode(mdl.encode(src), src, tgt, return_weights=True)
-
-  _, state = model.apply({"params": params}, src, tgt, method=forward, mutable=["intermediates"])
-  flat = traverse_util.flatten_dict(state["intermediates"])
+  if model not in _WEIGHTS:
+    _WEIGHTS[model] = jax.jit(_make_weights(model))
+  flat = traverse_util.flatten_dict(_WEIGHTS[model](params, src[None].astype(np.int32),
+                                                    tgt[None].astype(np.int32)))
   found = sorted((path for path in flat
                   if path[-1] == "attention_weights" and "cross_attention" in path),
                  key=_natural_key)

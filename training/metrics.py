@@ -22,7 +22,8 @@ def _plain(value):
 
 class MetricsWriter:
   """Writes one record per call: `{"step": s, "split": "train"|"eval", <metric>: value, ...}`
-  as a JSON line, TensorBoard scalars (`<split>/<metric>`) and a log line."""
+  as a JSON line, TensorBoard scalars (`<split>/<metric>`) and a log line. A disabled writer
+  (processes other than 0) writes no file and logs only the loss."""
 
   def __init__(self, workdir: str | os.PathLike, enabled: bool = True, tensorboard: bool = True):
     self.enabled = enabled
@@ -37,7 +38,8 @@ class MetricsWriter:
       self._tb = SummaryWriter(str(workdir / "tensorboard"))
 
   def write(self, step: int, split: str, metrics: dict) -> None:
-    if not self.enabled:
+    if not self.enabled:  # other processes only log the line (useful to compare processes)
+      logging.info("[%s] step %d: loss=%s", split, step, _fmt(_plain(metrics.get("loss"))))
       return
     record = {"step": int(step), "split": split}
     record.update({k: _plain(v) for k, v in metrics.items()})

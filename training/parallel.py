@@ -193,18 +193,21 @@ def build(kind: str, config, *, init_fn: Callable[[jax.Array], TrainState], trai
   abstract = jax.eval_shape(init_fn, jax.random.key(0))
   unboxed_init = lambda rng: nn.unbox(init_fn(rng))
   if kind == "pmap":
-    return _build_pmap(abstract, unboxed_init, train_step, eval_step, local_devices(config))
+    return _build_pmap(abstract, unboxed_init, train_step, eval_step, local_devices(config),
+                       global_devices(config))
   if kind == "mesh":
     return _build_mesh(config, abstract, unboxed_init, train_step, eval_step)
   raise ValueError(f"config error: parallelism={kind!r}; valid: pmap, mesh")
 
 
-def _build_pmap(abstract, init_fn, train_step, eval_step, devices) -> Parallel:
+def _build_pmap(abstract, init_fn, train_step, eval_step, devices, all_devices) -> Parallel:
+  """`devices`: this process's; `all_devices`: every process's (the pmap axis spans them all, so
+  `psum` sums over the whole job)."""
   n = len(devices)
   p_train = jax.pmap(functools.partial(train_step, axis_name=AXIS), axis_name=AXIS,
-                     in_axes=(0, 0, None), donate_argnums=(0,), devices=devices)
+                     in_axes=(0, 0, None), donate_argnums=(0,), devices=all_devices)
   p_eval = jax.pmap(functools.partial(eval_step, axis_name=AXIS), axis_name=AXIS,
-                    devices=devices)
+                    devices=all_devices)
 
   replicated = NamedSharding(Mesh(np.asarray(devices), (AXIS,)), P(AXIS))
 

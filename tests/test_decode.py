@@ -1,0 +1,122 @@
+"""End-to-end tests of decode.py: a tiny model trained for a few steps by train.py (once per
+module), then decode.py run as a user would, in subprocesses."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+EXTRA = 3  # --max_extra_len of the runs here
+TRAIN_FLAGS = [
+    "--config=configs/tiny.py", "--config.num_train_steps=4", "--config.checkpoint_every_steps=2",
+    "--config.eval_every_steps=1000", "--config.log_every_steps=2", "--config.model.d_model=32",
+    "--config.model.d_ff=64", "--config.model.num_layers=1",
+    "--config.data.synthetic_num_train=200", "--config.data.synthetic_num_eval=16",
+    # Sentences of 4..6 words and model.max_len 8: every decode batch has one shape [rows, 8].
+    "--config.data.synthetic_max_len=6", "--config.data.max_len=8", "--config.model.max_len=8",
+    "--config.data.tokens_per_batch=256", "--config.eval.bleu_sentences=0",
+    "--config.eval.num_batches=1"]
+
+
+def _env():
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)  # one CPU device: faster compilation than the 8 of conftest
+  return env
+
+
+def run(args, stdin=b"", check=True):
+  proc = subprocess.run([sys.executable, *args], cwd=REPO, input=stdin, capture_output=True,
+                        env=_env(), timeout=600)
+  if check and proc.returncode != 0:
+    raise AssertionError(f"{args[0]} exited {proc.returncode}:\n{proc.stderr.decode()[-3000:]}")
+  return proc
+
+
+def decode(workdir, *flags, stdin=b"", check=True):
+  return run(["decode.py", f"--workdir={workdir}", *flags], stdin=stdin, check=check)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  path = tmp_path_factory.mktemp("decode") / "run"
+  run(["train.py", f"--workdir={path}", *TRAIN_FLAGS])
+  assert sorted(p.name for p in (path / "checkpoints").iterdir()) == ["2", "4"]
+  return path
+
+
+def test_stdin_to_stdout_in_input_order(workdir):
+  from data.tokenizer import EOS_ID
+  from model import generate
+  from model.build import build_model
+  from training.checkpoint import load_for_inference
+
+  short = ["w1 w2 w3", "w5 w6 w7 w8 w9", "w3 w4", "w10 w11 w12 w13 w14 w15 w16"]
+  long = " ".join(f"w{i}" for i in range(12))  # > model.max_len=8 tokens
+  lines = [short[0], "", short[1], long, short[2], "   ", short[3]]
+  proc = decode(workdir, "--beam_size=1", f"--max_extra_len={EXTRA}",
+                stdin="".join(f"{l}\n" for l in lines).encode())
+  out = proc.stdout.decode("utf-8").split("\n")
+  assert out[-1] == "" and len(out) == len(lines) + 1, out
+  assert out[1] == "" and out[5] == "", "empty (or blank) lines give empty lines"
+  stderr = proc.stderr.decode()
+  assert "truncated" in stderr and "line 4" in stderr, stderr[-2000:]
+  assert "sentences/s" in stderr and "tokens/s" in stderr
+
+  # Each short sentence translated alone, in this process, gives the same line.
+  restored = load_for_inference(workdir)
+  model = build_model(restored.config.model)
+  vocab = restored.vocab
+  for i, text in zip((0, 2, 4, 6), short):
+    alone = generate.translate_all(model, restored.params, [vocab.encode(text) + [EOS_ID]],
+                                   beam_size=1, max_extra_len=EXTRA)[0]
+    assert out[i] == vocab.decode(alone.tolist()), (i, text)
+  # The truncated line is translated from its first 7 words (+ EOS).
+  cut = generate.translate_all(model, restored.params, [vocab.encode(long)[:7] + [EOS_ID]],
+                               beam_size=1, max_extra_len=EXTRA)[0]
+  assert out[3] == vocab.decode(cut.tolist())
+
+
+def test_split_scores_json_and_attention_plot(workdir, tmp_path):
+  summary, png, hyps = tmp_path / "s.json", tmp_path / "a.png", tmp_path / "hyp.txt"
+  proc = decode(workdir, "--split=test", "--beam_size=2", "--checkpoint=2", f"--json={summary}",
+                f"--output={hyps}", f"--plot_attention={png}", "--plot_sentence=1")
+  stdout = proc.stdout.decode()
+  assert "BLEU|nrefs:1|" in stdout and "chrF2|" in stdout, stdout
+  result = json.loads(summary.read_text())
+  assert set(result) == {"bleu", "chrf", "sentences", "sent_per_s", "tokens_per_s", "beam_size",
+                         "alpha", "checkpoint_step"}
+  assert isinstance(result["bleu"], float) and 0 <= result["bleu"] <= 100
+  assert isinstance(result["chrf"], float)
+  assert result["sentences"] == 16 and result["checkpoint_step"] == 2
+  assert result["beam_size"] == 2 and result["alpha"] == 0.6
+  assert result["sent_per_s"] > 0
+  assert len(hyps.read_text().split("\n")) == 17
+  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_invalid_utf8_names_the_line(workdir):
+  proc = decode(workdir, stdin=b"w1 w2\nw3 \xff w4\n", check=False)
+  assert proc.returncode == 2
+  err = proc.stderr.decode().strip().splitlines()
+  assert err[-1].startswith("decode.py: error:") and "line 2" in err[-1] and "UTF-8" in err[-1]
+  assert "Traceback" not in proc.stderr.decode()
+
+
+def test_unknown_step_lists_available_steps(workdir):
+  proc = decode(workdir, "--checkpoint=999", stdin=b"w1\n", check=False)
+  assert proc.returncode == 2
+  last = proc.stderr.decode().strip().splitlines()[-1]
+  assert last.startswith("decode.py: error:") and "999" in last and "2, 4" in last, last
+  assert "Traceback" not in proc.stderr.decode()
+
+
+def test_empty_workdir_lists_its_contents(tmp_path):
+  (tmp_path / "notes.txt").write_text("nothing here")
+  proc = decode(tmp_path, stdin=b"w1\n", check=False)
+  assert proc.returncode == 2
+  last = proc.stderr.decode().strip().splitlines()[-1]
+  assert last.startswith("decode.py: error:") and "notes.txt" in last, last
+  assert "Traceback" not in proc.stderr.decode()

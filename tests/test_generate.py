@@ -1,0 +1,171 @@
+"""Tests for model/generate.py on a random tiny Transformer (no checkpoint needed).
+
+The random parameters (numpy, no init compilation) are picked so that greedy outputs differ
+between sentences, beam search differs from greedy, and some sentences stop at EOS before their
+length limit while others are cut there. Compilations dominate the run time on CPU, so the
+tests share few shapes.
+"""
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from model import generate
+from model.build import abstract_params, build_model
+
+PAD, EOS = 0, 1
+EXTRA = 4  # max_extra_len
+SRC_LEN = 12  # padded source width of the whole-batch calls
+# Source ids (EOS included) of mixed lengths: two in the 8-token bucket, six in the 12 one.
+SOURCES = [[5, 9, 7, EOS], [4, 11, 23, 8, 6, 13, 17, 9, 5, EOS],
+           [12, 20, 7, 7, 15, 22, 3, 9, 11, 10, EOS], [21, 6, 18, 9, 4, 10, 14, 16, 5, EOS],
+           [8, 16, 22, 5, 19, 11, 7, 13, 6, 20, 9, EOS], [10, 4, 6, 12, EOS],
+           [14, 15, 16, 17, 18, 19, 20, 21, 22, EOS], [9, 8, 7, 6, 5, 4, 23, 22, 21, 20, 19, EOS]]
+
+
+def random_model(num_layers: int, seed: int, eos_bias: float):
+  """A tiny Transformer and random (numpy) parameters; `eos_bias` is added to EOS's logit."""
+  cfg = ml_collections.ConfigDict(dict(
+      type="transformer", vocab_size=24, d_model=32, d_ff=64, num_heads=4, num_layers=num_layers,
+      dropout_rate=0.0, max_len=64, share_embeddings=False))
+  rng = np.random.default_rng(seed)
+  flat = {}
+  for path, leaf in traverse_util.flatten_dict(abstract_params(cfg)).items():
+    shape = leaf.shape
+    if path[-1] == "scale":
+      flat[path] = np.ones(shape, np.float32)
+    elif path[-1] == "bias":
+      flat[path] = 0.5 * rng.standard_normal(shape, np.float32)
+    elif path[-1] == "embedding":
+      flat[path] = rng.standard_normal(shape, np.float32) / np.sqrt(shape[-1])
+    else:  # Glorot uniform
+      fan_in = int(np.prod(shape[:-1])) if path[-2] == "out" else shape[0]
+      limit = np.sqrt(6 / (fan_in + int(np.prod(shape)) // fan_in))
+      flat[path] = rng.uniform(-limit, limit, shape).astype(np.float32)
+  flat[("decoder", "logits", "bias")][EOS] += eos_bias
+  return build_model(cfg), traverse_util.unflatten_dict(flat)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  return random_model(num_layers=1, seed=2, eos_bias=3.4)
+
+
+def padded(sources, width=SRC_LEN):
+  out = np.zeros((len(sources), width), np.int32)
+  for i, s in enumerate(sources):
+    out[i, :len(s)] = s
+  return out
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+  """Greedy translation of each sentence alone, by a plain Python loop that re-runs the whole
+  model on the prefix: argmax over non-PAD tokens, EOS forced at src_len + EXTRA tokens."""
+  model, params = tiny
+  logits_fn = jax.jit(lambda p, i, t: model.apply({"params": p}, i, t))
+  width = SRC_LEN + EXTRA
+  outputs = []
+  for src in SOURCES:
+    out = []
+    while not out or out[-1] != EOS:
+      targets = np.full((1, width), EOS, np.int32)  # filler after the prefix: not padding
+      targets[0, :len(out)] = out
+      logits = np.array(logits_fn(params, padded([src]), targets)[0, len(out)])
+      logits[PAD] = -np.inf
+      out.append(EOS if len(out) + 1 >= len(src) + EXTRA else int(np.argmax(logits)))
+    outputs.append(out)
+  return outputs
+
+
+def rows(ids):
+  """[batch, length] -> per row the tokens up to and including EOS."""
+  result = []
+  for row in np.asarray(ids).tolist():
+    result.append(row[:row.index(EOS) + 1] if EOS in row else row)
+  return result
+
+
+def test_reference_is_not_degenerate(reference):
+  assert len({tuple(r) for r in reference}) >= 4, reference
+  assert len(set(sum(reference, []))) >= 4, reference
+  natural = [len(r) < len(s) + EXTRA for r, s in zip(reference, SOURCES)]
+  assert any(natural) and not all(natural), "want both natural and forced EOS"
+
+
+def test_greedy_cached_and_uncached_match_reference(tiny, reference):
+  model, params = tiny
+  inputs = padded(SOURCES)
+  for use_cache in (True, False):
+    ids = generate.translate(model, params, inputs, beam_size=1, max_extra_len=EXTRA,
+                             use_cache=use_cache)
+    assert ids.shape == (len(SOURCES), SRC_LEN + EXTRA)
+    assert rows(ids) == reference, f"use_cache={use_cache}"
+    # PAD after EOS only.
+    for row, ref in zip(np.asarray(ids), reference):
+      assert (row[len(ref):] == PAD).all()
+
+
+def test_beam_cached_equals_uncached(tiny):
+  model, params = tiny
+  inputs = padded(SOURCES)
+  cached = generate.translate(model, params, inputs, beam_size=2, max_extra_len=EXTRA)
+  uncached = generate.translate(model, params, inputs, beam_size=2, max_extra_len=EXTRA,
+                                use_cache=False)
+  np.testing.assert_array_equal(cached, uncached)
+  assert rows(cached) != rows(generate.translate(model, params, inputs, beam_size=1,
+                                                 max_extra_len=EXTRA))
+  for out, src in zip(rows(cached), SOURCES):  # per-sentence limit: src_len + EXTRA, EOS included
+    assert out[-1] == EOS and len(out) <= len(src) + EXTRA
+
+
+def test_length_batches_cover_every_sentence_once():
+  lists = [[7] * n for n in (1, 30, 5, 9, 9, 16, 17, 3, 0, 8, 100)]
+  batches = generate.length_batches(lists, tokens_per_batch=64, batch_multiple=2)
+  seen = np.concatenate([b.indices for b in batches])
+  assert sorted(seen.tolist()) == list(range(len(lists)))
+  for b in batches:
+    n_rows, length = b.inputs.shape
+    assert n_rows % 2 == 0 and n_rows >= len(b.indices)
+    assert n_rows * length <= 64 or n_rows == 2
+    assert length == generate.bucket_length(max(len(lists[i]) for i in b.indices))
+    for row, i in enumerate(b.indices):
+      assert b.inputs[row].tolist() == lists[i] + [0] * (length - len(lists[i]))
+  shapes = {b.inputs.shape for b in batches}
+  assert len(shapes) <= 6, shapes
+  assert [generate.bucket_length(n) for n in (0, 8, 9, 13, 17, 25, 33, 100)] == \
+      [8, 8, 12, 16, 24, 32, 48, 128]
+
+
+def test_translate_all_restores_input_order(tiny, reference):
+  model, params = tiny
+  # Batches [2, 8] and [8, 12] (the 12-bucket padded with two filler rows).
+  outputs = generate.translate_all(model, params, SOURCES, tokens_per_batch=96, beam_size=1,
+                                   max_extra_len=EXTRA)
+  assert [o.tolist() for o in outputs] == [r[:-1] for r in reference]
+
+
+def test_attention_weights():
+  model, params = random_model(num_layers=2, seed=0, eos_bias=0.0)
+  src, out = SOURCES[1], [5, 6, 7]
+  weights = generate.attention_weights(model, params, src + [PAD, PAD], out + [EOS, PAD])
+  assert weights.shape == (2, 4, len(out) + 1, len(src))
+  np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+  assert (weights >= 0).all()
+  # EOS is appended when the output has none.
+  np.testing.assert_allclose(generate.attention_weights(model, params, src, out), weights,
+                             atol=1e-6)
+
+
+def test_same_shapes_do_not_recompile(tiny):
+  model, params = tiny
+  inputs = padded(SOURCES)
+  first = generate.translate(model, params, inputs, beam_size=1, max_extra_len=EXTRA)
+  count = generate.compiled_count()
+  # Other token values, other parameter values, an alpha that greedy ignores: same compilation.
+  generate.translate(model, params, inputs[::-1].copy(), beam_size=1, max_extra_len=EXTRA)
+  other = jax.tree_util.tree_map(lambda x: x * 1.5, params)
+  second = generate.translate(model, other, inputs, beam_size=1, alpha=0.2, max_extra_len=EXTRA)
+  assert generate.compiled_count() == count
+  assert not np.array_equal(first, second), "parameters must be an argument, not constants"
