@@ -4,6 +4,13 @@ import pathlib
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Compile each distinct step once per test session, also across the train.py / decode.py
+# subprocesses the tests start (they inherit this environment): XLA compile time dominates.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import tempfile
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax-test-cache-")
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 import pytest  # noqa: E402
 

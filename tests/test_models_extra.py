@@ -1,0 +1,291 @@
+"""The recurrent and decoder-only models (model/rnn.py, model/decoder_only.py) through the shared
+interface of model/build.py: shapes and gradients, cached decoding against teacher forcing,
+padding, packing, causality, search, and the model.type registry.
+
+Each tiny model runs everything once in a single jitted function (`_run`, cached by `results`), so
+every test of that model shares one compilation (keeps the file fast on 2 cores).
+"""
+import functools
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from model import masks, search
+from model.build import MODEL_TYPES, abstract_params, build_model
+from model.config import TransformerConfig
+from model.decoder_only import SEP_ID, CausalStack, DecoderOnly
+from model.rnn import RNNConfig, RNNSeq2Seq
+from model.transformer import shift_right
+
+VOCAB = 40
+SRC = [[5, 6, 7, 1], [8, 9, 10, 11, 12, 1], [13, 1]]
+TGT = [[4, 5, 1], [6, 7, 8, 9, 1], [10, 11, 12, 14, 15, 1]]
+SRC_LEN, TGT_LEN = 7, 6
+MAX_DECODE = TGT_LEN
+MAX_LENS = np.array([3, 6, 5], np.int32)  # per-sentence output limits, EOS included
+
+
+def _pad(rows, length):
+  out = np.zeros((len(rows), length), np.int32)
+  for i, r in enumerate(rows):
+    out[i, :len(r)] = r
+  return out
+
+
+def _pack(groups, length):
+  """Rows of packed sentences -> (tokens, positions, segment ids), each [rows, length]."""
+  tok, pos, seg = (np.zeros((len(groups), length), np.int32) for _ in range(3))
+  for i, group in enumerate(groups):
+    col = 0
+    for s, sentence in enumerate(group):
+      n = len(sentence)
+      tok[i, col:col + n], pos[i, col:col + n], seg[i, col:col + n] = sentence, range(n), s + 1
+      col += n
+  return tok, pos, seg
+
+
+INPUTS, TARGETS = _pad(SRC, SRC_LEN), _pad(TGT, TGT_LEN)
+PADDED_INPUTS = _pad(SRC, SRC_LEN + 4)  # the same sentences with extra source padding
+# Row 0 packs sentences 0 and 1, row 1 holds sentence 2 alone (and padding).
+PACK = [[0, 1], [2]]
+P_IN, P_IN_POS, P_IN_SEG = _pack([[SRC[i] for i in g] for g in PACK], 12)
+P_TGT, P_TGT_POS, P_TGT_SEG = _pack([[TGT[i] for i in g] for g in PACK], 10)
+CHANGED_AT = 2  # causality: targets change from this position on
+CHANGED = TARGETS.copy()
+CHANGED[:, CHANGED_AT:] = np.where(TARGETS[:, CHANGED_AT:] > 0, 20, 0)
+
+
+def _xent(logits, targets):
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+  nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+  return jnp.sum(nll * (targets > 0))
+
+
+def _no_pad(logits):
+  return logits.astype(jnp.float32).at[:, 0].set(-jnp.inf)
+
+
+# Compiling dominates this file's time; these tiny programs need no optimized code.
+_FAST_COMPILE = dict(xla_backend_optimization_level=0, xla_cpu_use_fusion_emitters=False)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=_FAST_COMPILE)
+def _run(model, full, rng):
+  """Everything the tests check, for one model, in one compilation (`full` adds padding, packing,
+  causality and search)."""
+  params = model.init(rng, INPUTS, TARGETS)["params"]
+  apply = lambda *a, **k: model.apply({"params": params}, *a, **k)
+
+  def cache_for(inputs):
+    encoded = apply(inputs, method="encode")
+    return apply(encoded, inputs, MAX_DECODE, method="init_cache", mutable=["cache"])[1]["cache"]
+
+  def step(cache, ids):
+    logits, state = model.apply({"params": params, "cache": cache}, ids[:, None],
+                                method="decode_step", mutable=["cache"])
+    return state["cache"], logits
+
+  out = {}
+  cache = cache_for(INPUTS)
+  _, stepped = lax.scan(step, cache, shift_right(jnp.asarray(TARGETS)).T)
+  out["stepped"] = jnp.swapaxes(stepped, 0, 1)
+  out["cache_leaves"] = [jnp.shape(x) for x in jax.tree_util.tree_leaves(cache)]
+
+  def loss(p):  # packed rows, dropout on
+    logits = model.apply({"params": p}, P_IN, P_TGT, P_IN_POS, P_TGT_POS, P_IN_SEG, P_TGT_SEG,
+                         deterministic=False, rngs={"dropout": jax.random.fold_in(rng, 1)})
+    return _xent(logits, P_TGT)
+  out["loss"], out["grads"] = jax.value_and_grad(loss)(params)
+  if not full:
+    out["logits"] = apply(INPUTS, TARGETS)
+    return out
+
+  step_fn = lambda ids, cache: (lambda c, lg: (_no_pad(lg), c))(*step(cache, ids[:, 0]))
+  batch = INPUTS.shape[0]
+  out["greedy"] = search.greedy_search(step_fn, cache, batch, MAX_DECODE, max_lens=MAX_LENS)
+  out["beams"], out["beam_scores"] = search.beam_search(step_fn, cache, batch, MAX_DECODE,
+                                                        beam_size=3, max_lens=MAX_LENS)
+  # One teacher-forced batch: the targets, the changed targets and the greedy outputs.
+  rows = apply(jnp.tile(INPUTS, (3, 1)), jnp.concatenate([TARGETS, CHANGED, out["greedy"]]))
+  out["logits"], out["changed"], out["greedy_tf"] = jnp.split(rows, 3)
+  out["padded"] = apply(PADDED_INPUTS, TARGETS)
+  out["packed"] = apply(P_IN, P_TGT, P_IN_POS, P_TGT_POS, P_IN_SEG, P_TGT_SEG)
+  if isinstance(model, DecoderOnly):  # the layout, written out by hand for sentence 1
+    seq = jnp.asarray([SRC[1] + [SEP_ID] + TGT[1][:-1]])
+    length = seq.shape[1]
+    full = CausalStack(model.config).apply(
+        {"params": params["decoder"]}, seq, jnp.arange(length)[None], masks.causal_mask(length),
+        True)
+    out["by_hand"] = full[0, len(SRC[1]):]
+  return out
+
+
+def _rnn(cell, bidirectional, layers, attention=False, share=True):
+  cfg = RNNConfig(vocab_size=VOCAB, d_model=32, num_layers=layers, dropout_rate=0.1,
+                  rnn_cell=cell, rnn_bidirectional=bidirectional, share_embeddings=share)
+  return RNNSeq2Seq(cfg, attention=attention)
+
+
+def _decoder_only(pre_ln, share, layers):
+  return DecoderOnly(TransformerConfig(vocab_size=VOCAB, d_model=32, d_ff=64, num_heads=4,
+                                       num_layers=layers, dropout_rate=0.1, pre_ln=pre_ln,
+                                       share_embeddings=share))
+
+
+# name -> (model, full): every model gets shapes, gradients and cached decoding; `full` ones also
+# padding, packing, causality and search (one per model type keeps the compile time down).
+MODELS = {
+    "rnn-gru-bi-1": (lambda: _rnn("gru", True, 1), True),
+    "rnn-gru-uni-1": (lambda: _rnn("gru", False, 1), False),
+    "rnn-lstm-bi-1": (lambda: _rnn("lstm", True, 1), False),
+    "rnn-lstm-uni-2-unshared": (lambda: _rnn("lstm", False, 2, share=False), False),
+    "attention-lstm-bi-1": (lambda: _rnn("lstm", True, 1, attention=True), True),
+    "decoder_only-pre-unshared-2": (lambda: _decoder_only(True, False, 2), True),
+}
+FULL = [name for name, (_, full) in MODELS.items() if full]
+
+
+@functools.lru_cache(maxsize=None)
+def results(name):
+  make, full = MODELS[name]
+  return jax.tree_util.tree_map(np.asarray, _run(make(), full, jax.random.key(0)))
+
+
+VALID = TARGETS > 0
+all_models = pytest.mark.parametrize("name", list(MODELS))
+full_models = pytest.mark.parametrize("name", FULL)
+
+
+@all_models
+def test_shapes_and_finite_gradients(name):
+  r = results(name)
+  assert r["logits"].shape == (3, TGT_LEN, VOCAB)
+  assert np.isfinite(r["loss"]) and r["loss"] > 0
+  for path, g in jax.tree_util.tree_flatten_with_path(r["grads"])[0]:
+    assert np.all(np.isfinite(g)), path
+    assert np.any(g != 0), f"no gradient reaches {jax.tree_util.keystr(path)}"
+  # Every cache leaf is per sentence (leading batch) or a scalar counter.
+  assert all(s == () or s[0] == 3 for s in r["cache_leaves"]), r["cache_leaves"]
+
+
+@all_models
+def test_cached_decoding_equals_teacher_forcing(name):
+  r = results(name)
+  np.testing.assert_allclose(r["stepped"][VALID], r["logits"][VALID], atol=1e-5, rtol=1e-5)
+
+
+@full_models
+def test_source_padding_changes_nothing(name):
+  r = results(name)
+  np.testing.assert_allclose(r["padded"][VALID], r["logits"][VALID], atol=1e-5, rtol=1e-5)
+
+
+@full_models
+def test_packed_rows_equal_separate_sentences(name):
+  r = results(name)
+  for row, group in enumerate(PACK):
+    for s, i in enumerate(group):
+      where = P_TGT_SEG[row] == s + 1
+      np.testing.assert_allclose(r["packed"][row][where], r["logits"][i][VALID[i]], atol=1e-5,
+                                 rtol=1e-5, err_msg=f"row {row} segment {s + 1}")
+
+
+@full_models
+def test_causality(name):
+  """Logits at target position t see targets[:t] only."""
+  r = results(name)
+  before = VALID.copy()
+  before[:, CHANGED_AT + 1:] = False
+  np.testing.assert_allclose(r["changed"][before], r["logits"][before], atol=1e-5, rtol=1e-5)
+  assert not np.allclose(r["changed"][:, CHANGED_AT + 1:], r["logits"][:, CHANGED_AT + 1:])
+
+
+@full_models
+def test_search_through_the_cache(name):
+  r = results(name)
+  greedy, beams, scores = r["greedy"], r["beams"], r["beam_scores"]
+  assert greedy.shape == (3, MAX_DECODE) and beams.shape == (3, 3, MAX_DECODE)
+  for row, limit in zip(greedy, MAX_LENS):
+    length = int(np.sum(row > 0))
+    assert 1 <= length <= limit and row[length - 1] == 1 and np.all(row[length:] == 0)
+  for hyps, limit in zip(beams, MAX_LENS):
+    assert all(np.sum(h > 0) <= limit for h in hyps)
+  assert np.all(np.isfinite(scores[:, 0])) and np.all(np.diff(scores, axis=1) <= 0)
+  # Greedy picks the teacher-forced argmax wherever it was not forced to EOS.
+  tf = r["greedy_tf"].copy()
+  tf[..., 0] = -np.inf
+  free = (greedy > 0) & (np.arange(MAX_DECODE)[None] + 1 < MAX_LENS[:, None])
+  np.testing.assert_array_equal(np.argmax(tf, -1)[free], greedy[free])
+
+
+@pytest.mark.parametrize("name", [n for n in FULL if n.startswith("decoder_only")])
+def test_decoder_only_layout(name):
+  """The logits are those of `source <sep> target` at the SEP position and after: exactly one per
+  target token, so a loss over targets never sees source positions."""
+  r = results(name)
+  np.testing.assert_allclose(r["logits"][1, :len(TGT[1])], r["by_hand"], atol=1e-5, rtol=1e-5)
+
+
+def test_sep_id_matches_the_tokenizer():
+  from data.tokenizer import SEP_ID as DATA_SEP_ID
+  assert SEP_ID == DATA_SEP_ID
+
+
+# ----------------------------------------------------------------------------- registry
+def _model_cfg(**overrides):
+  from configs.common import base_config
+  cfg = base_config().model
+  cfg.update(dict(vocab_size=VOCAB, d_model=32, num_layers=1))
+  cfg.update(overrides)
+  return cfg
+
+
+@pytest.mark.parametrize("kind", MODEL_TYPES)
+def test_every_type_builds_from_the_config(kind):
+  params = abstract_params(_model_cfg(type=kind))
+  assert jax.tree_util.tree_leaves(params)
+  model = build_model(_model_cfg(type=kind))
+  assert hasattr(model, "init_cache") and hasattr(model, "decode_step")
+
+
+def test_unknown_type_lists_valid_types():
+  with pytest.raises(ValueError) as err:
+    build_model(_model_cfg(type="lstm"))
+  for kind in MODEL_TYPES:
+    assert kind in str(err.value)
+
+
+def test_ignored_options_warn_only_when_changed(caplog):
+  from model import build
+  with caplog.at_level(logging.WARNING):
+    for kind in MODEL_TYPES:
+      build_model(_model_cfg(type=kind))
+  assert not [r for r in caplog.records if "does not apply" in r.getMessage()]
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    build_model(_model_cfg(type="rnn", num_heads=2, rnn_cell="lstm"))
+    build_model(_model_cfg(type="transformer", rnn_bidirectional=False))
+  messages = [r.getMessage() for r in caplog.records if "does not apply" in r.getMessage()]
+  assert len(messages) == 2, messages
+  assert "model.num_heads=2" in messages[0] and "'rnn'" in messages[0]
+  assert "model.rnn_bidirectional=False" in messages[1]
+  # The defaults build.py compares against are configs/common.py's.
+  defaults = _model_cfg()
+  for options in build._IGNORED.values():
+    for option, default in options.items():
+      assert defaults[option] == default, option
+
+
+def test_rnn_config_errors_are_clear():
+  with pytest.raises(ValueError, match="model.rnn_cell='rnn'.*gru"):
+    RNNConfig(vocab_size=VOCAB, rnn_cell="rnn")
+  with pytest.raises(ValueError, match="model.num_layers"):
+    RNNConfig(vocab_size=VOCAB, num_layers=0)
+  with pytest.raises(ValueError, match="model.vocab_size is required"):
+    RNNConfig.from_config({"d_model": 8})
+  with pytest.raises(ValueError, match="segmentation"):
+    _rnn("gru", True, 1).init(jax.random.key(0), INPUTS, TARGETS, None, None, None, TARGETS > 0)
