@@ -9,15 +9,11 @@ host with --coordinator_address=host:port --num_processes=N --process_id=i.
 """
 from __future__ import annotations
 
-import functools
-import json
 import os
 import pathlib
-import signal
 import sys
-import time
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
@@ -31,216 +27,11 @@ _DIST_TIMEOUT = flags.DEFINE_integer("distributed_timeout", 60,
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-class Stop(Exception):
-  """A clear, expected error: printed as one line, exit status 1."""
-
-
-def check_workdir(workdir: pathlib.Path) -> None:
-  try:
-    workdir.mkdir(parents=True, exist_ok=True)
-    probe = workdir / ".write_test"
-    probe.write_text("ok")
-    probe.unlink()
-  except OSError as e:
-    raise Stop(f"--workdir={workdir}: not writable ({e.strerror or e})") from None
-
-
-class _Preemption:
-  """Records SIGTERM/SIGINT so the loop can save and exit after the current step."""
-
-  def __init__(self):
-    self.signal = None
-    for sig in (signal.SIGTERM, signal.SIGINT):
-      signal.signal(sig, self._handle)
-
-  def _handle(self, signum, frame):
-    del frame
-    self.signal = signal.Signals(signum).name
-
-  def requested(self) -> bool:
-    import jax
-    if jax.process_count() == 1:
-      return self.signal is not None
-    from jax.experimental import multihost_utils
-    import numpy as np
-    flags_ = multihost_utils.process_allgather(np.int32(self.signal is not None))
-    return bool(np.max(flags_))
-
-
-def train(config, workdir: pathlib.Path) -> dict:
-  """The whole run; returns the last eval metrics."""
-  import jax
-  import numpy as np
-  from data import pipeline as data_pipeline
-  from model.build import build_model
-  from training import checkpoint as ckpt
-  from training import evaluate, parallel as par, step as step_lib
-  from training.metrics import MetricsWriter, Progress, quiet_library_logs
-  from training.state import init_state, make_optimizer
-
-  quiet_library_logs()
-  lead = jax.process_index() == 0
-  preemption = _Preemption()
-  accum = int(config.optim.grad_accum_steps)
-  if accum < 1:
-    raise Stop(f"config error: optim.grad_accum_steps={accum} must be >= 1")
-  data_parallel = par.data_parallel_size(config)
-
-  # Data. Process 0 trains/tokenizes first so the others reuse its vocabulary and cache.
-  def build_data():
-    return data_pipeline.build(config, workdir, batch_multiple=data_parallel * accum,
-                               process_index=jax.process_index(),
-                               process_count=jax.process_count())
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-    pipeline = build_data() if lead else None
-    multihost_utils.sync_global_devices("data ready")
-    pipeline = pipeline or build_data()
-  else:
-    pipeline = build_data()
-  vocab = pipeline.vocab
-  with config.unlocked():
-    if config.model.vocab_size <= 0:
-      config.model.vocab_size = vocab.vocab_size
-  if vocab.vocab_size > config.model.vocab_size:
-    raise Stop(f"config error: model.vocab_size={config.model.vocab_size} is smaller than the "
-               f"vocabulary ({vocab.vocab_size} ids)")
-  logging.info("train batch shapes %s: the step compiles at most %d time(s)",
-               pipeline.batch_shapes, len(pipeline.batch_shapes))
-
-  model = build_model(config.model)
-  tx, schedule = make_optimizer(config)
-  train_step = functools.partial(step_lib.train_step, model=model, tx=tx, schedule=schedule,
-                                 label_smoothing=config.optim.label_smoothing,
-                                 grad_accum_steps=accum)
-  eval_step = functools.partial(step_lib.eval_step, model=model,
-                                label_smoothing=config.optim.label_smoothing)
-  parallel = par.build(config.parallelism, config,
-                       init_fn=lambda rng: init_state(model, tx, rng),
-                       train_step=train_step, eval_step=eval_step)
-
-  # State: resume or start.
-  checkpointer = ckpt.Checkpointer(workdir, keep=config.checkpoint.keep,
-                                   keep_best=config.checkpoint.keep_best,
-                                   async_save=config.checkpoint.async_save)
-  train_iter = pipeline.train_iter()
-  rng = jax.random.key(config.seed)
-  restored = checkpointer.restore_latest(
-      _restore_target(parallel, config),
-      check_meta=lambda meta: ckpt.check_compatible(ckpt.config_from_meta(meta), config))
-  if restored is not None:
-    step0, state, meta = restored
-    state = parallel.place_state(state) if parallel.kind == "pmap" else state
-    train_iter.restore(meta["data_state"])
-    logging.info("resumed from %s at step %d", checkpointer.root / str(step0), step0)
-  else:
-    state = parallel.init_state(jax.random.fold_in(rng, 1))
-    step0 = 0
-  rng = jax.random.fold_in(rng, 2)
-
-  writer = MetricsWriter(workdir, enabled=lead)
-  progress = Progress(config.num_train_steps, step0, enabled=lead)
-  if lead:
-    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-
-  def meta():
-    return {"config": config.to_json(), "data_state": train_iter.state(), "seed": config.seed,
-            "step": step}
-
-  def save(step, metrics=None, force=False):
-    to_save = parallel.host_state(state) if parallel.kind == "pmap" else state
-    checkpointer.save(step, to_save, meta(), metrics=metrics, force=force)
-
-  eval_pairs = pipeline.pairs(config.data.eval_split)
-  bleu_pairs = eval_pairs[:config.eval.bleu_sentences] if config.eval.bleu_sentences else []
-  eval_batches = pipeline.eval_batches()
-  if config.eval.num_batches:
-    eval_batches = eval_batches[:config.eval.num_batches]
-
-  def run_eval(step):
-    params = state.params
-    metrics = evaluate.loss_metrics(parallel, params, eval_batches)
-    if bleu_pairs:
-      host_params = parallel.host_state(state).params if parallel.kind == "pmap" else params
-      metrics.update(evaluate.translation_metrics(
-          model, host_params, vocab, bleu_pairs, max_len=config.data.max_len,
-          max_extra_len=config.eval.max_decode_extra))
-    writer.write(step, "eval", metrics)
-    return metrics
-
-  step = step0
-  last_eval, pending = {}, None
-  t_log, tokens_since = time.time(), 0.0
-  t_start = time.time()
-  try:
-    while step < config.num_train_steps:
-      batch = next(train_iter)
-      state, metrics = parallel.train_step(state, batch, rng)
-      step += 1
-      tokens_since += float((batch["targets_segmentation"] > 0).sum()
-                            + (batch["inputs_segmentation"] > 0).sum()) * jax.process_count()
-      # Check the previous step's counter now that this step is queued (no pipeline stall).
-      if pending is not None and int(pending) >= config.optim.max_nonfinite_steps:
-        raise Stop(f"training stopped at step {step - 1}: {int(pending)} consecutive steps had a "
-                   f"non-finite loss or gradient (optim.max_nonfinite_steps="
-                   f"{config.optim.max_nonfinite_steps}); lower optim.learning_rate or set "
-                   f"optim.clip_norm")
-      pending = metrics["nonfinite_streak"]
-      if step % config.log_every_steps == 0 or step == config.num_train_steps:
-        m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        now = time.time()
-        m["tokens_per_s"] = tokens_since / max(now - t_log, 1e-9)
-        m["steps_per_s"] = config.log_every_steps / max(now - t_log, 1e-9)
-        writer.write(step, "train", m)
-        progress.update(step, m["loss"], m["tokens_per_s"])
-        t_log, tokens_since = now, 0.0
-      else:
-        progress.update(step)
-      if step % config.eval_every_steps == 0 and step != config.num_train_steps:
-        last_eval = run_eval(step)
-      if step % config.checkpoint_every_steps == 0 and step != config.num_train_steps:
-        save(step, {"bleu": last_eval.get("bleu", 0.0)} if last_eval else None)
-      if preemption.requested():
-        save(step, force=True)
-        checkpointer.close()
-        progress.close()
-        logging.warning("%s received: saved step %d to %s and stopped; re-run the same "
-                        "command to resume", preemption.signal or "stop signal", step,
-                        checkpointer.root / str(step))
-        return last_eval
-    if int(jax.device_get(metrics["nonfinite_streak"])) >= config.optim.max_nonfinite_steps:
-      raise Stop(f"training stopped at step {step}: too many consecutive non-finite steps")
-    last_eval = run_eval(step)
-    save(step, {"bleu": last_eval.get("bleu", 0.0)}, force=True)
-  finally:
-    checkpointer.close()
-    progress.close()
-    writer.close()
-  elapsed = time.time() - t_start
-  summary = {"step": step, "train_seconds": round(elapsed, 1), **last_eval}
-  if lead:
-    print("final: " + json.dumps({k: (round(v, 4) if isinstance(v, float) else v)
-                                  for k, v in summary.items()}), flush=True)
-  return last_eval
-
-
-def _restore_target(parallel, config):
-  """Abstract state with the shardings this run uses (pmap: one device, replicated after)."""
-  import jax
-  from training import parallel as par
-  if parallel.kind == "mesh":
-    return jax.tree_util.tree_map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        parallel.abstract_state, parallel.state_sharding)
-  one = jax.sharding.SingleDeviceSharding(par.local_devices(config)[0])
-  return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),
-                                parallel.abstract_state)
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   workdir = pathlib.Path(_WORKDIR.value).absolute()
+  from training.loop import Stop, check_workdir, train
   try:
     check_workdir(workdir)
     from training.parallel import initialize_distributed

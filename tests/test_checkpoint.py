@@ -1,6 +1,5 @@
 """Checkpoints: exact resume, preemption, other topologies, averaging, faults."""
 import json
-import os
 import pathlib
 import shutil
 import signal
@@ -17,7 +16,7 @@ from training import checkpoint as ckpt
 
 
 def _train(config, workdir):
-  from train import train
+  from training.loop import train
   return train(config, pathlib.Path(workdir))
 
 
@@ -78,9 +77,8 @@ def test_sigterm_saves_and_exits_zero(tmp_path):
 
 
 def test_restore_on_other_topologies(tmp_path):
-  import functools
   from tests.test_training import make_parallel
-  from train import _restore_target
+  from training.loop import _restore_target
   config = tiny_config(num_devices=8, num_train_steps=2, parallelism="mesh",
                        **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})
   _train(config, tmp_path)
@@ -127,7 +125,7 @@ def test_unfinished_and_corrupt_checkpoints_are_skipped(uninterrupted, tmp_path,
   for f in (root / "12" / "state").rglob("*"):  # the newest finished one is damaged
     if f.is_file() and f.stat().st_size > 100:
       f.write_bytes(f.read_bytes()[:50])
-  from train import _restore_target
+  from training.loop import _restore_target
   from tests.test_training import make_parallel
   config = tiny_config(num_devices=1)
   p = make_parallel(config)

@@ -188,7 +188,7 @@ def test_parameter_counts_match_paper(config, paper):
   assert abs(n - paper) / paper < 0.05, n
 
 
-@pytest.mark.parametrize("pre_ln,dtype", [(True, "float32"), (False, "bfloat16")])
+@pytest.mark.parametrize("pre_ln,dtype", [(True, "bfloat16")])
 def test_forward_backward_finite(pre_ln, dtype):
   cfg = TransformerConfig(**{**TINY.__dict__, "pre_ln": pre_ln, "dtype": dtype, "num_layers": 1,
                              "dropout_rate": 0.1, "attention_dropout_rate": 0.1})

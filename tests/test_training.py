@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import flax.linen as nn
 
 from configs import common
 from model.build import build_model
@@ -168,7 +167,7 @@ def _train_py(args, timeout=300, **kw):
 
 
 def test_train_lowers_loss_and_writes_metrics(tmp_path):
-  from train import train
+  from training.loop import train
   config = tiny_config(num_devices=1)
   config.eval.bleu_sentences = 16
   train(config, tmp_path)
@@ -185,7 +184,7 @@ def test_train_lowers_loss_and_writes_metrics(tmp_path):
 
 
 def test_too_many_nonfinite_steps_stop_training(tmp_path):
-  from train import Stop, train
+  from training.loop import Stop, train
   config = tiny_config(num_devices=1, **{"optim.learning_rate": 1e30, "optim.max_nonfinite_steps": 3})
   with pytest.raises(Stop, match="consecutive steps had a non-finite loss"):
     train(config, tmp_path)

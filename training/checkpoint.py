@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
 from typing import Any
 
 from absl import logging
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp

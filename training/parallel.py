@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 from absl import logging
 import jax
-import jax.numpy as jnp
 import numpy as np
 import flax.linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -59,6 +58,10 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
   if explicit and (not coordinator_address or num_processes is None or process_id is None):
     raise ValueError("--coordinator_address, --num_processes and --process_id must be given "
                      f"together (got {coordinator_address!r}, {num_processes!r}, {process_id!r})")
+  if explicit and process_id != 0:
+    # JAX aborts the whole process (no exception) when the coordinator never answers, so wait for
+    # its port here first and fail with a message instead.
+    _wait_for_port(coordinator_address, timeout_s, num_processes, process_id)
   try:
     jax.distributed.initialize(coordinator_address=coordinator_address or None,
                                num_processes=num_processes, process_id=process_id,
@@ -67,6 +70,24 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
     raise RuntimeError(f"could not join the distributed job at coordinator "
                        f"{coordinator_address!r} within {timeout_s} s "
                        f"(process {process_id} of {num_processes}): {e}") from None
+
+
+def _wait_for_port(address: str, timeout_s: float, num_processes, process_id) -> None:
+  import socket
+  import time
+  host, _, port = address.rpartition(":")
+  if not host or not port.isdigit():
+    raise ValueError(f"--coordinator_address={address!r}: expected host:port")
+  deadline = time.monotonic() + timeout_s
+  while True:
+    try:
+      with socket.create_connection((host, int(port)), timeout=2):
+        return
+    except OSError as e:
+      if time.monotonic() >= deadline:
+        raise RuntimeError(f"could not join the distributed job at coordinator {address!r} within "
+                           f"{timeout_s} s (process {process_id} of {num_processes}): {e}") from None
+      time.sleep(0.5)
 
 
 # ----------------------------------------------------------------------------- devices
