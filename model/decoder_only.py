@@ -32,7 +32,7 @@ from jax import lax
 
 from model.config import TransformerConfig
 from model.layers import DecoderLayer, Embed, layer_norm, maybe_remat, sinusoidal_encoding
-from model.transformer import shift_right
+from model.transformer import check_tokens, shift_right
 
 # The separator between source and target: the project-wide `data.tokenizer.SEP_ID` (model/ does
 # not import data/, so the value is repeated here; tests check they agree).
@@ -69,13 +69,6 @@ class CausalStack(nn.Module):
                     bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
                     name="logits")(y)
 
-
-def _check_tokens(name, tokens, like=None, like_name=None):
-  if tokens.ndim != 2:
-    raise ValueError(f"DecoderOnly: {name} must be [batch, length] token ids, got {tokens.shape}")
-  if like is not None and like.shape != tokens.shape:
-    raise ValueError(f"DecoderOnly: {like_name} shape {like.shape} must equal {name} shape "
-                     f"{tokens.shape}")
 
 
 def _default_positions(valid, seg):
@@ -131,14 +124,14 @@ class DecoderOnly(nn.Module):
   def encode(self, inputs, inputs_position=None, inputs_segmentation=None, deterministic=True):
     """No encoder: returns the source ids [batch, src_len] (read again by `init_cache`)."""
     del inputs_position, inputs_segmentation, deterministic
-    _check_tokens("inputs", inputs)
+    check_tokens("DecoderOnly", "inputs", inputs)
     return inputs
 
   def __call__(self, inputs, targets, inputs_position=None, targets_position=None,
                inputs_segmentation=None, targets_segmentation=None, deterministic=True):
     """[batch, src_len], [batch, tgt_len] ids -> [batch, tgt_len, vocab] logits (target part)."""
-    _check_tokens("inputs", inputs)
-    _check_tokens("targets", targets)
+    check_tokens("DecoderOnly", "inputs", inputs)
+    check_tokens("DecoderOnly", "targets", targets)
     if targets.shape[0] != inputs.shape[0]:
       raise ValueError(f"DecoderOnly: batch sizes differ: inputs {inputs.shape}, "
                        f"targets {targets.shape}")
@@ -148,7 +141,7 @@ class DecoderOnly(nn.Module):
         ("targets_position", targets_position, targets, "targets"),
         ("targets_segmentation", targets_segmentation, targets, "targets")):
       if arr is not None:
-        _check_tokens(like_name, like, arr, name)
+        check_tokens("DecoderOnly", like_name, like, arr, name)
     tokens, positions, mask = combined_sequence(inputs, targets, inputs_position,
                                                 targets_position, inputs_segmentation,
                                                 targets_segmentation)
@@ -174,7 +167,7 @@ class DecoderOnly(nn.Module):
     encoded: the source ids from `encode`; inputs: [batch, src_len] ids (0 = pad, anywhere).
     """
     del encoded
-    _check_tokens("inputs", inputs)
+    check_tokens("DecoderOnly", "inputs", inputs)
     batch, src_len = inputs.shape
     params = self.decoder.variables["params"]
     # Real tokens first, padding after, in each row; then feed position by position.

@@ -35,7 +35,7 @@ from jax import lax
 
 from model.config import _DTYPES
 from model.layers import Embed
-from model.transformer import shift_right
+from model.transformer import check_tokens, shift_right
 
 CELLS = ("gru", "lstm")
 _GATES = {"gru": 3, "lstm": 4}
@@ -416,13 +416,6 @@ class RNNDecoder(nn.Module):
     return self._logits(s[:, None], y, ctx[:, None], True)[:, 0], carry
 
 
-def _check_tokens(name, tokens, like=None, like_name=None):
-  if tokens.ndim != 2:
-    raise ValueError(f"RNNSeq2Seq: {name} must be [batch, length] token ids, got {tokens.shape}")
-  if like is not None and like.shape != tokens.shape:
-    raise ValueError(f"RNNSeq2Seq: {like_name} shape {like.shape} must equal {name} shape "
-                     f"{tokens.shape}")
-
 
 class RNNSeq2Seq(nn.Module):
   """Recurrent encoder-decoder: the context-vector model, or with `attention` Bahdanau's.
@@ -441,16 +434,16 @@ class RNNSeq2Seq(nn.Module):
   def encode(self, inputs, inputs_position=None, inputs_segmentation=None, deterministic=True):
     """inputs: [batch, src_len] ids (0 = pad) -> states [batch, src_len, C] (positions unused)."""
     del inputs_position
-    _check_tokens("inputs", inputs)
+    check_tokens("RNNSeq2Seq", "inputs", inputs)
     if inputs_segmentation is not None:
-      _check_tokens("inputs", inputs, inputs_segmentation, "inputs_segmentation")
+      check_tokens("RNNSeq2Seq", "inputs", inputs, inputs_segmentation, "inputs_segmentation")
     return self.encoder(inputs, _segments(inputs, inputs_segmentation), deterministic)
 
   def __call__(self, inputs, targets, inputs_position=None, targets_position=None,
                inputs_segmentation=None, targets_segmentation=None, deterministic=True):
     """[batch, src_len], [batch, tgt_len] ids -> [batch, tgt_len, vocab] logits."""
     del targets_position
-    _check_tokens("targets", targets)
+    check_tokens("RNNSeq2Seq", "targets", targets)
     if targets.shape[0] != inputs.shape[0]:
       raise ValueError(f"RNNSeq2Seq: batch sizes differ: inputs {inputs.shape}, "
                        f"targets {targets.shape}")
@@ -458,7 +451,7 @@ class RNNSeq2Seq(nn.Module):
       raise ValueError("RNNSeq2Seq: give both inputs_segmentation and targets_segmentation, "
                        "or neither")
     if targets_segmentation is not None:
-      _check_tokens("targets", targets, targets_segmentation, "targets_segmentation")
+      check_tokens("RNNSeq2Seq", "targets", targets, targets_segmentation, "targets_segmentation")
     states = self.encode(inputs, inputs_position, inputs_segmentation, deterministic)
     src_seg = _segments(inputs, inputs_segmentation)
     tgt_seg = _segments(targets, targets_segmentation)
@@ -476,7 +469,7 @@ class RNNSeq2Seq(nn.Module):
     encoded: [batch, src_len, C] from `encode` (one sentence per row); inputs: [batch, src_len].
     """
     del max_decode_len
-    _check_tokens("inputs", inputs)
+    check_tokens("RNNSeq2Seq", "inputs", inputs)
     if encoded.ndim != 3 or encoded.shape[:2] != inputs.shape:
       raise ValueError(f"RNNSeq2Seq.init_cache: encoded {encoded.shape} must be "
                        f"[batch, src_len, C] matching inputs {inputs.shape}")

@@ -84,6 +84,25 @@ def _take_beams(x, indices):
     return jnp.take_along_axis(x, idx, axis=1)
 
 
+def _two_stage_top_k(x, n: int):
+    """``lax.top_k(x.reshape(batch, beam * vocab), n)`` computed in two stages.
+
+    ``x`` is ``[batch, beam, vocab]``; returns values and flat indices into
+    ``beam * vocab``, both ``[batch, n]``, identical to the flat ``top_k``
+    including ties (lower flat index first). The flat top ``n`` lies within the
+    union of each beam's top ``n``, so ``top_k`` runs per beam, then over the
+    ``beam * n`` survivors, which are laid out beam-major and, within a beam, in
+    the per-beam order (value descending, ties by lower token). This avoids one
+    large ``top_k`` over ``beam * vocab``, which is slow on CPU inside loops.
+    """
+    batch, beam, vocab = x.shape
+    m = min(n, vocab)
+    v1, i1 = lax.top_k(x, m)                                  # [batch, beam, m]
+    vals, j = lax.top_k(v1.reshape(batch, beam * m), n)       # [batch, n]
+    tok = jnp.take_along_axis(i1.reshape(batch, beam * m), j, axis=1)
+    return vals, (j // m) * vocab + tok
+
+
 def _log_probs(logits):
     return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
 
@@ -219,8 +238,8 @@ def beam_search(step_fn: StepFn, cache, batch_size: int, max_len: int, *, beam_s
             logp = jnp.where(forced, eos_only, logp)
 
         # Top 2k continuations over all beams x vocabulary; ties -> lower (beam, token).
-        cand = (s.live_logp[:, :, None] + logp).reshape(b, k * vocab)
-        vals, flat = lax.top_k(cand, 2 * k)                    # [b, 2k]
+        cand = s.live_logp[:, :, None] + logp                  # [b, k, vocab]
+        vals, flat = _two_stage_top_k(cand, 2 * k)             # [b, 2k]
         src, tok = flat // vocab, (flat % vocab).astype(jnp.int32)
         seqs = _take_beams(s.live_seqs, src)
         seqs = lax.dynamic_update_slice(seqs, tok[:, :, None], (0, 0, t))

@@ -35,11 +35,13 @@ def default_positions(tokens: jax.Array) -> jax.Array:
   return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
 
 
-def _check_tokens(name: str, tokens, like=None, like_name=None):
+def check_tokens(owner: str, name: str, tokens, like=None, like_name=None):
+  """Raises a ValueError naming `owner` and the argument unless `tokens` is [batch, length] (and
+  `like`, when given, has the same shape)."""
   if tokens.ndim != 2:
-    raise ValueError(f"Transformer: {name} must be [batch, length] token ids, got shape {tokens.shape}")
+    raise ValueError(f"{owner}: {name} must be [batch, length] token ids, got shape {tokens.shape}")
   if like is not None and like.shape != tokens.shape:
-    raise ValueError(f"Transformer: {like_name} shape {like.shape} must equal {name} shape "
+    raise ValueError(f"{owner}: {like_name} shape {like.shape} must equal {name} shape "
                      f"{tokens.shape}")
 
 
@@ -115,11 +117,11 @@ class Transformer(nn.Module):
 
   def encode(self, inputs, inputs_position=None, inputs_segmentation=None, deterministic=True):
     """inputs: [batch, src_len] ids (0 = pad) -> encoded [batch, src_len, d_model]."""
-    _check_tokens("inputs", inputs)
+    check_tokens("Transformer", "inputs", inputs)
     if inputs_position is not None:
-      _check_tokens("inputs", inputs, inputs_position, "inputs_position")
+      check_tokens("Transformer", "inputs", inputs, inputs_position, "inputs_position")
     if inputs_segmentation is not None:
-      _check_tokens("inputs", inputs, inputs_segmentation, "inputs_segmentation")
+      check_tokens("Transformer", "inputs", inputs, inputs_segmentation, "inputs_segmentation")
     if inputs_position is None:
       inputs_position = default_positions(inputs)
     return self.encoder(inputs, inputs_position, inputs_segmentation, deterministic)
@@ -131,8 +133,8 @@ class Transformer(nn.Module):
     encoded: [batch, src_len, d_model]; inputs: [batch, src_len] ids (for the source mask);
     targets: [batch, tgt_len] ids ending in EOS. Returns [batch, tgt_len, vocab] logits.
     """
-    _check_tokens("targets", targets)
-    _check_tokens("inputs", inputs)
+    check_tokens("Transformer", "targets", targets)
+    check_tokens("Transformer", "inputs", inputs)
     if encoded.ndim != 3 or encoded.shape[:2] != inputs.shape:
       raise ValueError(f"Transformer.decode: encoded {encoded.shape} must be [batch, src_len, "
                        f"d_model] matching inputs {inputs.shape}")
@@ -141,7 +143,7 @@ class Transformer(nn.Module):
     for name, arr in (("targets_position", targets_position),
                       ("targets_segmentation", targets_segmentation)):
       if arr is not None:
-        _check_tokens("targets", targets, arr, name)
+        check_tokens("Transformer", "targets", targets, arr, name)
     if targets_position is None:
       targets_position = default_positions(targets)
     decoder_inputs = shift_right(targets, targets_segmentation)
@@ -163,7 +165,7 @@ class Transformer(nn.Module):
 
     encoded: [batch, src_len, d_model]; inputs: [batch, src_len] ids.
     """
-    _check_tokens("inputs", inputs)
+    check_tokens("Transformer", "inputs", inputs)
     dummy = jnp.ones((inputs.shape[0], max_decode_len), jnp.int32)
     cross = masks.cross_mask(dummy, inputs)
     self.decoder(dummy, default_positions(dummy), encoded, None, cross, True, decode=True)

@@ -1,5 +1,4 @@
 """Training: the schedule, the step's invariants, parallel equivalence, train.py end to end."""
-import functools
 import json
 import pathlib
 import subprocess
@@ -11,10 +10,8 @@ import numpy as np
 import pytest
 
 from configs import common
-from model.build import build_model
 from training import parallel as par
-from training import step as step_lib
-from training.state import init_state, learning_rate_schedule, make_optimizer
+from training.state import learning_rate_schedule
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -61,15 +58,8 @@ def fixed_batches(n=5, rows=16, length=8, seed=0):
 
 
 def make_parallel(config):
-  model = build_model(config.model)
-  tx, schedule = make_optimizer(config)
-  train_step = functools.partial(step_lib.train_step, model=model, tx=tx, schedule=schedule,
-                                 label_smoothing=config.optim.label_smoothing,
-                                 grad_accum_steps=config.optim.grad_accum_steps)
-  eval_step = functools.partial(step_lib.eval_step, model=model,
-                                label_smoothing=config.optim.label_smoothing)
-  return par.build(config.parallelism, config, init_fn=lambda r: init_state(model, tx, r),
-                   train_step=train_step, eval_step=eval_step)
+  from training.loop import build_steps
+  return build_steps(config)[1]
 
 
 def run_losses(config, batches):

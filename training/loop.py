@@ -47,15 +47,31 @@ class _Preemption:
     return bool(np.max(flags_))
 
 
+def build_steps(config):
+  """The model and the train/eval steps wrapped for `config.parallelism`: (model, Parallel).
+  train.py, bench.py and the tests all build the step here, so they time and test the same one."""
+  from model.build import build_model
+  from training import parallel as par, step as step_lib
+  from training.state import init_state, make_optimizer
+  model = build_model(config.model)
+  tx, schedule = make_optimizer(config)
+  train_step = functools.partial(step_lib.train_step, model=model, tx=tx, schedule=schedule,
+                                 label_smoothing=config.optim.label_smoothing,
+                                 grad_accum_steps=int(config.optim.grad_accum_steps))
+  eval_step = functools.partial(step_lib.eval_step, model=model,
+                                label_smoothing=config.optim.label_smoothing)
+  parallel = par.build(config.parallelism, config, init_fn=lambda rng: init_state(model, tx, rng),
+                       train_step=train_step, eval_step=eval_step)
+  return model, parallel
+
+
 def train(config, workdir: pathlib.Path) -> dict:
   """The whole run; returns the last eval metrics."""
   import jax
   from data import pipeline as data_pipeline
-  from model.build import build_model
   from training import checkpoint as ckpt
-  from training import evaluate, parallel as par, step as step_lib
+  from training import evaluate, parallel as par
   from training.metrics import MetricsWriter, Progress, quiet_library_logs
-  from training.state import init_state, make_optimizer
 
   quiet_library_logs()
   lead = jax.process_index() == 0
@@ -87,16 +103,7 @@ def train(config, workdir: pathlib.Path) -> dict:
   logging.info("train batch shapes %s: the step compiles at most %d time(s)",
                pipeline.batch_shapes, len(pipeline.batch_shapes))
 
-  model = build_model(config.model)
-  tx, schedule = make_optimizer(config)
-  train_step = functools.partial(step_lib.train_step, model=model, tx=tx, schedule=schedule,
-                                 label_smoothing=config.optim.label_smoothing,
-                                 grad_accum_steps=accum)
-  eval_step = functools.partial(step_lib.eval_step, model=model,
-                                label_smoothing=config.optim.label_smoothing)
-  parallel = par.build(config.parallelism, config,
-                       init_fn=lambda rng: init_state(model, tx, rng),
-                       train_step=train_step, eval_step=eval_step)
+  model, parallel = build_steps(config)
 
   # State: resume or start.
   checkpointer = ckpt.Checkpointer(workdir, keep=config.checkpoint.keep,

@@ -84,13 +84,14 @@ def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransf
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
 
-  updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
-  new_params = optax.apply_updates(state.params, updates)
-  keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(finite, a, b), new, old)
+  def update(_):
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return optax.apply_updates(state.params, updates), opt_state
+
+  # A branch, not a select over every parameter and Adam moment (which cost ~10% of the step).
+  params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state), None)
   new_state = state.replace(
-      step=state.step + 1,
-      params=keep(new_params, state.params),
-      opt_state=keep(new_opt_state, state.opt_state),
+      step=state.step + 1, params=params, opt_state=opt_state,
       nonfinite_streak=jnp.where(finite, 0, state.nonfinite_streak + 1))
   metrics = {
       "loss": sums["loss"] / denom,

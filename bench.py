@@ -1,0 +1,603 @@
+"""Benchmarks the real train step (or decoding) on synthetic batches: step time, throughput, MFU.
+
+    python bench.py --config=configs/wmt14_ende_base.py --json=base.json
+    python bench.py --config=configs/tiny.py --config.model.vocab_size=8000 --mode=decode
+    python bench.py --config=configs/tiny.py --config.model.vocab_size=8000 --sweep=devices \
+        --json=devices.json   # also writes devices.png
+
+Batches hold `bench.batch_size` rows of `bench.seq_len` random source and target tokens (no
+padding, each ending in EOS); there is no data pipeline. Training runs train.py's step under the
+same parallel wrapper (`config.parallelism`, `config.num_devices`, `config.mesh`). Decoding
+produces exactly `bench.decode_len` tokens per sentence (EOS is never chosen) with beam
+`bench.beam_size` through model/search.py, so every run does the same work.
+
+MFU = achieved model FLOP/s / (peak FLOP/s per device × devices), with the model FLOPs of
+training/flops.py and the device's datasheet peak for the dtype, or, for a device not in the
+table, the best rate of a large matrix product measured on one device (`peak_source` says which).
+On a CPU, --sweep=devices simulates 8 devices (they share the host's cores).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+
+
+def _simulate_cpu_devices(argv: list[str]) -> None:
+  """--sweep=devices on a CPU needs several devices; XLA makes them only if told before JAX is
+  imported. (The flag changes nothing on GPUs and TPUs.)"""
+  wants = "--sweep=devices" in argv or any(
+      a == "--sweep" and b == "devices" for a, b in zip(argv, argv[1:]))
+  flag = "--xla_force_host_platform_device_count"
+  if wants and flag not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" {flag}=8").strip()
+
+
+if __name__ == "__main__":
+  _simulate_cpu_devices(sys.argv)
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
+                                          lock_config=True)
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "decode"], "What to time.")
+_STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (decode: timed batches).", lower_bound=1)
+_WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after the first (compiling) one.",
+                               lower_bound=0)
+_JSON = flags.DEFINE_string("json", None, "Write the results to this JSON file.")
+_SWEEP = flags.DEFINE_enum("sweep", None, ["devices", "seq_len", "batch"],
+                           "Repeat the benchmark over device counts (pmap and mesh), sequence "
+                           "lengths or batch sizes, and plot it.")
+_SWEEP_VALUES = flags.DEFINE_list("sweep_values", None,
+                                  "The swept values (default: devices 1,2,4,8; seq_len "
+                                  "16,32,64,128,256 up to model.max_len; batch 4,8,16,32).")
+_SWEEP_PARALLELISM = flags.DEFINE_list("sweep_parallelism", ["pmap", "mesh"],
+                                       "--sweep=devices: the parallelism modes to run.")
+_PLOT = flags.DEFINE_string("plot", None, "Sweep plot PNG (default: the --json path with .png, "
+                            "else bench_<sweep>.png).")
+_DECODE_CACHE = flags.DEFINE_bool("decode_cache", True,
+                                  "--mode=decode: use the key/value cache (false re-runs the "
+                                  "whole decoder on the prefix every step).")
+_PEAK = flags.DEFINE_string("peak", "auto", "Peak FLOP/s per device: 'auto' (datasheet if the "
+                            "device and dtype are known, else measured), 'measured', or a number.")
+_MATMUL_SIZE = flags.DEFINE_integer("matmul_size", 2048, "Side of the square matrices of the "
+                                    "measured peak.", lower_bound=64)
+_TRACE = flags.DEFINE_string("trace", None, "Write a jax.profiler trace of the timed steps to this "
+                             "directory (TensorBoard's profiler, or perfetto_trace.json.gz in "
+                             "ui.perfetto.dev).")
+flags.mark_flag_as_required("config")
+
+DEFAULT_VOCAB = 8000
+SWEEP_DEFAULTS = {"devices": [1, 2, 4, 8], "seq_len": [16, 32, 64, 128, 256],
+                  "batch": [4, 8, 16, 32]}
+
+# Dense (no sparsity) peak FLOP/s per device from the vendors' datasheets: NVIDIA H100 Tensor
+# Core GPU datasheet (SXM: BF16/FP16 989.4 TFLOPS, FP32 66.9 TFLOPS; the H200 has the same
+# compute; PCIe/NVL cards are slower and get measured), NVIDIA A100 datasheet (BF16/FP16 312,
+# FP32 19.5 TFLOPS), Google Cloud TPU system architecture pages (BF16: v4 275, v5e 197, v5p 459
+# TFLOPS). FP32 is the non-tensor-core rate: at XLA's default precision a float32 matmul may run
+# as TF32 on these GPUs and beat it (MFU > 1 then; use --peak=measured). Names are matched
+# against `device.device_kind`, lowercased: (names, excluded names, {dtype: peak}).
+DATASHEET_PEAKS = (
+    (("h100", "h200"), ("pcie", "nvl"), {"bfloat16": 989.4e12, "float16": 989.4e12,
+                                         "float32": 66.9e12}),
+    (("a100",), (), {"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12}),
+    (("tpu v4",), (), {"bfloat16": 275e12}),
+    (("tpu v5 lite", "tpu v5e"), (), {"bfloat16": 197e12}),
+    (("tpu v5p", "tpu v5"), ("lite", "v5e"), {"bfloat16": 459e12}),
+)
+
+TRAIN_FIELDS = ("mode", "config", "compile_s", "step_time_s", "step_time_p10_s",
+                "step_time_p90_s", "tokens_per_s", "params", "model_flops_per_step",
+                "achieved_flops_per_s", "peak_flops_per_s", "peak_source", "mfu",
+                "peak_memory_bytes", "num_devices", "parallelism", "dtype", "batch_size",
+                "seq_len", "device_kind", "jax_version", "jaxlib_version")
+DECODE_FIELDS = ("mode", "config", "compile_s", "step_time_s", "step_time_p10_s",
+                 "step_time_p90_s", "sent_per_s", "out_tokens_per_s", "params", "decode_len",
+                 "beam_size", "decode_cache", "peak_memory_bytes", "num_devices", "dtype",
+                 "batch_size", "seq_len", "device_kind", "jax_version", "jaxlib_version")
+
+
+class Stop(Exception):
+  """A clear, expected error: printed as one line, exit status 1."""
+
+
+# ----------------------------------------------------------------------------- inputs
+def source_ids(rng, rows: int, length: int, vocab: int):
+  """[rows, length] int32 random ids in [4, vocab) (no special tokens), the last one EOS."""
+  import numpy as np
+  from model.search import EOS_ID
+  ids = rng.integers(4, vocab, size=(rows, length), dtype=np.int32)
+  ids[:, -1] = EOS_ID
+  return ids
+
+
+def synthetic_batch(rng, rows: int, length: int, vocab: int) -> dict:
+  """A training batch (training.step.BATCH_KEYS) without padding or packing."""
+  import numpy as np
+  positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy()
+  ones = np.ones((rows, length), np.int32)
+  return {"inputs": source_ids(rng, rows, length, vocab),
+          "targets": source_ids(rng, rows, length, vocab),
+          "inputs_position": positions, "targets_position": positions.copy(),
+          "inputs_segmentation": ones, "targets_segmentation": ones.copy()}
+
+
+# ----------------------------------------------------------------------------- measuring
+def _timed(call, steps: int, warmup: int):
+  """Runs `call` (which must block until its work is done) 1 + warmup + steps times; returns the
+  first call's seconds and the last `steps` calls' seconds."""
+  import numpy as np
+  start = time.perf_counter()
+  call()
+  first = time.perf_counter() - start
+  for _ in range(warmup):
+    call()
+  times = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    call()
+    times.append(time.perf_counter() - start)
+  return first, np.asarray(times)
+
+
+def _time_stats(first: float, times) -> dict:
+  import numpy as np
+  median = float(np.median(times))
+  return {"compile_s": max(first - median, 0.0),  # the first call = compile + one step
+          "step_time_s": median,
+          "step_time_p10_s": float(np.percentile(times, 10)),
+          "step_time_p90_s": float(np.percentile(times, 90))}
+
+
+def datasheet_peak(device_kind: str, dtype: str) -> float | None:
+  """The datasheet dense peak FLOP/s of one device for `dtype`, or None if not in the table."""
+  kind = device_kind.lower()
+  for names, excluded, peaks in DATASHEET_PEAKS:
+    if any(n in kind for n in names) and not any(e in kind for e in excluded):
+      return peaks.get(dtype)
+  return None
+
+
+@functools.cache
+def measured_peak(device, dtype: str, size: int, trials: int = 3) -> float:
+  """Best FLOP/s of a [size, size] @ [size, size] product in `dtype` on `device`. Each trial
+  queues enough products to take ~0.2 s and waits once, so call overhead hides behind them."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  rng = np.random.default_rng(0)
+  a, b = (jax.device_put(rng.standard_normal((size, size)).astype(jnp.dtype(dtype)), device)
+          for _ in range(2))
+  matmul = jax.jit(lambda x, y: x @ y)
+  matmul(a, b).block_until_ready()  # compile
+  start = time.perf_counter()
+  matmul(a, b).block_until_ready()
+  calls = int(min(max(0.2 / max(time.perf_counter() - start, 1e-6), 1), 1000))
+  best = math.inf
+  for _ in range(trials):
+    start = time.perf_counter()
+    for _ in range(calls):  # one device runs them in order: waiting for the last waits for all
+      out = matmul(a, b)
+    out.block_until_ready()
+    best = min(best, (time.perf_counter() - start) / calls)
+  return 2.0 * size ** 3 / best
+
+
+def resolve_peak(device, dtype: str) -> tuple[float, str]:
+  """(peak FLOP/s of one device, 'datasheet' | 'measured' | 'given') as --peak asks."""
+  choice = _PEAK.value.strip().lower()
+  if choice not in ("auto", "measured"):
+    try:
+      return float(choice), "given"
+    except ValueError:
+      raise Stop(f"--peak={_PEAK.value!r}: expected auto, measured or a number") from None
+  if choice == "auto":
+    peak = datasheet_peak(device.device_kind, dtype)
+    if peak is not None:
+      return peak, "datasheet"
+  peak = measured_peak(device, dtype, _MATMUL_SIZE.value)
+  logging.info("measured peak of %s (%s, %d-wide matmul): %.3g FLOP/s", device.device_kind,
+               dtype, _MATMUL_SIZE.value, peak)
+  return peak, "measured"
+
+
+def peak_memory(devices) -> int | None:
+  """Largest `peak_bytes_in_use` of `devices` (since the process started), if reported."""
+  peaks = []
+  for d in devices:
+    try:
+      stats = d.memory_stats()
+    except Exception:  # a backend without memory statistics
+      stats = None
+    if stats and stats.get("peak_bytes_in_use") is not None:
+      peaks.append(int(stats["peak_bytes_in_use"]))
+  return max(peaks) if peaks else None
+
+
+def _environment(config, devices) -> dict:
+  import jax
+  import jaxlib
+  return {"config": config_flags.get_config_filename(flags.FLAGS["config"]),
+          "num_devices": len(devices), "dtype": config.model.dtype,
+          "batch_size": int(config.bench.batch_size), "seq_len": int(config.bench.seq_len),
+          "device_kind": devices[0].device_kind, "jax_version": jax.__version__,
+          "jaxlib_version": jaxlib.__version__}
+
+
+def _check_lengths(config):
+  if int(config.bench.seq_len) < 2:
+    raise Stop(f"config error: bench.seq_len={config.bench.seq_len} must be >= 2")
+  if int(config.bench.seq_len) > int(config.model.max_len):
+    raise Stop(f"config error: bench.seq_len={config.bench.seq_len} is longer than "
+               f"model.max_len={config.model.max_len}")
+  if int(config.bench.batch_size) < 1:
+    raise Stop(f"config error: bench.batch_size={config.bench.batch_size} must be positive")
+
+
+def _count(tree) -> int:
+  import jax
+  return int(sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))
+
+
+_TRACES: list[str] = []  # names of the traces written so far
+
+
+def _maybe_trace(name: str):
+  """A jax.profiler trace context for --trace (one subfolder per benchmark), else a no-op."""
+  import contextlib
+  import jax
+  if not _TRACE.value:
+    return contextlib.nullcontext()
+  _TRACES.append(name)
+  path = pathlib.Path(_TRACE.value) / f"{len(_TRACES):02d}_{name}"
+  logging.info("writing a profiler trace to %s", path)
+  return jax.profiler.trace(str(path), create_perfetto_trace=True)
+
+
+# ----------------------------------------------------------------------------- training
+def bench_train(config, steps: int, warmup: int) -> dict:
+  """Times train.py's step on synthetic batches; returns the record (TRAIN_FIELDS)."""
+  import jax
+  import numpy as np
+  from training import flops, parallel as par
+  from training.loop import build_steps
+
+  _check_lengths(config)
+  rows, length = int(config.bench.batch_size), int(config.bench.seq_len)
+  accum = int(config.optim.grad_accum_steps)
+  if accum < 1:
+    raise Stop(f"config error: optim.grad_accum_steps={accum} must be >= 1")
+  data_parallel = par.data_parallel_size(config)
+  if rows % (data_parallel * accum):
+    raise Stop(f"bench.batch_size={rows} is not divisible by {data_parallel} data-parallel "
+               f"device(s) × optim.grad_accum_steps={accum} = {data_parallel * accum}; change "
+               f"bench.batch_size or num_devices")
+
+  model, parallel = build_steps(config)
+  devices = (list(parallel.mesh.devices.flat) if parallel.mesh is not None
+             else par.local_devices(config))
+  batch = synthetic_batch(np.random.default_rng(config.seed), rows, length,
+                          int(config.model.vocab_size))
+  rng = jax.random.key(config.seed + 1)
+  holder = [parallel.init_state(jax.random.key(config.seed))]
+
+  def call():
+    holder[0], metrics = parallel.train_step(holder[0], batch, rng)
+    jax.block_until_ready((holder[0], metrics))
+
+  with _maybe_trace(f"train_{config.parallelism}_{len(devices)}dev_b{rows}_l{length}"):
+    first, times = _timed(call, steps, warmup)
+  record = {"mode": "train", **_time_stats(first, times)}
+  record["tokens_per_s"] = 2 * rows * length / record["step_time_s"]
+  record["params"] = _count(parallel.abstract_state.params)
+  try:
+    model_flops = flops.train_flops(config.model, rows, length, length)
+  except ValueError as e:
+    logging.warning("%s: no MFU", e)
+    model_flops = None
+  peak, source = resolve_peak(devices[0], config.model.dtype)
+  achieved = None if model_flops is None else model_flops / record["step_time_s"]
+  record.update(model_flops_per_step=model_flops, achieved_flops_per_s=achieved,
+                peak_flops_per_s=peak, peak_source=source,
+                mfu=None if achieved is None else achieved / (peak * len(devices)),
+                peak_memory_bytes=peak_memory(devices), parallelism=config.parallelism,
+                **_environment(config, devices))
+  if record["mfu"] is not None and record["mfu"] > 1:
+    logging.warning("MFU %.2f > 1: the %s peak %.3g FLOP/s is too low for this device and dtype "
+                    "(float32 may run as TF32); try --peak=measured", record["mfu"], source, peak)
+  del holder[0]
+  return record
+
+
+# ----------------------------------------------------------------------------- decoding
+def without_eos(step_fn):
+  """A model/search.py step function whose EOS logit is -inf: searches never finish early."""
+  import jax.numpy as jnp
+  from model.search import EOS_ID
+
+  def step(ids, cache):
+    logits, cache = step_fn(ids, cache)
+    return logits.at[:, EOS_ID].set(-jnp.inf), cache
+  return step
+
+
+def fixed_length_decoder(model, beam_size: int, decode_len: int, use_cache: bool):
+  """A jitted `(params, inputs [batch, src_len]) -> ids [batch, decode_len]` that runs
+  model/generate.py's step functions under model/search.py's greedy (beam_size 1) or beam search
+  with EOS impossible, so it always produces exactly `decode_len` tokens per sentence."""
+  import jax
+  import jax.numpy as jnp
+  from model import generate, search
+
+  def run(params, inputs):
+    rows = inputs.shape[0]
+    if use_cache:  # as generate.translate sets it up
+      encoded = model.apply({"params": params}, inputs, method="encode")
+      _, state = model.apply({"params": params}, encoded, inputs, decode_len,
+                             method="init_cache", mutable=["cache"])
+      step, cache = generate._cached_step(model, params), state["cache"]
+    else:
+      step = generate._uncached_step(model, params)
+      cache = {"inputs": inputs,
+               "targets": jnp.full((rows, decode_len), search.EOS_ID, jnp.int32),
+               "t": jnp.int32(0)}
+    if beam_size == 1:
+      return search.greedy_search(without_eos(step), cache, rows, decode_len)
+    ids, _ = search.beam_search(without_eos(step), cache, rows, decode_len, beam_size=beam_size)
+    return ids[:, 0]
+
+  return jax.jit(run)
+
+
+def bench_decode(config, steps: int, warmup: int, use_cache: bool) -> dict:
+  """Times fixed-length decoding of random source sentences on one device; returns the record
+  (DECODE_FIELDS)."""
+  import jax
+  import numpy as np
+  import flax.linen as nn
+  from model.build import build_model, init_variables
+  from model.generate import position_limit
+  from model.search import EOS_ID, PAD_ID
+
+  _check_lengths(config)
+  rows, length = int(config.bench.batch_size), int(config.bench.seq_len)
+  decode_len, beam = int(config.bench.decode_len), int(config.bench.beam_size)
+  if decode_len < 1 or beam < 1:
+    raise Stop(f"config error: bench.decode_len={decode_len} and bench.beam_size={beam} must be "
+               f"positive")
+  model = build_model(config.model)
+  limit = position_limit(model)
+  if limit is not None and decode_len > limit:
+    raise Stop(f"config error: bench.decode_len={decode_len} is longer than this model's "
+               f"position limit {limit}")
+  device = jax.local_devices()[0]
+  init = jax.jit(lambda rng: nn.unbox(init_variables(model, rng))["params"],
+                 out_shardings=jax.sharding.SingleDeviceSharding(device))
+  params = init(jax.random.key(config.seed))
+  inputs = jax.device_put(
+      source_ids(np.random.default_rng(config.seed), rows, length, int(config.model.vocab_size)),
+      device)
+  decode = fixed_length_decoder(model, beam, decode_len, use_cache)
+  out = []
+
+  def call():
+    out[:] = [decode(params, inputs).block_until_ready()]
+
+  with _maybe_trace(f"decode_{'cache' if use_cache else 'nocache'}_b{rows}_l{length}"):
+    first, times = _timed(call, steps, warmup)
+  ids = np.asarray(out[0])
+  if ids.shape != (rows, decode_len) or np.any((ids == EOS_ID) | (ids == PAD_ID)):
+    raise RuntimeError(f"fixed-length decoding produced short rows (shape {ids.shape}); "
+                       f"the timing would not be comparable")
+  record = {"mode": "decode", **_time_stats(first, times)}
+  record["sent_per_s"] = rows / record["step_time_s"]
+  record["out_tokens_per_s"] = rows * decode_len / record["step_time_s"]
+  record.update(params=_count(params), decode_len=decode_len, beam_size=beam,
+                decode_cache=use_cache, peak_memory_bytes=peak_memory([device]),
+                **_environment(config, [device]))
+  return record
+
+
+# ----------------------------------------------------------------------------- sweeps
+def sweep_configs(config, kind: str, values: list[str] | None, modes=("pmap", "mesh"),
+                  mode: str = "train"):
+  """(value, parallelism, config) of every point of sweep `kind` ('devices': for each
+  parallelism in `modes`); checks them all first. `mode`: 'train' or 'decode'."""
+  import jax
+  from training import parallel as par
+  try:
+    numbers = [int(v) for v in values] if values else list(SWEEP_DEFAULTS[kind])
+  except ValueError:
+    raise Stop(f"--sweep_values={','.join(values)}: expected integers") from None
+  if not numbers or any(v < 1 for v in numbers):
+    raise Stop(f"--sweep_values: expected positive integers, got {numbers}")
+  rows = int(config.bench.batch_size)
+  points = []
+
+  def with_(**fields):
+    c = config.copy_and_resolve_references()
+    for name, v in fields.items():
+      node = c
+      *path, last = name.split(".")
+      for p in path:
+        node = node[p]
+      node[last] = v
+    return c
+
+  if kind == "devices":
+    available = jax.local_device_count()
+    too_many = [n for n in numbers if n > available]
+    if too_many:
+      if values:
+        raise Stop(f"--sweep=devices: {too_many} device(s) asked for, this process has "
+                   f"{available}")
+      logging.warning("--sweep=devices: skipping %s (only %d devices)", too_many, available)
+      numbers = [n for n in numbers if n <= available]
+    bad = [n for n in numbers if rows % n]
+    if bad:
+      raise Stop(f"--sweep=devices: bench.batch_size={rows} is not divisible by {bad} devices; "
+                 f"choose a batch size that all of {numbers} divide")
+    for parallelism in modes:
+      if parallelism not in ("pmap", "mesh"):
+        raise Stop(f"--sweep_parallelism: {parallelism!r} is not pmap or mesh")
+    for parallelism in modes:
+      for n in numbers:
+        points.append((n, parallelism, with_(parallelism=parallelism, num_devices=n)))
+  elif kind == "seq_len":
+    limit = int(config.model.max_len)
+    if values and max(numbers) > limit:
+      raise Stop(f"--sweep=seq_len: {max(numbers)} is longer than model.max_len={limit}")
+    numbers = [n for n in numbers if n <= limit]
+    points = [(n, config.parallelism, with_(**{"bench.seq_len": n})) for n in numbers]
+  else:
+    multiple = par.data_parallel_size(config) * int(config.optim.grad_accum_steps)
+    bad = [n for n in numbers if n % multiple]
+    if bad and mode == "train":
+      raise Stop(f"--sweep=batch: {bad} not divisible by the {multiple} data-parallel device(s) "
+                 f"× optim.grad_accum_steps")
+    points = [(n, config.parallelism, with_(**{"bench.batch_size": n})) for n in numbers]
+  return points
+
+
+def plot_sweep(records: list[dict], kind: str, path: pathlib.Path, title: str) -> None:
+  """Step time (median, p10–p90 bars) and throughput against the swept value."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  x_key = {"devices": "num_devices", "seq_len": "seq_len", "batch": "batch_size"}[kind]
+  rate_key = "tokens_per_s" if records[0]["mode"] == "train" else "sent_per_s"
+  groups: dict[str, list[dict]] = {}
+  for r in records:
+    groups.setdefault(r["parallelism"] if kind == "devices" else r["mode"], []).append(r)
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+  for label, rs in groups.items():
+    xs = [r[x_key] for r in rs]
+    median = [r["step_time_s"] for r in rs]
+    err = [[m - r["step_time_p10_s"] for m, r in zip(median, rs)],
+           [r["step_time_p90_s"] - m for m, r in zip(median, rs)]]
+    left.errorbar(xs, median, yerr=err, marker="o", capsize=3, label=label)
+    right.plot(xs, [r[rate_key] for r in rs], marker="o", label=label)
+  for ax, ylabel in ((left, "step time (s), median, p10–p90"), (right, rate_key)):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({r[x_key] for r in records}))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- output
+def _fmt(value) -> str:
+  if isinstance(value, float):
+    return f"{value:.4g}"
+  return "null" if value is None else str(value)
+
+
+def print_record(record: dict) -> None:
+  width = max(map(len, record))
+  for key, value in record.items():
+    print(f"{key:<{width}}  {_fmt(value)}")
+
+
+def print_sweep(records: list[dict], kind: str) -> None:
+  train = records[0]["mode"] == "train"
+  columns = ["parallelism", "num_devices", "batch_size", "seq_len", "compile_s", "step_time_s",
+             "step_time_p10_s", "step_time_p90_s"]
+  columns += ["tokens_per_s", "mfu"] if train else ["sent_per_s", "out_tokens_per_s"]
+  if not train:
+    columns.remove("parallelism")
+  cells = [[_fmt(r.get(c)) for c in columns] for r in records]
+  widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+  print(f"sweep: {kind}")
+  print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+  for row in cells:
+    print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
+
+
+def _write_json(path: pathlib.Path, data) -> None:
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+  except OSError as e:
+    raise Stop(f"--json={path}: cannot write: {e.strerror or e}") from None
+
+
+def run(config) -> None:
+  from training.metrics import quiet_library_logs
+  quiet_library_logs()
+  if int(config.model.vocab_size) <= 0:
+    logging.info("model.vocab_size is 0 (no vocabulary here): using %d", DEFAULT_VOCAB)
+    config.model.vocab_size = DEFAULT_VOCAB
+  mode, steps, warmup = _MODE.value, _STEPS.value, _WARMUP.value
+
+  def one(c):
+    if mode == "train":
+      return bench_train(c, steps, warmup)
+    return bench_decode(c, steps, warmup, _DECODE_CACHE.value)
+
+  if _SWEEP.value is None:
+    if _SWEEP_VALUES.value or _PLOT.value:
+      raise Stop("--sweep_values and --plot need --sweep")
+    record = one(config)
+    print_record(record)
+    if _JSON.value:
+      _write_json(pathlib.Path(_JSON.value), record)
+    return
+
+  kind = _SWEEP.value
+  if kind == "devices" and mode != "train":
+    raise Stop("--sweep=devices needs --mode=train (decoding runs on one device)")
+  points = sweep_configs(config, kind, _SWEEP_VALUES.value, _SWEEP_PARALLELISM.value, mode)
+  if not points:
+    raise Stop(f"--sweep={kind}: no point to run")
+  import jax
+  if kind == "devices" and jax.default_backend() == "cpu":
+    logging.warning("simulated CPU devices share this host's %d cores: expect no speed-up, and "
+                    "an MFU that falls as devices are added", os.cpu_count() or 0)
+  records = []
+  for value, parallelism, c in points:
+    logging.info("sweep %s=%s (%s)", kind, value, parallelism)
+    records.append({"sweep_value": value, **one(c)})
+  print_sweep(records, kind)
+  plot = pathlib.Path(_PLOT.value or (pathlib.Path(_JSON.value).with_suffix(".png")
+                                      if _JSON.value else f"bench_{kind}.png"))
+  name = pathlib.Path(records[0]["config"] or "config").stem
+  plot_sweep(records, kind, plot,
+             f"{name}: {mode}, {records[0]['device_kind']}, {records[0]['dtype']}, "
+             f"batch {config.bench.batch_size}, seq_len {config.bench.seq_len}"
+             if kind == "devices" else f"{name}: {mode}, {records[0]['device_kind']}, "
+             f"{records[0]['dtype']}")
+  print(f"plot: {plot}")
+  if _JSON.value:
+    _write_json(pathlib.Path(_JSON.value),
+                {"sweep": kind, "mode": mode, "config": records[0]["config"], "plot": str(plot),
+                 "points": records})
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:
+    run(_CONFIG.value)
+  except (Stop, ValueError) as e:
+    if isinstance(e, ValueError) and os.environ.get("BENCH_DEBUG"):
+      raise
+    sys.stderr.write(f"bench.py: error: {e}\n")
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  from configs.flags import parse
+  app.run(main, flags_parser=parse)
