@@ -268,6 +268,25 @@ def test_expand_and_gather_beams():
     np.testing.assert_array_equal(g2["x"], [10, 50])
 
 
+@pytest.mark.parametrize("batch,beam,vocab", [(3, 4, 50), (2, 1, 7), (2, 3, 4), (1, 2, 2)])
+def test_two_stage_top_k_equals_flat_top_k(batch, beam, vocab):
+    rng = np.random.default_rng(batch * 100 + beam * 10 + vocab)
+    n = 2 * beam
+    for ties in (False, True):
+        if ties:  # few distinct values -> many ties within and across beams, plus -inf rows
+            x = rng.integers(0, 3, (batch, beam, vocab)).astype(np.float32)
+            x[:, 1:] = np.where(rng.random((batch, beam - 1, 1)) < 0.5, -INF, x[:, 1:])
+        else:
+            x = rng.standard_normal((batch, beam, vocab)).astype(np.float32)
+        vals, flat = jax.jit(search._two_stage_top_k, static_argnums=1)(jnp.asarray(x), n)
+        ref_vals, ref_flat = jax.lax.top_k(jnp.asarray(x).reshape(batch, beam * vocab), n)
+        np.testing.assert_array_equal(vals, ref_vals)
+        np.testing.assert_array_equal(flat, ref_flat)
+    x = np.full((batch, beam, vocab), -INF, np.float32)  # all -inf: lowest flat indices
+    _, flat = search._two_stage_top_k(jnp.asarray(x), n)
+    np.testing.assert_array_equal(flat, np.tile(np.arange(n), (batch, 1)))
+
+
 # ----------------------------------------------------------------------------- greedy / sampling
 
 
