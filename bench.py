@@ -422,12 +422,7 @@ def sweep_configs(config, kind: str, values: list[str] | None, modes=("pmap", "m
 
   def with_(**fields):
     c = config.copy_and_resolve_references()
-    for name, v in fields.items():
-      node = c
-      *path, last = name.split(".")
-      for p in path:
-        node = node[p]
-      node[last] = v
+    c.update_from_flattened_dict(fields)
     return c
 
   if kind == "devices":

@@ -29,12 +29,7 @@ def tiny_config(**overrides):
   c.checkpoint_every_steps = 1000
   c.eval.bleu_sentences = 0
   c.checkpoint.async_save = False
-  for k, v in overrides.items():
-    node = c
-    *path, last = k.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = v
+  c.update_from_flattened_dict(overrides)
   return c
 
 
