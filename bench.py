@@ -332,21 +332,11 @@ def fixed_length_decoder(model, beam_size: int, decode_len: int, use_cache: bool
   model/generate.py's step functions under model/search.py's greedy (beam_size 1) or beam search
   with EOS impossible, so it always produces exactly `decode_len` tokens per sentence."""
   import jax
-  import jax.numpy as jnp
   from model import generate, search
 
   def run(params, inputs):
     rows = inputs.shape[0]
-    if use_cache:  # as generate.translate sets it up
-      encoded = model.apply({"params": params}, inputs, method="encode")
-      _, state = model.apply({"params": params}, encoded, inputs, decode_len,
-                             method="init_cache", mutable=["cache"])
-      step, cache = generate._cached_step(model, params), state["cache"]
-    else:
-      step = generate._uncached_step(model, params)
-      cache = {"inputs": inputs,
-               "targets": jnp.full((rows, decode_len), search.EOS_ID, jnp.int32),
-               "t": jnp.int32(0)}
+    step, cache = generate.decoder_state(model, params, inputs, decode_len, use_cache)
     if beam_size == 1:
       return search.greedy_search(without_eos(step), cache, rows, decode_len)
     ids, _ = search.beam_search(without_eos(step), cache, rows, decode_len, beam_size=beam_size)

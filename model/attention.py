@@ -97,3 +97,34 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
     used = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
   out = jnp.einsum("bhqk,bkhd->bqhd", used.astype(value.dtype), value)
   return (out, weights) if return_weights else out
+
+
+def cached_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array | None):
+  """Attention against decode caches stored heads-major.
+
+  Args:
+    query: [batch, q_len, heads, d_k].
+    key: [batch, heads, kv_len, d_k].
+    value: [batch, heads, kv_len, d_v].
+    mask: boolean, broadcastable to [batch, heads, q_len, kv_len]; True = may attend.
+
+  Returns:
+    [batch, q_len, heads, d_v] in the dtype of `value`, and the [batch, heads, q_len, kv_len]
+    float32 weights. Same result as `dot_product_attention` on the [batch, length, heads, depth]
+    layout (a fully masked row gives zeros).
+  """
+  if query.ndim != 4 or key.ndim != 4 or value.ndim != 4 or key.shape[:3] != value.shape[:3] \
+      or query.shape[0] != key.shape[0] or query.shape[2] != key.shape[1] \
+      or query.shape[3] != key.shape[3]:
+    raise ValueError(
+        "cached_attention: expected query [batch, q_len, heads, d_k], key [batch, heads, kv_len, "
+        f"d_k], value [batch, heads, kv_len, d_v]; got {query.shape}, {key.shape}, {value.shape}")
+  query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
+  logits = jnp.einsum("bqhd,bhkd->bhqk", query, key, preferred_element_type=jnp.float32)
+  if mask is None:
+    weights = jax.nn.softmax(logits, axis=-1)
+  else:
+    weights = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
+    weights = jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
+  out = jnp.einsum("bhqk,bhkd->bqhd", weights.astype(value.dtype), value)
+  return out, weights

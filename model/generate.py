@@ -42,13 +42,43 @@ def _mask_pad(logits):
   return logits.astype(jnp.float32).at[:, PAD_ID].set(-jnp.inf)
 
 
-def _cached_step(model, params):
-  """step_fn over the model's key/value cache: one decoder position per call."""
+def _is_per_sentence(path) -> bool:
+  """Cache entries that are the same for every beam of a sentence (the projected source
+  keys/values and mask of cross-attention): kept once per sentence, never expanded or reordered."""
+  return str(path[-1]).startswith("cross_")
+
+
+def _cached_step(model, params, per_sentence=None):
+  """step_fn over the model's key/value cache: one decoder position per call. `per_sentence`
+  holds the cache entries shared by all beams (closed over, so search neither copies them per
+  beam nor reorders them each step); the search carries the rest."""
+  per_sentence = per_sentence or {}
+
   def step(ids, cache):
-    logits, state = model.apply({"params": params, "cache": cache}, ids, method="decode_step",
+    full = traverse_util.unflatten_dict({**traverse_util.flatten_dict(cache), **per_sentence})
+    logits, state = model.apply({"params": params, "cache": full}, ids, method="decode_step",
                                 mutable=["cache"])
-    return _mask_pad(logits), state["cache"]
+    carried = {k: v for k, v in traverse_util.flatten_dict(state["cache"]).items()
+               if k not in per_sentence}
+    return _mask_pad(logits), traverse_util.unflatten_dict(carried)
   return step
+
+
+def decoder_state(model, params, inputs, max_decode_len: int, use_cache: bool = True):
+  """The search's `(step_fn, cache)` for source rows `inputs` [batch, src_len]: with the
+  key/value cache (encode once, then one position per step), or without (re-run the whole
+  model on the prefix every step; the reference the cache is tested against)."""
+  if not use_cache:
+    cache = {"inputs": inputs, "targets": jnp.full((inputs.shape[0], max_decode_len), EOS_ID,
+                                                   jnp.int32), "t": jnp.int32(0)}
+    return _uncached_step(model, params), cache
+  encoded = model.apply({"params": params}, inputs, method="encode")
+  _, state = model.apply({"params": params}, encoded, inputs, max_decode_len,
+                         method="init_cache", mutable=["cache"])
+  flat = traverse_util.flatten_dict(state["cache"])
+  shared = {k: v for k, v in flat.items() if _is_per_sentence(k)}
+  carried = traverse_util.unflatten_dict({k: v for k, v in flat.items() if k not in shared})
+  return _cached_step(model, params, shared), carried
 
 
 def _uncached_step(model, params):
@@ -85,15 +115,7 @@ def _make_run(model, beam_size, alpha, max_extra_len, max_decode_len, temperatur
   def run(params, inputs, rng):
     batch = inputs.shape[0]
     max_lens = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32) + max_extra_len
-    if use_cache:
-      encoded = model.apply({"params": params}, inputs, method="encode")
-      _, state = model.apply({"params": params}, encoded, inputs, max_decode_len,
-                             method="init_cache", mutable=["cache"])
-      step, cache = _cached_step(model, params), state["cache"]
-    else:
-      step = _uncached_step(model, params)
-      cache = {"inputs": inputs, "targets": jnp.full((batch, max_decode_len), EOS_ID, jnp.int32),
-               "t": jnp.int32(0)}
+    step, cache = decoder_state(model, params, inputs, max_decode_len, use_cache)
     if temperature > 0:
       return search.sample(step, cache, rng, batch, max_decode_len, temperature=temperature,
                            top_k=top_k, max_lens=max_lens)

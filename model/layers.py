@@ -92,12 +92,17 @@ class MultiHeadAttention(nn.Module):
       raise ValueError(f"MultiHeadAttention: x must be [batch, length, d_model={cfg.d_model}], "
                        f"got {x.shape}")
     query = self._proj("query")(x)
+    if decode and self.has_variable("cache", "cross_key" if self.cross else "cached_key"):
+      out, weights = self._cross_step(query) if self.cross else self._self_step(query, x)
+      if return_weights:
+        self.sow("intermediates", "attention_weights", weights)
+      return self._out(out)
     if self.cross:
       key, value, mask = self._cross_key_value(memory, mask, decode)
     else:
       key, value = self._proj("key")(x), self._proj("value")(x)
       if decode:
-        key, value, mask = self._self_cache(key, value, mask)
+        self._create_self_cache(key, value)
     rng = None
     if not deterministic and cfg.attention_dropout_rate > 0:
       rng = self.make_rng("dropout")
@@ -110,40 +115,71 @@ class MultiHeadAttention(nn.Module):
                                                 dropout_rng=rng)
     if return_weights:
       self.sow("intermediates", "attention_weights", weights)
-    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False,
-                           kernel_init=_kernel(("heads", "kv", "embed")), dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="out")(out)
+    return self._out(out)
 
-  def _self_cache(self, key, value, mask):
-    """Decode-time self-attention: write this step's key/value into the cache at `cache_index`."""
-    initialized = self.has_variable("cache", "cached_key")
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
-    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
-    if not initialized:  # creating the cache: shapes come from a [batch, max_len] dummy target
-      return key, value, mask
-    if key.shape[1] != 1:
-      raise ValueError(f"MultiHeadAttention: decode step expects one position, got {key.shape}")
+  def _out(self, out):
+    """[batch, q_len, heads, d_v] -> [batch, q_len, d_model] (W^O)."""
+    cfg = self.config
+    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False,
+                           kernel_init=_kernel(("heads", "kv", "embed")), dtype=cfg.compute_dtype,
+                           param_dtype=jnp.float32, name="out")(out)
+
+  # Decode-time caches are stored heads-major, [batch, heads, length, d_k]: the layout the
+  # attention products read without a transpose (one per step per layer otherwise).
+
+  def _create_self_cache(self, key, value):
+    """Creates empty self-attention caches sized by a [batch, max_len] dummy target."""
+    shape = (key.shape[0], key.shape[2], key.shape[1], key.shape[3])
+    self.variable("cache", "cached_key", jnp.zeros, shape, key.dtype)
+    self.variable("cache", "cached_value", jnp.zeros, shape, value.dtype)
+    self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+
+  def _self_step(self, query, x):
+    """One decode step of self-attention: writes this position's key/value into the cache at
+    `cache_index` and attends over the positions written so far. query: [n, 1, heads, d_k]."""
+    if x.shape[1] != 1:
+      raise ValueError(f"MultiHeadAttention: decode step expects one position, got {x.shape}")
+    cached_key = self.variable("cache", "cached_key")
+    cached_value = self.variable("cache", "cached_value")
+    index = self.variable("cache", "cache_index")
     i = index.value
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, i, 0, 0))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, i, 0, 0))
+    key = self._proj("key")(x).transpose(0, 2, 1, 3)      # [n, heads, 1, d_k]
+    value = self._proj("value")(x).transpose(0, 2, 1, 3)
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, 0, i, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, 0, i, 0))
     index.value = i + 1
-    max_len = cached_key.value.shape[1]
-    mask = (jnp.arange(max_len) <= i)[None, None, None, :]
-    return cached_key.value, cached_value.value, mask
+    mask = (jnp.arange(cached_key.value.shape[2]) <= i)[None, None, None, :]
+    return attn.cached_attention(query, cached_key.value, cached_value.value, mask)
+
+  def _cross_step(self, query):
+    """One decode step of encoder-decoder attention over the cached source keys/values.
+
+    query: [n, 1, heads, d_k]. The cache holds [batch, heads, src_len, d_k] per sentence; when
+    n = batch × beams (beam search keeps one copy per sentence, see model/generate.py), the
+    beams of a sentence become its query positions, so one product serves them all.
+    """
+    cache = self.variables["cache"]
+    key, value, mask = cache["cross_key"], cache["cross_value"], cache["cross_mask"]
+    n, _, heads, depth = query.shape
+    batch = key.shape[0]
+    if n % batch:
+      raise ValueError(f"MultiHeadAttention: {n} decode rows do not split into beams of the "
+                       f"{batch} cached sentences")
+    beams = n // batch
+    out, weights = attn.cached_attention(query.reshape(batch, beams, heads, depth), key, value,
+                                         mask)   # [batch, beams, heads, d_v], [batch, heads, beams, src]
+    weights = weights.transpose(0, 2, 1, 3).reshape(n, heads, 1, -1)
+    return out.reshape(n, 1, heads, -1), weights
 
   def _cross_key_value(self, memory, mask, decode):
-    """Keys/values from the encoder output; at decode time projected once and cached."""
-    if not decode:
-      return self._proj("key")(memory), self._proj("value")(memory), mask
-    if self.has_variable("cache", "cross_key"):
-      cache = self.variables["cache"]
-      return cache["cross_key"], cache["cross_value"], cache["cross_mask"]
+    """Keys/values from the encoder output; with `decode`, also cached (projected once)."""
     key, value = self._proj("key")(memory), self._proj("value")(memory)
-    # The source mask is per sentence ([batch, 1, 1, kv_len]) so beams can be reordered with it.
-    src_mask = jnp.any(mask, axis=2, keepdims=True)
-    self.variable("cache", "cross_key", lambda: key)
-    self.variable("cache", "cross_value", lambda: value)
-    self.variable("cache", "cross_mask", lambda: src_mask)
+    if decode:
+      # The source mask is per sentence ([batch, 1, 1, src_len]) so beams can share it.
+      src_mask = jnp.any(mask, axis=2, keepdims=True)
+      self.variable("cache", "cross_key", lambda: key.transpose(0, 2, 1, 3))
+      self.variable("cache", "cross_value", lambda: value.transpose(0, 2, 1, 3))
+      self.variable("cache", "cross_mask", lambda: src_mask)
     return key, value, mask
 
 
