@@ -169,3 +169,33 @@ def test_same_shapes_do_not_recompile(tiny):
   second = generate.translate(model, other, inputs, beam_size=1, alpha=0.2, max_extra_len=EXTRA)
   assert generate.compiled_count() == count
   assert not np.array_equal(first, second), "parameters must be an argument, not constants"
+
+
+def test_cache_follows_reordered_hypotheses(tiny):
+  """Beam search reorders the per-hypothesis cache entries and keeps the cross-attention ones
+  once per sentence. After random reorders, every hypothesis's cached logits must equal the
+  teacher-forced logits of its own prefix."""
+  import jax.numpy as jnp
+  from model import search
+  model, params = tiny
+  beams, steps = 3, 5
+  inputs = jnp.asarray(padded(SOURCES[:2]))
+  batch = inputs.shape[0]
+  step, cache = generate.decoder_state(model, params, inputs, steps)
+  cache = search.expand_to_beams(cache, beams)
+  rng = np.random.default_rng(0)
+  prefixes = np.zeros((batch * beams, 0), np.int32)
+  ids = np.zeros((batch * beams, 1), np.int32)
+  for t in range(steps):
+    logits, cache = step(jnp.asarray(ids), cache)
+    targets = np.concatenate([prefixes, np.full((batch * beams, steps - t), EOS)], axis=1)
+    full = model.apply({"params": params}, jnp.repeat(inputs, beams, axis=0),
+                       jnp.asarray(targets))   # position t sees the shifted prefix
+    np.testing.assert_allclose(np.asarray(logits)[:, 2:], np.asarray(full[:, t, 2:]),
+                               rtol=1e-4, atol=1e-4)
+    # Reorder: each new hypothesis continues a random parent of the same sentence.
+    parents = rng.integers(0, beams, (batch, beams))
+    cache = search.gather_beams(cache, jnp.asarray(parents), batch, beams)
+    rows = (parents + np.arange(batch)[:, None] * beams).reshape(-1)
+    ids = rng.integers(3, 24, (batch * beams, 1)).astype(np.int32)
+    prefixes = np.concatenate([prefixes[rows], ids], axis=1)
