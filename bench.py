@@ -56,6 +56,9 @@ _SWEEP = flags.DEFINE_enum("sweep", None, ["devices", "seq_len", "batch"],
 _SWEEP_VALUES = flags.DEFINE_list("sweep_values", None,
                                   "The swept values (default: devices 1,2,4,8; seq_len "
                                   "16,32,64,128,256 up to model.max_len; batch 4,8,16,32).")
+_PLOT_FROM = flags.DEFINE_list("plot_from", None,
+                               "Plot these saved --sweep JSON files together into --plot (no "
+                               "benchmark runs), e.g. the seq_len sweeps of two model types.")
 _SWEEP_PARALLELISM = flags.DEFINE_list("sweep_parallelism", ["pmap", "mesh"],
                                        "--sweep=devices: the parallelism modes to run.")
 _PLOT = flags.DEFINE_string("plot", None, "Sweep plot PNG (default: the --json path with .png, "
@@ -92,12 +95,12 @@ DATASHEET_PEAKS = (
     (("tpu v5p", "tpu v5"), ("lite", "v5e"), {"bfloat16": 459e12}),
 )
 
-TRAIN_FIELDS = ("mode", "config", "compile_s", "step_time_s", "step_time_p10_s",
+TRAIN_FIELDS = ("mode", "config", "model_type", "compile_s", "step_time_s", "step_time_p10_s",
                 "step_time_p90_s", "tokens_per_s", "params", "model_flops_per_step",
                 "achieved_flops_per_s", "peak_flops_per_s", "peak_source", "mfu",
                 "peak_memory_bytes", "num_devices", "parallelism", "dtype", "batch_size",
                 "seq_len", "device_kind", "jax_version", "jaxlib_version")
-DECODE_FIELDS = ("mode", "config", "compile_s", "step_time_s", "step_time_p10_s",
+DECODE_FIELDS = ("mode", "config", "model_type", "compile_s", "step_time_s", "step_time_p10_s",
                  "step_time_p90_s", "sent_per_s", "out_tokens_per_s", "params", "decode_len",
                  "beam_size", "decode_cache", "peak_memory_bytes", "num_devices", "dtype",
                  "batch_size", "seq_len", "device_kind", "jax_version", "jaxlib_version")
@@ -224,7 +227,8 @@ def _environment(config, devices) -> dict:
   import jax
   import jaxlib
   return {"config": config_flags.get_config_filename(flags.FLAGS["config"]),
-          "num_devices": len(devices), "dtype": config.model.dtype,
+          "model_type": config.model.type, "num_devices": len(devices),
+          "dtype": config.model.dtype,
           "batch_size": int(config.bench.batch_size), "seq_len": int(config.bench.seq_len),
           "device_kind": devices[0].device_kind, "jax_version": jax.__version__,
           "jaxlib_version": jaxlib.__version__}
@@ -450,16 +454,20 @@ def sweep_configs(config, kind: str, values: list[str] | None, modes=("pmap", "m
   return points
 
 
-def plot_sweep(records: list[dict], kind: str, path: pathlib.Path, title: str) -> None:
-  """Step time (median, p10–p90 bars) and throughput against the swept value."""
+def plot_sweep(records: list[dict], kind: str, path: pathlib.Path, title: str,
+               label_of=None) -> None:
+  """Step time (median, p10–p90 bars) and throughput against the swept value, one line per
+  `label_of(record)` (default: the parallelism for device sweeps, else the mode)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   x_key = {"devices": "num_devices", "seq_len": "seq_len", "batch": "batch_size"}[kind]
   rate_key = "tokens_per_s" if records[0]["mode"] == "train" else "sent_per_s"
   groups: dict[str, list[dict]] = {}
+  if label_of is None:
+    label_of = lambda r: r["parallelism"] if kind == "devices" else r["mode"]  # noqa: E731
   for r in records:
-    groups.setdefault(r["parallelism"] if kind == "devices" else r["mode"], []).append(r)
+    groups.setdefault(label_of(r), []).append(r)
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
   for label, rs in groups.items():
     xs = [r[x_key] for r in rs]
@@ -519,9 +527,42 @@ def _write_json(path: pathlib.Path, data) -> None:
     raise Stop(f"--json={path}: cannot write: {e.strerror or e}") from None
 
 
+def plot_saved_sweeps(paths: list[str], plot: str) -> None:
+  """--plot_from: one plot of several saved sweeps of the same kind (e.g. --sweep=seq_len of two
+  model types), one line per config file."""
+  sweeps = []
+  for path in paths:
+    try:
+      data = json.loads(pathlib.Path(path).read_text())
+    except (OSError, ValueError) as e:
+      raise Stop(f"--plot_from={path}: cannot read a sweep JSON: {e}") from None
+    if not isinstance(data, dict) or "sweep" not in data or not data.get("points"):
+      raise Stop(f"--plot_from={path}: not a --sweep JSON (no 'sweep' and 'points')")
+    sweeps.append(data)
+  kinds = {d["sweep"] for d in sweeps}
+  if len(kinds) != 1:
+    raise Stop(f"--plot_from: the files sweep different things: {sorted(kinds)}")
+  records = []
+  for d in sweeps:
+    name = pathlib.Path(d.get("config") or "config").stem
+    records += [dict(r, _label=f"{name} ({r['model_type']})" if r.get("model_type") else name)
+                for r in d["points"]]
+  kind = kinds.pop()
+  first = records[0]
+  plot_sweep(records, kind, pathlib.Path(plot),
+             f"{first['mode']}, {first['device_kind']}, {first['dtype']}, "
+             f"batch {first['batch_size']}", label_of=lambda r: r["_label"])
+  print(f"plot: {plot}")
+
+
 def run(config) -> None:
   from training.metrics import quiet_library_logs
   quiet_library_logs()
+  if _PLOT_FROM.value:
+    if not _PLOT.value:
+      raise Stop("--plot_from needs --plot=<png>")
+    plot_saved_sweeps(_PLOT_FROM.value, _PLOT.value)
+    return
   if int(config.model.vocab_size) <= 0:
     logging.info("model.vocab_size is 0 (no vocabulary here): using %d", DEFAULT_VOCAB)
     config.model.vocab_size = DEFAULT_VOCAB

@@ -137,10 +137,12 @@ def token_labels(vocab, ids) -> list[str]:
 # Scores and plots.
 
 def score(hypotheses: list[str], references: list[str]) -> tuple[dict, list[str]]:
-  """sacreBLEU corpus BLEU and chrF: ({'bleu', 'chrf'}, printable lines with signatures)."""
+  """sacreBLEU corpus BLEU (cased, the standard; and lowercased, as published Multi30k figures
+  are) and chrF: ({'bleu', 'bleu_lowercase', 'chrf'}, printable lines with signatures)."""
   from sacrebleu.metrics import BLEU, CHRF
   values, lines = {}, []
-  for key, metric in (("bleu", BLEU()), ("chrf", CHRF())):
+  for key, metric in (("bleu", BLEU()), ("bleu_lowercase", BLEU(lowercase=True)),
+                      ("chrf", CHRF())):
     result = metric.corpus_score(hypotheses, [references])
     values[key] = result.score
     lines.append(result.format(signature=str(metric.get_signature())))
@@ -271,7 +273,7 @@ def decode() -> None:
                "sentences/s, %.1f tokens/s", len(present), tokens, seconds,
                len(present) / seconds, tokens / seconds)
 
-  scores = {"bleu": None, "chrf": None}
+  scores = {"bleu": None, "bleu_lowercase": None, "chrf": None}
   if references is not None:
     scores, lines = score(hypotheses, references)
     stream = sys.stderr if _OUTPUT.value == "-" else sys.stdout

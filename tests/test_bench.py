@@ -182,6 +182,31 @@ def test_plot_of_a_decode_sweep(tmp_path):
   assert (tmp_path / "p" / "seq.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_plot_from_saved_sweeps(tmp_path, capsys):
+  import bench
+
+  def sweep(config, model_type, scale):
+    points = [{"mode": "train", "seq_len": n, "model_type": model_type, "device_kind": "cpu",
+               "dtype": "float32", "batch_size": 4, "step_time_s": scale * n,
+               "step_time_p10_s": scale * n, "step_time_p90_s": scale * n,
+               "tokens_per_s": 1 / scale} for n in (8, 16)]
+    return {"sweep": "seq_len", "mode": "train", "config": config, "points": points}
+
+  a, b = tmp_path / "a.json", tmp_path / "b.json"
+  a.write_text(json.dumps(sweep("configs/x_rnn.py", "rnn_attention", 0.2)))
+  b.write_text(json.dumps(sweep("configs/x_tf.py", "transformer", 0.1)))
+  bench.plot_saved_sweeps([str(a), str(b)], str(tmp_path / "both.png"))
+  assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"
+  assert "plot:" in capsys.readouterr().out
+  (tmp_path / "c.json").write_text(json.dumps({"mode": "train"}))
+  with pytest.raises(bench.Stop, match="c.json: not a --sweep JSON"):
+    bench.plot_saved_sweeps([str(a), str(tmp_path / "c.json")], str(tmp_path / "x.png"))
+  other = dict(sweep("configs/y.py", "transformer", 0.1), sweep="batch")
+  (tmp_path / "d.json").write_text(json.dumps(other))
+  with pytest.raises(bench.Stop, match="sweep different things"):
+    bench.plot_saved_sweeps([str(a), str(tmp_path / "d.json")], str(tmp_path / "x.png"))
+
+
 def test_train_json_has_every_field(runs):
   import bench
   proc, folder = runs("train")

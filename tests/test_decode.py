@@ -86,9 +86,12 @@ def test_split_scores_json_and_attention_plot(workdir, tmp_path):
   stdout = proc.stdout.decode()
   assert "BLEU|nrefs:1|" in stdout and "chrF2|" in stdout, stdout
   result = json.loads(summary.read_text())
-  assert set(result) == {"bleu", "chrf", "sentences", "sent_per_s", "tokens_per_s", "beam_size",
-                         "alpha", "checkpoint_step"}
+  assert "BLEU|nrefs:1|case:lc|" in stdout, stdout
+  assert set(result) == {"bleu", "bleu_lowercase", "chrf", "sentences", "sent_per_s",
+                         "tokens_per_s", "beam_size", "alpha", "checkpoint_step"}
   assert isinstance(result["bleu"], float) and 0 <= result["bleu"] <= 100
+  # Lowercasing can only merge n-grams, so matches (and BLEU) never go down.
+  assert result["bleu_lowercase"] >= result["bleu"] - 1e-9
   assert isinstance(result["chrf"], float)
   assert result["sentences"] == 16 and result["checkpoint_step"] == 2
   assert result["beam_size"] == 2 and result["alpha"] == 0.6
