@@ -287,6 +287,24 @@ def test_two_stage_top_k_equals_flat_top_k(batch, beam, vocab):
     np.testing.assert_array_equal(flat, np.tile(np.arange(n), (batch, 1)))
 
 
+@pytest.mark.parametrize("width,n,chunk", [(1000, 8, 16), (777, 3, 8), (300, 8, 64), (513, 2, 32)])
+def test_chunked_top_k_equals_top_k(width, n, chunk):
+    """Including ties (lower index first), -inf entries, a width not divisible by the chunk and
+    the fallback to plain top_k when there are too few chunks."""
+    rng = np.random.default_rng(width + n)
+    cases = [rng.standard_normal((3, 2, width)),
+             rng.integers(0, 4, (3, 2, width)).astype(np.float64),
+             np.where(rng.random((3, 2, width)) < 0.97, -INF, rng.standard_normal((3, 2, width))),
+             np.full((3, 2, width), -INF)]
+    fn = jax.jit(search.chunked_top_k, static_argnums=(1, 2))
+    for x in cases:
+        x = jnp.asarray(x, jnp.float32)
+        vals, idx = fn(x, n, chunk)
+        ref_vals, ref_idx = jax.lax.top_k(x, n)
+        np.testing.assert_array_equal(vals, ref_vals)
+        np.testing.assert_array_equal(idx, ref_idx)
+
+
 # ----------------------------------------------------------------------------- greedy / sampling
 
 
