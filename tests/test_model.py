@@ -100,6 +100,10 @@ def test_label_smoothed_loss_matches_one_hot_reference(eps):
   loss, n = smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(tgt), jnp.asarray(w), eps)
   np.testing.assert_allclose(loss, ref, rtol=1e-5)
   assert float(n) == 3.0
+  # Its gradient is (softmax - q) on weighted positions.
+  grad = jax.grad(lambda x: smoothed_cross_entropy(x, jnp.asarray(tgt), jnp.asarray(w), eps)[0])(
+      jnp.asarray(logits))
+  np.testing.assert_allclose(grad, (np.exp(logp) - q) * w[..., None], rtol=1e-4, atol=1e-6)
   correct, n = token_accuracy(jnp.asarray(logits), jnp.asarray(tgt), jnp.asarray(w))
   assert float(correct) == float(((logits.argmax(-1) == tgt) * w).sum())
   # The minimum (predicting q exactly) is zero.
