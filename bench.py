@@ -168,7 +168,7 @@ def datasheet_peak(device_kind: str, dtype: str) -> float | None:
 
 
 @functools.cache
-def measured_peak(device, dtype: str, size: int, trials: int = 3) -> float:
+def measured_peak(device, dtype: str, size: int, trials: int = 7) -> float:
   """Best FLOP/s of a [size, size] @ [size, size] product in `dtype` on `device`. Each trial
   queues enough products to take ~0.2 s and waits once, so call overhead hides behind them."""
   import jax
