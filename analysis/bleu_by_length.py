@@ -19,14 +19,20 @@ from typing import Sequence
 
 from absl import app, flags
 
-_SOURCE = flags.DEFINE_string("source", None, "Source sentences, one per line (.gz allowed).")
-_REFERENCE = flags.DEFINE_string("reference", None, "Reference translations, one per line.")
-_HYP = flags.DEFINE_multi_string("hyp", [], "NAME=FILE: one system's translations, one per line.")
-_EDGES = flags.DEFINE_list("edges", ["10", "20"], "Bucket upper edges in source words.")
-_LOWERCASE = flags.DEFINE_bool("lowercase", False, "Lowercased BLEU (as published Multi30k "
-                               "figures are computed).")
-_PLOT = flags.DEFINE_string("plot", None, "Write a PNG bar chart here.")
-_JSON = flags.DEFINE_string("json", None, "Write the table as JSON here.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command-line flags; defined only when run as a program, so importing this module next to
+  other absl programs (bench.py, decode.py) in one process does not clash over --json / --plot."""
+  flags.DEFINE_string("source", None, "Source sentences, one per line (.gz allowed).")
+  flags.DEFINE_string("reference", None, "Reference translations, one per line.")
+  flags.DEFINE_multi_string("hyp", [], "NAME=FILE: one system's translations, one per line.")
+  flags.DEFINE_list("edges", ["10", "20"], "Bucket upper edges in source words.")
+  flags.DEFINE_bool("lowercase", False, "Lowercased BLEU (as published Multi30k figures are "
+                    "computed).")
+  flags.DEFINE_string("plot", None, "Write a PNG bar chart here.")
+  flags.DEFINE_string("json", None, "Write the table as JSON here.")
 
 
 class InputError(Exception):
@@ -122,20 +128,20 @@ def plot(result: dict, path: str, title: str) -> None:
 
 
 def run() -> dict:
-  if not _SOURCE.value or not _REFERENCE.value or not _HYP.value:
+  if not FLAGS.source or not FLAGS.reference or not FLAGS.hyp:
     raise InputError("--source, --reference and at least one --hyp=NAME=FILE are required")
   systems = {}
-  for spec in _HYP.value:
+  for spec in FLAGS.hyp:
     name, sep, path = spec.partition("=")
     if not sep or not name or not path:
       raise InputError(f"--hyp={spec}: expected NAME=FILE")
     systems[name] = read_lines(path)
   try:
-    edges = [int(e) for e in _EDGES.value]
+    edges = [int(e) for e in FLAGS.edges]
   except ValueError:
-    raise InputError(f"--edges={','.join(_EDGES.value)}: not integers") from None
-  result = bleu_by_length(read_lines(_SOURCE.value), read_lines(_REFERENCE.value), systems, edges,
-                          _LOWERCASE.value)
+    raise InputError(f"--edges={','.join(FLAGS.edges)}: not integers") from None
+  result = bleu_by_length(read_lines(FLAGS.source), read_lines(FLAGS.reference), systems, edges,
+                          FLAGS.lowercase)
   names = list(systems)
   print("  ".join(["bucket".ljust(8), "sentences".rjust(9)] + [n.rjust(12) for n in names]))
   for b in result["buckets"] + [dict(result["all"], bucket="all")]:
@@ -143,10 +149,10 @@ def run() -> dict:
     print("  ".join([b["bucket"].ljust(8), str(b["sentences"]).rjust(9)] +
                     [c.rjust(12) for c in cells]))
   print(result["signature"])
-  if _PLOT.value:
-    plot(result, _PLOT.value, f"BLEU by source length ({result['signature']})")
-  if _JSON.value:
-    pathlib.Path(_JSON.value).write_text(json.dumps(result, indent=2) + "\n")
+  if FLAGS.plot:
+    plot(result, FLAGS.plot, f"BLEU by source length ({result['signature']})")
+  if FLAGS.json:
+    pathlib.Path(FLAGS.json).write_text(json.dumps(result, indent=2) + "\n")
   return result
 
 
@@ -161,4 +167,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
