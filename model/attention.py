@@ -64,10 +64,14 @@ def attention_weights(query: jax.Array, key: jax.Array, mask: jax.Array | None =
   depth = query.shape[-1]
   query = query / jnp.sqrt(depth).astype(query.dtype)
   logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+  return _masked_softmax(logits, mask)
+
+
+def _masked_softmax(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
+  """softmax over the last axis where `mask` is True; a fully masked row gets zeros."""
   if mask is None:
     return jax.nn.softmax(logits, axis=-1)
-  logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(logits, axis=-1)
+  weights = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
   # A fully masked row would softmax to uniform weights: zero it instead.
   return jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
 
@@ -121,10 +125,6 @@ def cached_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: j
         f"d_k], value [batch, heads, kv_len, d_v]; got {query.shape}, {key.shape}, {value.shape}")
   query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
   logits = jnp.einsum("bqhd,bhkd->bhqk", query, key, preferred_element_type=jnp.float32)
-  if mask is None:
-    weights = jax.nn.softmax(logits, axis=-1)
-  else:
-    weights = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
-    weights = jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
+  weights = _masked_softmax(logits, mask)
   out = jnp.einsum("bhqk,bhkd->bqhd", weights.astype(value.dtype), value)
   return out, weights

@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["PAD_ID", "EOS_ID", "length_penalty", "chunked_top_k", "expand_to_beams", "gather_beams",
-           "greedy_search", "sample", "beam_search"]
+__all__ = ["PAD_ID", "EOS_ID", "length_penalty", "chunked_top_k", "expand_to_beams",
+           "gather_beams", "greedy_search", "sample", "beam_search"]
 
 PAD_ID = 0
 EOS_ID = 1
