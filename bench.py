@@ -73,6 +73,9 @@ _MATMUL_SIZE = flags.DEFINE_integer("matmul_size", 2048, "Side of the square mat
 _TRACE = flags.DEFINE_string("trace", None, "Write a jax.profiler trace of the timed steps to this "
                              "directory (TensorBoard's profiler, or perfetto_trace.json.gz in "
                              "ui.perfetto.dev).")
+_FLAX_WMT = flags.DEFINE_string("flax_wmt", None, "Time google/flax examples/wmt's own train step "
+                                "or beam search (its directory, e.g. from the flax sdist) on the "
+                                "same model shape and batch instead of ours (analysis/flax_wmt.py).")
 flags.mark_flag_as_required("config")
 
 DEFAULT_VOCAB = 8000
@@ -95,12 +98,12 @@ DATASHEET_PEAKS = (
     (("tpu v5p", "tpu v5"), ("lite", "v5e"), {"bfloat16": 459e12}),
 )
 
-TRAIN_FIELDS = ("mode", "config", "model_type", "compile_s", "step_time_s", "step_time_p10_s",
+TRAIN_FIELDS = ("mode", "implementation", "config", "model_type", "compile_s", "step_time_s", "step_time_p10_s",
                 "step_time_p90_s", "tokens_per_s", "params", "model_flops_per_step",
                 "achieved_flops_per_s", "peak_flops_per_s", "peak_source", "mfu",
                 "peak_memory_bytes", "num_devices", "parallelism", "dtype", "batch_size",
                 "seq_len", "device_kind", "jax_version", "jaxlib_version")
-DECODE_FIELDS = ("mode", "config", "model_type", "compile_s", "step_time_s", "step_time_p10_s",
+DECODE_FIELDS = ("mode", "implementation", "config", "model_type", "compile_s", "step_time_s", "step_time_p10_s",
                  "step_time_p90_s", "sent_per_s", "out_tokens_per_s", "params", "decode_len",
                  "beam_size", "decode_cache", "peak_memory_bytes", "num_devices", "dtype",
                  "batch_size", "seq_len", "device_kind", "jax_version", "jaxlib_version")
@@ -283,23 +286,32 @@ def bench_train(config, steps: int, warmup: int) -> dict:
                f"device(s) × optim.grad_accum_steps={accum} = {data_parallel * accum}; change "
                f"bench.batch_size or num_devices")
 
-  model, parallel = build_steps(config)
-  devices = (list(parallel.mesh.devices.flat) if parallel.mesh is not None
-             else par.local_devices(config))
   batch = synthetic_batch(np.random.default_rng(config.seed), rows, length,
                           int(config.model.vocab_size))
-  rng = jax.random.key(config.seed + 1)
-  holder = [parallel.init_state(jax.random.key(config.seed))]
+  holder = []
+  if _FLAX_WMT.value:
+    from analysis import flax_wmt
+    devices = jax.local_devices()
+    call, n_params = flax_wmt.train_call(_load_flax_wmt(), config, batch)
+    implementation, parallelism = "flax examples/wmt", "pmap"
+  else:
+    model, parallel = build_steps(config)
+    devices = (list(parallel.mesh.devices.flat) if parallel.mesh is not None
+               else par.local_devices(config))
+    rng = jax.random.key(config.seed + 1)
+    holder.append(parallel.init_state(jax.random.key(config.seed)))
+    n_params = _count(parallel.abstract_state.params)
+    implementation, parallelism = "this repository", config.parallelism
 
-  def call():
-    holder[0], metrics = parallel.train_step(holder[0], batch, rng)
-    jax.block_until_ready((holder[0], metrics))
+    def call():
+      holder[0], metrics = parallel.train_step(holder[0], batch, rng)
+      jax.block_until_ready((holder[0], metrics))
 
-  with _maybe_trace(f"train_{config.parallelism}_{len(devices)}dev_b{rows}_l{length}"):
+  with _maybe_trace(f"train_{parallelism}_{len(devices)}dev_b{rows}_l{length}"):
     first, times = _timed(call, steps, warmup)
-  record = {"mode": "train", **_time_stats(first, times)}
+  record = {"mode": "train", "implementation": implementation, **_time_stats(first, times)}
   record["tokens_per_s"] = 2 * rows * length / record["step_time_s"]
-  record["params"] = _count(parallel.abstract_state.params)
+  record["params"] = n_params
   try:
     model_flops = flops.train_flops(config.model, rows, length, length)
   except ValueError as e:
@@ -310,13 +322,20 @@ def bench_train(config, steps: int, warmup: int) -> dict:
   record.update(model_flops_per_step=model_flops, achieved_flops_per_s=achieved,
                 peak_flops_per_s=peak, peak_source=source,
                 mfu=None if achieved is None else achieved / (peak * len(devices)),
-                peak_memory_bytes=peak_memory(devices), parallelism=config.parallelism,
+                peak_memory_bytes=peak_memory(devices), parallelism=parallelism,
                 **_environment(config, devices))
   if record["mfu"] is not None and record["mfu"] > 1:
     logging.warning("MFU %.2f > 1: the %s peak %.3g FLOP/s is too low for this device and dtype "
                     "(float32 may run as TF32); try --peak=measured", record["mfu"], source, peak)
-  del holder[0]
+  holder.clear()
   return record
+
+
+def _load_flax_wmt():
+  """flax examples/wmt's modules from --flax_wmt (analysis/flax_wmt.py; its errors are
+  ValueErrors that main() prints as one line)."""
+  from analysis import flax_wmt
+  return flax_wmt.load(_FLAX_WMT.value)
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -340,10 +359,13 @@ def fixed_length_decoder(model, beam_size: int, decode_len: int, use_cache: bool
 
   def run(params, inputs):
     rows = inputs.shape[0]
-    step, cache = generate.decoder_state(model, params, inputs, decode_len, use_cache)
+    step, cache, grow, segment = generate.decoder_state(model, params, inputs, decode_len,
+                                                        use_cache)
     if beam_size == 1:
-      return search.greedy_search(without_eos(step), cache, rows, decode_len)
-    ids, _ = search.beam_search(without_eos(step), cache, rows, decode_len, beam_size=beam_size)
+      return search.greedy_search(without_eos(step), cache, rows, decode_len, grow=grow,
+                                  segment=segment)
+    ids, _ = search.beam_search(without_eos(step), cache, rows, decode_len, beam_size=beam_size,
+                                grow=grow, segment=segment)
     return ids[:, 0]
 
   return jax.jit(run)
@@ -371,28 +393,45 @@ def bench_decode(config, steps: int, warmup: int, use_cache: bool) -> dict:
     raise Stop(f"config error: bench.decode_len={decode_len} is longer than this model's "
                f"position limit {limit}")
   device = jax.local_devices()[0]
-  init = jax.jit(lambda rng: nn.unbox(init_variables(model, rng))["params"],
-                 out_shardings=jax.sharding.SingleDeviceSharding(device))
-  params = init(jax.random.key(config.seed))
   inputs = jax.device_put(
       source_ids(np.random.default_rng(config.seed), rows, length, int(config.model.vocab_size)),
       device)
-  decode = fixed_length_decoder(model, beam, decode_len, use_cache)
   out = []
+  if _FLAX_WMT.value:
+    from analysis import flax_wmt
+    if not use_cache:
+      raise Stop("--flax_wmt decodes only with its cache (--decode_cache=true)")
+    if beam == 1:
+      raise Stop("--flax_wmt has only beam search: set config.bench.beam_size >= 2")
+    flax_decode, n_params = flax_wmt.decode_call(_load_flax_wmt(), config, inputs, decode_len,
+                                                 beam)
+    implementation = "flax examples/wmt"
 
-  def call():
-    out[:] = [decode(params, inputs).block_until_ready()]
+    def call():
+      out[:] = [flax_decode()]
+  else:
+    init = jax.jit(lambda rng: nn.unbox(init_variables(model, rng))["params"],
+                   out_shardings=jax.sharding.SingleDeviceSharding(device))
+    params = init(jax.random.key(config.seed))
+    n_params = _count(params)
+    decode = fixed_length_decoder(model, beam, decode_len, use_cache)
+    implementation = "this repository"
+
+    def call():
+      out[:] = [decode(params, inputs).block_until_ready()]
 
   with _maybe_trace(f"decode_{'cache' if use_cache else 'nocache'}_b{rows}_l{length}"):
     first, times = _timed(call, steps, warmup)
   ids = np.asarray(out[0])
-  if ids.shape != (rows, decode_len) or np.any((ids == EOS_ID) | (ids == PAD_ID)):
+  # (flax's search has no EOS here at all, so any id may appear in its rows)
+  if ids.shape != (rows, decode_len) or (
+      not _FLAX_WMT.value and np.any((ids == EOS_ID) | (ids == PAD_ID))):
     raise RuntimeError(f"fixed-length decoding produced short rows (shape {ids.shape}); "
                        f"the timing would not be comparable")
-  record = {"mode": "decode", **_time_stats(first, times)}
+  record = {"mode": "decode", "implementation": implementation, **_time_stats(first, times)}
   record["sent_per_s"] = rows / record["step_time_s"]
   record["out_tokens_per_s"] = rows * decode_len / record["step_time_s"]
-  record.update(params=_count(params), decode_len=decode_len, beam_size=beam,
+  record.update(params=n_params, decode_len=decode_len, beam_size=beam,
                 decode_cache=use_cache, peak_memory_bytes=peak_memory([device]),
                 **_environment(config, [device]))
   return record

@@ -126,5 +126,8 @@ def cached_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: j
   query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
   logits = jnp.einsum("bqhd,bhkd->bhqk", query, key, preferred_element_type=jnp.float32)
   weights = _masked_softmax(logits, mask)
-  out = jnp.einsum("bhqk,bhkd->bqhd", weights.astype(value.dtype), value)
+  # Heads-major product, then the (small) transpose: asked for [b, q, h, d] directly, XLA:CPU
+  # ran the beams-as-queries cross-attention of beam search as a slow generic loop (and a
+  # multiply-and-sum formulation was slower still).
+  out = jnp.einsum("bhqk,bhkd->bhqd", weights.astype(value.dtype), value).transpose(0, 2, 1, 3)
   return out, weights

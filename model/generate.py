@@ -64,21 +64,58 @@ def _cached_step(model, params, per_sentence=None):
   return step
 
 
-def decoder_state(model, params, inputs, max_decode_len: int, use_cache: bool = True):
-  """The search's `(step_fn, cache)` for source rows `inputs` [batch, src_len]: with the
+# Self-attention key/value buffers (model/layers.py): one slot per position on axis -2.
+_GROWN = ("cached_key", "cached_value")
+DECODE_SEGMENT = 16  # default: self-attention buffers grow 16 positions at a time
+
+
+class DecoderState(NamedTuple):
+  """What model/search.py's functions take: `step` and `cache` (the step function contract),
+  and, for a cache whose self-attention buffers start at `segment` positions, the `grow`
+  function that enlarges them (None: the cache is sized for the whole output)."""
+  step: Callable
+  cache: object
+  grow: Callable | None = None
+  segment: int | None = None
+
+
+def _grow(cache, extra: int):
+  """The cache with `extra` more (zero) positions in every self-attention buffer."""
+  flat = traverse_util.flatten_dict(cache)
+  return traverse_util.unflatten_dict({
+      k: (jnp.pad(v, [(0, 0)] * (v.ndim - 2) + [(0, extra), (0, 0)]) if k[-1] in _GROWN else v)
+      for k, v in flat.items()})
+
+
+def decoder_state(model, params, inputs, max_decode_len: int, use_cache: bool = True,
+                  segment: int | None = DECODE_SEGMENT) -> DecoderState:
+  """The search's step function and cache for source rows `inputs` [batch, src_len]: with the
   key/value cache (encode once, then one position per step), or without (re-run the whole
-  model on the prefix every step; the reference the cache is tested against)."""
+  model on the prefix every step; the reference the cache is tested against).
+
+  With `segment`, self-attention buffers start at `segment` positions and the search grows them
+  a segment at a time (model/search.py), so early steps do not stream (or, in beam search,
+  reorder) the empty rest of a `max_decode_len` buffer; None allocates all of it at once."""
   if not use_cache:
     cache = {"inputs": inputs, "targets": jnp.full((inputs.shape[0], max_decode_len), EOS_ID,
                                                    jnp.int32), "t": jnp.int32(0)}
-    return _uncached_step(model, params), cache
+    return DecoderState(_uncached_step(model, params), cache)
+  first = max_decode_len if not segment or segment >= max_decode_len else int(segment)
   encoded = model.apply({"params": params}, inputs, method="encode")
-  _, state = model.apply({"params": params}, encoded, inputs, max_decode_len,
+  _, state = model.apply({"params": params}, encoded, inputs, first,
                          method="init_cache", mutable=["cache"])
   flat = traverse_util.flatten_dict(state["cache"])
   shared = {k: v for k, v in flat.items() if _is_per_sentence(k)}
   carried = traverse_util.unflatten_dict({k: v for k, v in flat.items() if k not in shared})
-  return _cached_step(model, params, shared), carried
+  grows = first < max_decode_len and any(k[-1] in _GROWN for k in flat)
+  if first < max_decode_len and not grows:  # nothing to grow (recurrent state): one loop
+    _, state = model.apply({"params": params}, encoded, inputs, max_decode_len,
+                           method="init_cache", mutable=["cache"])
+    flat = traverse_util.flatten_dict(state["cache"])
+    shared = {k: v for k, v in flat.items() if _is_per_sentence(k)}
+    carried = traverse_util.unflatten_dict({k: v for k, v in flat.items() if k not in shared})
+  return DecoderState(_cached_step(model, params, shared), carried,
+                      _grow if grows else None, first if grows else None)
 
 
 def _uncached_step(model, params):
@@ -101,28 +138,31 @@ _COMPILED: dict[tuple, Callable] = {}  # static settings -> jitted (params, inpu
 
 
 def _translate_fn(model, beam_size: int, alpha: float, max_extra_len: int, max_decode_len: int,
-                  temperature: float, top_k: int, use_cache: bool):
+                  temperature: float, top_k: int, use_cache: bool, segment: int | None):
   """The jitted `(params, inputs, rng) -> ids` for one set of static settings (made once)."""
-  key = (model, beam_size, alpha, max_extra_len, max_decode_len, temperature, top_k, use_cache)
+  key = (model, beam_size, alpha, max_extra_len, max_decode_len, temperature, top_k, use_cache,
+         segment)
   if key not in _COMPILED:
     _COMPILED[key] = jax.jit(_make_run(*key))
   return _COMPILED[key]
 
 
 def _make_run(model, beam_size, alpha, max_extra_len, max_decode_len, temperature, top_k,
-              use_cache):
+              use_cache, segment):
 
   def run(params, inputs, rng):
     batch = inputs.shape[0]
     max_lens = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32) + max_extra_len
-    step, cache = decoder_state(model, params, inputs, max_decode_len, use_cache)
+    step, cache, grow, seg = decoder_state(model, params, inputs, max_decode_len, use_cache,
+                                           segment)
     if temperature > 0:
       return search.sample(step, cache, rng, batch, max_decode_len, temperature=temperature,
-                           top_k=top_k, max_lens=max_lens)
+                           top_k=top_k, max_lens=max_lens, grow=grow, segment=seg)
     if beam_size == 1:
-      return search.greedy_search(step, cache, batch, max_decode_len, max_lens=max_lens)
+      return search.greedy_search(step, cache, batch, max_decode_len, max_lens=max_lens,
+                                  grow=grow, segment=seg)
     ids, _ = search.beam_search(step, cache, batch, max_decode_len, beam_size=beam_size,
-                                alpha=alpha, max_lens=max_lens)
+                                alpha=alpha, max_lens=max_lens, grow=grow, segment=seg)
     return ids[:, 0]
 
   return run
@@ -130,7 +170,8 @@ def _make_run(model, beam_size, alpha, max_extra_len, max_decode_len, temperatur
 
 def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
               max_extra_len: int = 50, max_decode_len: int | None = None, rng=None,
-              temperature: float = 0.0, top_k: int = 0, use_cache: bool = True) -> jax.Array:
+              temperature: float = 0.0, top_k: int = 0, use_cache: bool = True,
+              segment: int | None = DECODE_SEGMENT) -> jax.Array:
   """Best translation of each source row.
 
   Args:
@@ -144,6 +185,8 @@ def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
     rng, temperature, top_k: temperature > 0 samples (from the top_k tokens when top_k > 0)
       instead of searching; rng defaults to `jax.random.key(0)`.
     use_cache: False re-runs the full model on the prefix every step (same output, slower).
+    segment: self-attention caches grow this many positions at a time (None: allocate
+      `max_decode_len` at once); same output, faster for long outputs (`decoder_state`).
 
   Returns:
     ids [batch, max_decode_len] int32: tokens up to EOS, then PAD.
@@ -161,12 +204,15 @@ def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
     max_decode_len = min(max_decode_len, limit)
   if max_decode_len < 1:
     raise ValueError(f"translate: max_decode_len must be positive, got {max_decode_len}")
+  if segment is not None and segment < 1:
+    raise ValueError(f"translate: segment must be positive or None, got {segment}")
   sampling = temperature > 0
   # Settings that do not change the computation are normalised so they share one compilation.
   fn = _translate_fn(model, 1 if sampling else int(beam_size),
                      float(alpha) if beam_size > 1 and not sampling else 0.0, int(max_extra_len),
                      int(max_decode_len), float(temperature), int(top_k) if sampling else 0,
-                     bool(use_cache))
+                     bool(use_cache), None if not use_cache or segment is None
+                     or segment >= max_decode_len else int(segment))
   if rng is None:
     rng = jax.random.key(0)
   return fn(params, inputs, rng)

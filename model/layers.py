@@ -63,6 +63,24 @@ class Embed(nn.Module):
     return jnp.einsum("bld,vd->blv", x, self.embedding.astype(self.dtype))
 
 
+class HeadsKernel(nn.Module):
+  """One of W^Q, W^K, W^V: a [d_model, heads, d_k] parameter `<name>/kernel`, stored and
+  initialised exactly as `nn.DenseGeneral((heads, d_k))` stores it (Xavier over d_model ×
+  heads·d_k), but returned rather than applied, so that projections of the same input can run as
+  one matrix product (`MultiHeadAttention._project`)."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self) -> jax.Array:
+    cfg = self.config
+    shape = (cfg.d_model, cfg.num_heads, cfg.d_model // cfg.num_heads)
+
+    def init(rng, shape, dtype=jnp.float32):
+      flat = _kernel(("embed", "heads", "kv"))(rng, (shape[0], shape[1] * shape[2]), dtype)
+      return nn.meta.replace_boxed(flat, jnp.reshape(flat.unbox(), shape))
+    return self.param("kernel", init, shape, jnp.float32)
+
+
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -76,11 +94,15 @@ class MultiHeadAttention(nn.Module):
   config: TransformerConfig
   cross: bool = False
 
-  def _proj(self, name):
+  def _project(self, x: jax.Array, names: tuple[str, ...]) -> list[jax.Array]:
+    """x [batch, length, d_model] through the named projections (query/key/value) of the same
+    input as one product with their kernels side by side ([d_model, k·heads, d_k]: a few larger
+    matmuls run faster than many small ones). Returns k arrays [batch, length, heads, d_k]."""
     cfg = self.config
-    return nn.DenseGeneral((cfg.num_heads, cfg.d_model // cfg.num_heads), axis=-1, use_bias=False,
-                           kernel_init=_kernel(("embed", "heads", "kv")),
-                           dtype=cfg.compute_dtype, param_dtype=jnp.float32, name=name)
+    kernels = [HeadsKernel(cfg, name=name)() for name in names]
+    w = kernels[0] if len(kernels) == 1 else jnp.concatenate(kernels, axis=1)
+    y = jnp.einsum("bld,dhk->blhk", x.astype(cfg.compute_dtype), w.astype(cfg.compute_dtype))
+    return jnp.split(y, len(names), axis=2)
 
   @nn.compact
   def __call__(self, x: jax.Array, memory: jax.Array | None, mask: jax.Array | None,
@@ -91,18 +113,20 @@ class MultiHeadAttention(nn.Module):
     if x.ndim != 3 or x.shape[-1] != cfg.d_model:
       raise ValueError(f"MultiHeadAttention: x must be [batch, length, d_model={cfg.d_model}], "
                        f"got {x.shape}")
-    query = self._proj("query")(x)
+    if self.cross:
+      query, = self._project(x, ("query",))
+    else:
+      query, key, value = self._project(x, ("query", "key", "value"))
     if decode and self.has_variable("cache", "cross_key" if self.cross else "cached_key"):
-      out, weights = self._cross_step(query) if self.cross else self._self_step(query, x)
+      out, weights = (self._cross_step(query) if self.cross
+                      else self._self_step(query, key, value))
       if return_weights:
         self.sow("intermediates", "attention_weights", weights)
       return self._out(out)
     if self.cross:
       key, value, mask = self._cross_key_value(memory, mask, decode)
-    else:
-      key, value = self._proj("key")(x), self._proj("value")(x)
-      if decode:
-        self._create_self_cache(key, value)
+    elif decode:
+      self._create_self_cache(key, value)
     rng = None
     if not deterministic and cfg.attention_dropout_rate > 0:
       rng = self.make_rng("dropout")
@@ -134,17 +158,19 @@ class MultiHeadAttention(nn.Module):
     self.variable("cache", "cached_value", jnp.zeros, shape, value.dtype)
     self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
 
-  def _self_step(self, query, x):
+  def _self_step(self, query, key, value):
     """One decode step of self-attention: writes this position's key/value into the cache at
-    `cache_index` and attends over the positions written so far. query: [n, 1, heads, d_k]."""
-    if x.shape[1] != 1:
-      raise ValueError(f"MultiHeadAttention: decode step expects one position, got {x.shape}")
+    `cache_index` and attends over the positions written so far. query, key, value:
+    [n, 1, heads, d_k]."""
+    if query.shape[1] != 1:
+      raise ValueError(f"MultiHeadAttention: decode step expects one position, got "
+                       f"{query.shape[1]}")
     cached_key = self.variable("cache", "cached_key")
     cached_value = self.variable("cache", "cached_value")
     index = self.variable("cache", "cache_index")
     i = index.value
-    key = self._proj("key")(x).transpose(0, 2, 1, 3)      # [n, heads, 1, d_k]
-    value = self._proj("value")(x).transpose(0, 2, 1, 3)
+    key = key.transpose(0, 2, 1, 3)      # [n, heads, 1, d_k]
+    value = value.transpose(0, 2, 1, 3)
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, 0, i, 0))
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, 0, i, 0))
     index.value = i + 1
@@ -173,7 +199,7 @@ class MultiHeadAttention(nn.Module):
 
   def _cross_key_value(self, memory, mask, decode):
     """Keys/values from the encoder output; with `decode`, also cached (projected once)."""
-    key, value = self._proj("key")(memory), self._proj("value")(memory)
+    key, value = self._project(memory, ("key", "value"))
     if decode:
       # The source mask is per sentence ([batch, 1, 1, src_len]) so beams can share it.
       src_mask = jnp.any(mask, axis=2, keepdims=True)

@@ -16,6 +16,13 @@ Step function contract::
   through untouched when beams are expanded or reordered. The structure,
   shapes and dtypes must be the same before and after a step.
 
+Growing caches (``grow``, ``segment``): a cache whose buffers have one slot per generated
+position need not be allocated for ``max_len`` up front. With ``grow`` given, the cache is
+sized for the first ``segment`` steps and the loop runs in segments of ``segment`` steps;
+between segments ``grow(cache, extra)`` must return the cache with room for ``extra`` more
+positions. Each step then reads (and beam search reorders) only the buffer filled so far
+rounded up to a segment, not the whole ``max_len``; each segment is one more compiled loop.
+
 Output convention: ``ids`` rows hold the generated tokens (the start symbol is
 not included); after a row's EOS every position is PAD, and a row that never
 emits EOS runs to ``max_len`` without one.
@@ -131,7 +138,28 @@ def _log_probs(logits):
     return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
 
 
-def _decode(step_fn: StepFn, cache, batch_size: int, max_len: int, choose, eos_id: int, max_lens):
+def _segment_ends(max_len: int, segment: int | None, grow) -> list[int]:
+    """Step counts at which the loop pauses to grow the cache: [segment, 2*segment, ..., max_len]
+    (just [max_len] without ``grow``)."""
+    if grow is None or not segment or segment >= max_len:
+        return [max_len]
+    if segment < 1:
+        raise ValueError(f"search: segment must be positive, got {segment}")
+    return list(range(segment, max_len, segment)) + [max_len]
+
+
+def _segmented_loop(cond, body, state, ends, grow, get_t, get_cache, set_cache):
+    """``lax.while_loop(cond, body, state)`` run as one loop per segment of steps, growing the
+    cache by each segment's length in between (see module doc)."""
+    for i, end in enumerate(ends):
+        if i:
+            state = set_cache(state, grow(get_cache(state), end - ends[i - 1]))
+        state = lax.while_loop(lambda s, end=end: cond(s) & (get_t(s) < end), body, state)
+    return state
+
+
+def _decode(step_fn: StepFn, cache, batch_size: int, max_len: int, choose, eos_id: int, max_lens,
+            grow=None, segment=None):
     """Shared loop of greedy/sampling; ``choose(logp [batch, vocab], t) -> [batch]`` tokens."""
     if max_lens is not None:
         max_lens = jnp.asarray(max_lens, jnp.int32)
@@ -157,27 +185,31 @@ def _decode(step_fn: StepFn, cache, batch_size: int, max_len: int, choose, eos_i
         jnp.zeros((batch_size,), bool),
         cache,
     )
-    return lax.while_loop(cond, body, init)[1]
+    ends = _segment_ends(max_len, segment, grow)
+    state = _segmented_loop(cond, body, init, ends, grow, lambda st: st[0], lambda st: st[4],
+                            lambda st, c: st[:4] + (c,))
+    return state[1]
 
 
 def greedy_search(step_fn: StepFn, cache, batch_size: int, max_len: int, *, eos_id: int = EOS_ID,
-                  max_lens=None):
+                  max_lens=None, grow=None, segment=None):
     """Argmax decoding; stops early once every sequence has emitted EOS.
 
     Args:
       cache: pytree with leaves ``[batch, ...]`` (or rank 0).
       max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
+      grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
     Returns:
       ids ``[batch, max_len]`` int32, PAD after EOS.
     """
     # Argmax of the float32 log-probs (not the raw logits) so ties break exactly
     # as in beam search; beam_size=1 reproduces this function.
     return _decode(step_fn, cache, batch_size, max_len,
-                   lambda logp, t: jnp.argmax(logp, axis=-1), eos_id, max_lens)
+                   lambda logp, t: jnp.argmax(logp, axis=-1), eos_id, max_lens, grow, segment)
 
 
 def sample(step_fn: StepFn, cache, rng, batch_size: int, max_len: int, *, temperature=1.0,
-           top_k: int = 0, eos_id: int = EOS_ID, max_lens=None):
+           top_k: int = 0, eos_id: int = EOS_ID, max_lens=None, grow=None, segment=None):
     """Ancestral sampling from ``softmax(logits / temperature)``, optionally over the top-k only.
 
     Step ``t`` uses ``jax.random.fold_in(rng, t)``, so the output is a deterministic
@@ -188,7 +220,8 @@ def sample(step_fn: StepFn, cache, rng, batch_size: int, max_len: int, *, temper
       ids ``[batch, max_len]`` int32, PAD after EOS.
     """
     if isinstance(temperature, (int, float)) and temperature == 0:
-        return greedy_search(step_fn, cache, batch_size, max_len, eos_id=eos_id, max_lens=max_lens)
+        return greedy_search(step_fn, cache, batch_size, max_len, eos_id=eos_id, max_lens=max_lens,
+                             grow=grow, segment=segment)
 
     def choose(logp, t):
         key = jax.random.fold_in(rng, t)
@@ -198,7 +231,7 @@ def sample(step_fn: StepFn, cache, rng, batch_size: int, max_len: int, *, temper
             return jnp.take_along_axis(idx, j[:, None], axis=-1)[:, 0]
         return jax.random.categorical(key, logp / temperature, axis=-1)
 
-    return _decode(step_fn, cache, batch_size, max_len, choose, eos_id, max_lens)
+    return _decode(step_fn, cache, batch_size, max_len, choose, eos_id, max_lens, grow, segment)
 
 
 class _BeamState(NamedTuple):
@@ -214,7 +247,7 @@ class _BeamState(NamedTuple):
 
 
 def beam_search(step_fn: StepFn, cache, batch_size: int, max_len: int, *, beam_size: int = 4,
-                alpha=0.6, eos_id: int = EOS_ID, max_lens=None):
+                alpha=0.6, eos_id: int = EOS_ID, max_lens=None, grow=None, segment=None):
     """Beam search with the GNMT length penalty (Wu et al. 2016; Vaswani et al. 2017).
 
     Scoring: a hypothesis of ``len`` generated tokens, *counting its EOS*, with summed
@@ -241,6 +274,7 @@ def beam_search(step_fn: StepFn, cache, batch_size: int, max_len: int, *, beam_s
         ``[batch * beam_size, ...]`` with ``expand_to_beams``.
       alpha: length-penalty exponent (0 = plain log-prob).
       max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
+      grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
     Returns:
       ids ``[batch, beam, max_len]`` int32 (PAD after EOS) and scores ``[batch, beam]``
       float32, sorted best first. Slots with no hypothesis at all (only possible when
@@ -313,7 +347,8 @@ def beam_search(step_fn: StepFn, cache, batch_size: int, max_len: int, *, beam_s
         fin_flags=jnp.zeros((b, k), bool),
         done=jnp.zeros((b,), bool),
     )
-    s = lax.while_loop(cond, body, init)
+    s = _segmented_loop(cond, body, init, _segment_ends(max_len, segment, grow), grow,
+                        lambda st: st.t, lambda st: st.cache, lambda st, c: st._replace(cache=c))
 
     # Fill entries with fewer than k finished hypotheses from the live ones, then sort.
     live_scores = s.live_logp / length_penalty(s.t, alpha)

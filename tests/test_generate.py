@@ -120,6 +120,21 @@ def test_beam_cached_equals_uncached(tiny):
     assert out[-1] == EOS and len(out) <= len(src) + EXTRA
 
 
+def test_growing_cache_changes_nothing(tiny):
+  """Self-attention buffers grown 3 positions at a time (several compiled loop segments) give
+  exactly the translations of buffers allocated for the whole output, greedy and beam."""
+  model, params = tiny
+  inputs = padded(SOURCES)
+  for beam in (1, 2):
+    whole = generate.translate(model, params, inputs, beam_size=beam, max_extra_len=EXTRA,
+                               segment=None)
+    grown = generate.translate(model, params, inputs, beam_size=beam, max_extra_len=EXTRA,
+                               segment=3)
+    np.testing.assert_array_equal(grown, whole, err_msg=f"beam {beam}")
+  with pytest.raises(ValueError, match="segment"):
+    generate.translate(model, params, inputs, segment=0)
+
+
 def test_length_batches_cover_every_sentence_once():
   lists = [[7] * n for n in (1, 30, 5, 9, 9, 16, 17, 3, 0, 8, 100)]
   batches = generate.length_batches(lists, tokens_per_batch=64, batch_multiple=2)
@@ -181,7 +196,10 @@ def test_cache_follows_reordered_hypotheses(tiny):
   beams, steps = 3, 5
   inputs = jnp.asarray(padded(SOURCES[:2]))
   batch = inputs.shape[0]
-  step, cache = generate.decoder_state(model, params, inputs, steps)
+  # Buffers of 2 positions grown by 2 (then 1) as the steps go: reordering must carry the
+  # grown buffers along too.
+  step, cache, grow, segment = generate.decoder_state(model, params, inputs, steps, segment=2)
+  assert grow is not None and segment == 2
   step = jax.jit(step)
   teacher_forced = jax.jit(lambda src, tgt: model.apply({"params": params}, src, tgt))
   cache = search.expand_to_beams(cache, beams)
@@ -189,6 +207,8 @@ def test_cache_follows_reordered_hypotheses(tiny):
   prefixes = np.zeros((batch * beams, 0), np.int32)
   ids = np.zeros((batch * beams, 1), np.int32)
   for t in range(steps):
+    if t and t % segment == 0:
+      cache = grow(cache, min(segment, steps - t))
     logits, cache = step(jnp.asarray(ids), cache)
     targets = np.concatenate([prefixes, np.full((batch * beams, steps - t), EOS)], axis=1)
     full = teacher_forced(jnp.repeat(inputs, beams, axis=0), jnp.asarray(targets))

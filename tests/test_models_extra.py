@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from model import masks, search
+from model import generate, masks, search
 from model.build import MODEL_TYPES, abstract_params, build_model
 from model.config import TransformerConfig
 from model.decoder_only import SEP_ID, CausalStack, DecoderOnly
@@ -109,6 +109,12 @@ def _run(model, full, rng):
   out["greedy"] = search.greedy_search(step_fn, cache, batch, MAX_DECODE, max_lens=MAX_LENS)
   out["beams"], out["beam_scores"] = search.beam_search(step_fn, cache, batch, MAX_DECODE,
                                                         beam_size=3, max_lens=MAX_LENS)
+  # The same search with self-attention buffers grown 2 positions at a time (none for RNNs).
+  grown = generate.decoder_state(model, params, INPUTS, MAX_DECODE, segment=2)
+  out["grows"] = grown.grow is not None
+  out["beams_grown"], _ = search.beam_search(grown.step, grown.cache, batch, MAX_DECODE,
+                                             beam_size=3, max_lens=MAX_LENS, grow=grown.grow,
+                                             segment=grown.segment)
   # One teacher-forced batch: the targets, the changed targets and the greedy outputs.
   rows = apply(jnp.tile(INPUTS, (3, 1)), jnp.concatenate([TARGETS, CHANGED, out["greedy"]]))
   out["logits"], out["changed"], out["greedy_tf"] = jnp.split(rows, 3)
@@ -220,6 +226,15 @@ def test_search_through_the_cache(name):
   tf[..., 0] = -np.inf
   free = (greedy > 0) & (np.arange(MAX_DECODE)[None] + 1 < MAX_LENS[:, None])
   np.testing.assert_array_equal(np.argmax(tf, -1)[free], greedy[free])
+
+
+@full_models
+def test_growing_cache_changes_nothing(name):
+  """Beam search over self-attention buffers grown 2 positions at a time (decoder-only) finds
+  the same hypotheses as over full-length ones; recurrent states have nothing to grow."""
+  r = results(name)
+  assert bool(r["grows"]) == name.startswith("decoder_only")
+  np.testing.assert_array_equal(r["beams_grown"], r["beams"])
 
 
 @pytest.mark.parametrize("name", [n for n in FULL if n.startswith("decoder_only")])
