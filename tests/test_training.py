@@ -81,6 +81,16 @@ def test_schedule_equals_paper_formula():
 
 
 # ----------------------------------------------------------------------------- parallelism
+def adam_atol(config, steps: int) -> float:
+  """Parameter tolerance for comparing equivalent runs: 1e-3 of the distance Adam may move a
+  parameter in `steps` updates. Adam moves every element by up to the learning rate per step
+  whatever the size of its gradient, so an element whose gradient is ~0 (a dead ReLU unit's row
+  of W2) turns rounding differences into visible update differences; the errors these tests
+  are after (a missing psum, a wrong scale, a dropped micro-batch) move elements by ~lr."""
+  sched = learning_rate_schedule(config.optim, config.model.d_model)
+  return 1e-3 * sum(float(sched(i)) for i in range(steps))
+
+
 @pytest.fixture(scope="module")
 def reference_run():
   batches = fixed_batches()
@@ -97,8 +107,9 @@ def test_parallel_schemes_equal_one_device(reference_run, kind, mesh):
   losses, state, p, placed = run_losses(tiny_config(**overrides), batches)
   assert np.all(np.diff(ref_losses[:3]) < 0) or ref_losses[-1] < ref_losses[0]
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
+  atol = adam_atol(tiny_config(), len(batches))
   for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)):
-    np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(a, b, rtol=1e-3, atol=atol)
   if mesh == (2, 2, 2):  # really sharded: each device holds a piece of the big matrices
     emb = placed.params["embed"]["embedding"]
     shard = emb.addressable_shards[0].data
@@ -114,8 +125,9 @@ def test_gradient_accumulation_equals_one_big_step(reference_run):
   losses, state, _, _ = run_losses(tiny_config(num_devices=1, **{"optim.grad_accum_steps": 4}),
                                    batches)
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+  atol = adam_atol(tiny_config(), len(batches))
   for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=atol)
 
 
 def test_nonfinite_update_is_skipped_and_counted(reference_run):
