@@ -292,7 +292,8 @@ def bench_train(config, steps: int, warmup: int) -> dict:
   if _FLAX_WMT.value:
     from analysis import flax_wmt
     devices = jax.local_devices()
-    call, n_params = flax_wmt.train_call(_load_flax_wmt(), config, batch)
+    call, flax_params = flax_wmt.train_call(_load_flax_wmt(), config, batch)
+    n_params = _count(flax_params)
     implementation, parallelism = "flax examples/wmt", "pmap"
   else:
     model, parallel = build_steps(config)
@@ -403,8 +404,9 @@ def bench_decode(config, steps: int, warmup: int, use_cache: bool) -> dict:
       raise Stop("--flax_wmt decodes only with its cache (--decode_cache=true)")
     if beam == 1:
       raise Stop("--flax_wmt has only beam search: set config.bench.beam_size >= 2")
-    flax_decode, n_params = flax_wmt.decode_call(_load_flax_wmt(), config, inputs, decode_len,
-                                                 beam)
+    flax_decode, flax_params = flax_wmt.decode_call(_load_flax_wmt(), config, inputs,
+                                                    decode_len, beam)
+    n_params = _count(flax_params)
     implementation = "flax examples/wmt"
 
     def call():

@@ -112,7 +112,6 @@ def train_call(wmt, config, batch: dict):
   state = wmt.train.TrainState.create(
       apply_fn=model.apply, params=params, dynamic_scale=None,
       tx=optax.adamw(learning_rate=lr, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0))
-  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   holder = [jax_utils.replicate(state)]
   step = jax.pmap(functools.partial(wmt.train.train_step, config=train_cfg, learning_rate_fn=lr,
                                     label_smoothing=float(config.optim.label_smoothing)),
@@ -126,7 +125,7 @@ def train_call(wmt, config, batch: dict):
     holder[0], metrics = step(holder[0], sharded, dropout_rng=rngs)
     jax.block_until_ready((holder[0], metrics))
 
-  return call, n_params
+  return call, params
 
 
 def decode_call(wmt, config, inputs, decode_len: int, beam_size: int):
@@ -136,7 +135,6 @@ def decode_call(wmt, config, inputs, decode_len: int, beam_size: int):
   import functools
   import jax
   import jax.numpy as jnp
-  import numpy as np
 
   cfg = model_config(wmt, config.model, deterministic=True)
   predict_cfg = cfg.replace(decode=True)
@@ -144,7 +142,6 @@ def decode_call(wmt, config, inputs, decode_len: int, beam_size: int):
   model = wmt.models.Transformer(cfg)
   params = jax.jit(model.init)(jax.random.key(config.seed), jnp.ones((rows, length), jnp.float32),
                                jnp.ones((rows, decode_len), jnp.float32))["params"]
-  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   # flax's beam search emits max_decode_len - 1 tokens after a dummy first one.
   max_len = decode_len + 1
   never_eos = int(config.model.vocab_size)  # no logit has this id: no hypothesis ever finishes
@@ -153,11 +150,7 @@ def decode_call(wmt, config, inputs, decode_len: int, beam_size: int):
   predict = jax.jit(functools.partial(wmt.train.predict_step, config=predict_cfg,
                                       beam_size=beam_size),
                     static_argnums=(3, 4))
-  out = []
-
   def call():
-    cache = init_cache(inputs)
-    out[:] = [predict(inputs, params, cache, never_eos, max_len).block_until_ready()]
-    return out[0]
+    return predict(inputs, params, init_cache(inputs), never_eos, max_len).block_until_ready()
 
-  return call, n_params
+  return call, params

@@ -102,18 +102,18 @@ def decoder_state(model, params, inputs, max_decode_len: int, use_cache: bool = 
     return DecoderState(_uncached_step(model, params), cache)
   first = max_decode_len if not segment or segment >= max_decode_len else int(segment)
   encoded = model.apply({"params": params}, inputs, method="encode")
-  _, state = model.apply({"params": params}, encoded, inputs, first,
-                         method="init_cache", mutable=["cache"])
-  flat = traverse_util.flatten_dict(state["cache"])
-  shared = {k: v for k, v in flat.items() if _is_per_sentence(k)}
-  carried = traverse_util.unflatten_dict({k: v for k, v in flat.items() if k not in shared})
+
+  def init_cache(length):
+    _, state = model.apply({"params": params}, encoded, inputs, length, method="init_cache",
+                           mutable=["cache"])
+    return traverse_util.flatten_dict(state["cache"])
+
+  flat = init_cache(first)
   grows = first < max_decode_len and any(k[-1] in _GROWN for k in flat)
   if first < max_decode_len and not grows:  # nothing to grow (recurrent state): one loop
-    _, state = model.apply({"params": params}, encoded, inputs, max_decode_len,
-                           method="init_cache", mutable=["cache"])
-    flat = traverse_util.flatten_dict(state["cache"])
-    shared = {k: v for k, v in flat.items() if _is_per_sentence(k)}
-    carried = traverse_util.unflatten_dict({k: v for k, v in flat.items() if k not in shared})
+    flat = init_cache(max_decode_len)
+  shared = {k: v for k, v in flat.items() if _is_per_sentence(k)}
+  carried = traverse_util.unflatten_dict({k: v for k, v in flat.items() if k not in shared})
   return DecoderState(_cached_step(model, params, shared), carried,
                       _grow if grows else None, first if grows else None)
 

@@ -141,16 +141,17 @@ def _log_probs(logits):
 def _segment_ends(max_len: int, segment: int | None, grow) -> list[int]:
     """Step counts at which the loop pauses to grow the cache: [segment, 2*segment, ..., max_len]
     (just [max_len] without ``grow``)."""
-    if grow is None or not segment or segment >= max_len:
-        return [max_len]
-    if segment < 1:
+    if segment is not None and segment < 1:
         raise ValueError(f"search: segment must be positive, got {segment}")
+    if grow is None or segment is None or segment >= max_len:
+        return [max_len]
     return list(range(segment, max_len, segment)) + [max_len]
 
 
-def _segmented_loop(cond, body, state, ends, grow, get_t, get_cache, set_cache):
+def _segmented_loop(cond, body, state, max_len, segment, grow, get_t, get_cache, set_cache):
     """``lax.while_loop(cond, body, state)`` run as one loop per segment of steps, growing the
     cache by each segment's length in between (see module doc)."""
+    ends = _segment_ends(max_len, segment, grow)
     for i, end in enumerate(ends):
         if i:
             state = set_cache(state, grow(get_cache(state), end - ends[i - 1]))
@@ -185,9 +186,8 @@ def _decode(step_fn: StepFn, cache, batch_size: int, max_len: int, choose, eos_i
         jnp.zeros((batch_size,), bool),
         cache,
     )
-    ends = _segment_ends(max_len, segment, grow)
-    state = _segmented_loop(cond, body, init, ends, grow, lambda st: st[0], lambda st: st[4],
-                            lambda st, c: st[:4] + (c,))
+    state = _segmented_loop(cond, body, init, max_len, segment, grow, lambda st: st[0],
+                            lambda st: st[4], lambda st, c: st[:4] + (c,))
     return state[1]
 
 
@@ -347,8 +347,8 @@ def beam_search(step_fn: StepFn, cache, batch_size: int, max_len: int, *, beam_s
         fin_flags=jnp.zeros((b, k), bool),
         done=jnp.zeros((b,), bool),
     )
-    s = _segmented_loop(cond, body, init, _segment_ends(max_len, segment, grow), grow,
-                        lambda st: st.t, lambda st: st.cache, lambda st, c: st._replace(cache=c))
+    s = _segmented_loop(cond, body, init, max_len, segment, grow, lambda st: st.t,
+                        lambda st: st.cache, lambda st, c: st._replace(cache=c))
 
     # Fill entries with fewer than k finished hypotheses from the live ones, then sort.
     live_scores = s.live_logp / length_penalty(s.t, alpha)
