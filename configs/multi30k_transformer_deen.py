@@ -6,8 +6,10 @@ table, compared with bentrevett/pytorch-seq2seq's Transformer (36.5 lowercased g
         --workdir=runs/m30k_transformer_deen
 
 SIGTERM from `timeout` saves a checkpoint and exits cleanly; decode with
-`python decode.py --workdir=... --split=test_2016_flickr --beam_size=1`.
+`python decode.py --workdir=... --split=test_2016_flickr --beam_size=1 --checkpoint=average:3`.
 Short CPU budgets favour more, smaller updates: 2048 target tokens per step and a 400-step warmup.
+One hour on both cores of the 2-core development machine: 1,896 steps, test_2016_flickr greedy
+BLEU 38.77 cased / 38.98 lowercased with the last three checkpoints averaged (README).
 """
 from configs import multi30k
 
@@ -16,5 +18,5 @@ def get_config():
   c = multi30k.get_config()
   c.data.update(source_lang="de", target_lang="en", tokens_per_batch=2048)
   c.optim.update(warmup_steps=400, learning_rate=0.7)
-  c.eval_every_steps = 250
+  c.eval_every_steps = 500
   return c

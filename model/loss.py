@@ -55,9 +55,16 @@ def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.A
 
 
 def token_accuracy(logits: jax.Array, targets: jax.Array, weights: jax.Array | None = None):
-  """(number of weighted positions whose argmax equals the target, summed weights)."""
+  """(number of weighted positions whose target has the largest logit, summed weights).
+
+  "The target's logit equals the row maximum" is the argmax test up to exact ties (which then
+  count as correct); it reuses the maximum the log-sum-exp of the loss already takes instead of
+  a separate arg-max pass over [batch, length, vocab].
+  """
   _check(logits, targets, weights)
-  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  logits = logits.astype(jnp.float32)
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  correct = (target_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
   if weights is None:
     weights = jnp.ones_like(correct)
   weights = weights.astype(jnp.float32)

@@ -7,8 +7,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compile each distinct step once per test session, also across the train.py / decode.py
 # subprocesses the tests start (they inherit this environment): XLA compile time dominates.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import atexit
+  import shutil
   import tempfile
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax-test-cache-")
+  _cache = tempfile.mkdtemp(prefix="jax-test-cache-")
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)  # each session's cache is its own
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 

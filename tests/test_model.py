@@ -77,6 +77,11 @@ def test_positional_encoding_formula():
     for t in range(4):
       np.testing.assert_allclose(pe[b, t, 0::2], np.sin(pos[b, t] / 10000 ** (2 * i / 16)), atol=1e-5)
       np.testing.assert_allclose(pe[b, t, 1::2], np.cos(pos[b, t] / 10000 ** (2 * i / 16)), atol=1e-5)
+  # The table lookup the models use gives the same rows; positions past the table give NaN rows.
+  table = np.asarray(sinusoidal_encoding(jnp.asarray(pos), 16, max_len=8))
+  np.testing.assert_allclose(table, pe, atol=1e-6)
+  beyond = np.asarray(sinusoidal_encoding(jnp.asarray([[0, 8]]), 16, max_len=8))
+  assert np.isfinite(beyond[0, 0]).all() and np.isnan(beyond[0, 1]).all()
 
 
 def test_shift_right_restarts_each_segment():
@@ -106,6 +111,9 @@ def test_label_smoothed_loss_matches_one_hot_reference(eps):
   np.testing.assert_allclose(grad, (np.exp(logp) - q) * w[..., None], rtol=1e-4, atol=1e-6)
   correct, n = token_accuracy(jnp.asarray(logits), jnp.asarray(tgt), jnp.asarray(w))
   assert float(correct) == float(((logits.argmax(-1) == tgt) * w).sum())
+  # A tie for the largest logit counts as correct.
+  tie, _ = token_accuracy(jnp.zeros((1, 2, 7)), jnp.asarray([[3, 0]]))
+  assert float(tie) == 2.0
   # The minimum (predicting q exactly) is zero.
   best, _ = smoothed_cross_entropy(jnp.log(jnp.asarray(q, jnp.float32) + 1e-30), jnp.asarray(tgt),
                                    None, eps)

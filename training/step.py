@@ -24,8 +24,9 @@ def _weights(batch):
   return (batch["targets_segmentation"] > 0).astype(jnp.float32)
 
 
-def _sums(model, params, batch, rng, label_smoothing, deterministic):
-  """Summed loss, correct predictions and token count of one (micro-)batch."""
+def _sums(model, params, batch, rng, label_smoothing, deterministic, scale=1.0):
+  """(scale × summed loss, the differentiated value; {summed loss, nll, correct predictions,
+  token count}) of one (micro-)batch."""
   logits = model.apply({"params": params}, batch["inputs"], batch["targets"],
                        batch["inputs_position"], batch["targets_position"],
                        batch["inputs_segmentation"], batch["targets_segmentation"],
@@ -36,7 +37,7 @@ def _sums(model, params, batch, rng, label_smoothing, deterministic):
   nll = loss
   if label_smoothing > 0:  # report the plain negative log-likelihood too (perplexity)
     nll, _ = smoothed_cross_entropy(logits, batch["targets"], weights, 0.0)
-  return loss, {"loss": loss, "nll": nll, "correct": correct, "tokens": tokens}
+  return loss * scale, {"loss": loss, "nll": nll, "correct": correct, "tokens": tokens}
 
 
 def _psum(tree, axis_name):
@@ -50,13 +51,19 @@ def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransf
 
   The loss is the label-smoothed cross entropy summed over all target tokens of the global batch
   divided by their number, so with `grad_accum_steps=k` the batch is split into k micro-batches
-  whose gradient sums are added before that one division: the update equals one step on the
-  whole batch. A non-finite loss or gradient leaves the state unchanged (counted in metrics).
+  whose loss sums, each divided by that same global count, have their gradients added: the
+  update equals one step on the whole batch. A non-finite loss or gradient leaves the state
+  unchanged (counted in metrics).
   """
   rng = jax.random.fold_in(rng, state.step)
   if axis_name is not None:
     rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
-  grad_fn = jax.grad(lambda p, b, r: _sums(model, p, b, r, label_smoothing, False), has_aux=True)
+  # The token count of the global batch is known before the forward pass, so the gradient is
+  # taken of the mean loss directly (the 1/tokens scales the backward pass's first cotangent)
+  # rather than divided out of every gradient afterwards.
+  denom = jnp.maximum(_psum(jnp.sum(_weights(batch)), axis_name), 1.0)
+  grad_fn = jax.grad(lambda p, b, r: _sums(model, p, b, r, label_smoothing, False, 1.0 / denom),
+                     has_aux=True)
 
   if grad_accum_steps == 1:
     grads, sums = grad_fn(state.params, batch, rng)
@@ -79,8 +86,6 @@ def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransf
                                     (jnp.arange(grad_accum_steps), micro))
 
   grads, sums = _psum((grads, sums), axis_name)
-  denom = jnp.maximum(sums["tokens"], 1.0)
-  grads = jax.tree_util.tree_map(lambda g: g / denom, grads)
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
 
