@@ -51,8 +51,7 @@ class CausalStack(nn.Module):
     hidden states [batch, length, d_model]."""
     cfg = self.config
     embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name="embed")
-    y = embed(tokens) + sinusoidal_encoding(positions, cfg.d_model, cfg.max_len).astype(
-        cfg.compute_dtype)
+    y = embed(tokens) + sinusoidal_encoding(positions, cfg.d_model).astype(cfg.compute_dtype)
     y = nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
     layer = maybe_remat(DecoderLayer, cfg, static_argnums=(5, 6, 7))
     for i in range(cfg.num_layers):

@@ -6,12 +6,10 @@ Parameters carry logical axis names (`embed`, `heads`, `kv`, `mlp`, `vocab`) as 
 """
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import flax.linen as nn
 from flax.linen import initializers
 
@@ -25,16 +23,11 @@ def _kernel(names: tuple[str, ...], init=_dense_init):
   return nn.with_logical_partitioning(init, names)
 
 
-def sinusoidal_encoding(positions: jax.Array, d_model: int, max_len: int | None = None) -> jax.Array:
+def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
   """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same)   (section 3.5).
 
   Args:
     positions: [batch, length] integer positions (explicit, so packed sentences restart at 0).
-    d_model: even width.
-    max_len: when given, the rows are looked up in a constant [max(max_len, length), d_model]
-      table (computed once at trace time) instead of evaluating sin/cos for every token of every
-      step (~1% of a small model's CPU train step). Positions must then be below that size; a
-      position outside it gives NaN rows (a non-finite loss), never a silently wrong encoding.
   Returns:
     [batch, length, d_model] float32.
   """
@@ -42,23 +35,10 @@ def sinusoidal_encoding(positions: jax.Array, d_model: int, max_len: int | None 
     raise ValueError(f"sinusoidal_encoding: positions must be [batch, length], got {positions.shape}")
   if d_model % 2:
     raise ValueError(f"sinusoidal_encoding: d_model={d_model} must be even")
-  if max_len is not None:
-    table = _sinusoid_table(max(max_len, positions.shape[1]), d_model)
-    return jnp.take(jnp.asarray(table), positions, axis=0, mode="fill", fill_value=jnp.nan)
   inv_freq = jnp.exp(-jnp.log(10000.0) * jnp.arange(0, d_model, 2, dtype=jnp.float32) / d_model)
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [batch, length, d_model/2]
   # Interleave so even channels are sin and odd channels cos, exactly as in the paper.
   return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
-
-
-@functools.lru_cache(maxsize=16)
-def _sinusoid_table(length: int, d_model: int) -> np.ndarray:
-  """[length, d_model] float32 table of `sinusoidal_encoding` for positions 0..length-1
-  (computed in float64, then rounded)."""
-  inv_freq = np.exp(-np.log(10000.0) * np.arange(0, d_model, 2) / d_model)
-  angles = np.arange(length)[:, None] * inv_freq
-  return np.stack([np.sin(angles), np.cos(angles)], axis=-1).reshape(length, d_model).astype(
-      np.float32)
 
 
 class Embed(nn.Module):

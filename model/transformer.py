@@ -54,8 +54,7 @@ class Encoder(nn.Module):
   def __call__(self, inputs, positions, segmentation, deterministic):
     """inputs: [batch, src_len] ids -> [batch, src_len, d_model]."""
     cfg = self.config
-    x = self.embed(inputs) + sinusoidal_encoding(positions, cfg.d_model, cfg.max_len).astype(
-        cfg.compute_dtype)
+    x = self.embed(inputs) + sinusoidal_encoding(positions, cfg.d_model).astype(cfg.compute_dtype)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
     mask = masks.encoder_self_mask(inputs, segmentation)
     layer = maybe_remat(EncoderLayer, cfg, static_argnums=(3,))
@@ -83,8 +82,8 @@ class Decoder(nn.Module):
       if initialized:
         positions = jnp.broadcast_to(position.value, decoder_inputs.shape)
         position.value = position.value + 1
-    y = self.embed(decoder_inputs) + sinusoidal_encoding(
-        positions, cfg.d_model, cfg.max_len).astype(cfg.compute_dtype)
+    y = self.embed(decoder_inputs) + sinusoidal_encoding(positions, cfg.d_model).astype(
+        cfg.compute_dtype)
     y = nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
     layer = maybe_remat(DecoderLayer, cfg, static_argnums=(5, 6, 7))
     for i in range(cfg.num_layers):

@@ -24,11 +24,11 @@ SOURCES = [[5, 9, 7, EOS], [4, 11, 23, 8, 6, 13, 17, 9, 5, EOS],
            [14, 15, 16, 17, 18, 19, 20, 21, 22, EOS], [9, 8, 7, 6, 5, 4, 23, 22, 21, 20, 19, EOS]]
 
 
-def random_model(num_layers: int, seed: int, eos_bias: float):
+def random_model(num_layers: int, seed: int, eos_bias: float, max_len: int = 64):
   """A tiny Transformer and random (numpy) parameters; `eos_bias` is added to EOS's logit."""
   cfg = ml_collections.ConfigDict(dict(
       type="transformer", vocab_size=24, d_model=32, d_ff=64, num_heads=4, num_layers=num_layers,
-      dropout_rate=0.0, max_len=64, share_embeddings=False))
+      dropout_rate=0.0, max_len=max_len, share_embeddings=False))
   rng = np.random.default_rng(seed)
   flat = {}
   for path, leaf in traverse_util.flatten_dict(abstract_params(cfg)).items():
@@ -105,6 +105,17 @@ def test_greedy_cached_and_uncached_match_reference(tiny, reference):
     # PAD after EOS only.
     for row, ref in zip(np.asarray(ids), reference):
       assert (row[len(ref):] == PAD).all()
+
+
+def test_sinusoidal_positions_decode_past_max_len(reference):
+  """The Transformer's positions have no limit (`generate.position_limit` is None): with
+  `model.max_len` = 8 the cached greedy search still places targets of up to 16 tokens, exactly
+  as the model with max_len 64 (same parameters) does."""
+  model, params = random_model(num_layers=1, seed=2, eos_bias=3.4, max_len=8)
+  assert generate.position_limit(model) is None
+  ids = generate.translate(model, params, padded(SOURCES), beam_size=1, max_extra_len=EXTRA)
+  assert max(len(r) for r in reference) > 8
+  assert rows(ids) == reference
 
 
 def test_beam_cached_equals_uncached(tiny):
