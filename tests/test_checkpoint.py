@@ -151,3 +151,82 @@ def test_shape_mismatch_and_missing_checkpoints_are_clear(uninterrupted, tmp_pat
     ckpt.load_for_inference(tmp_path / "empty")
   with pytest.raises(ValueError, match="no checkpoint at step 7; available steps: "):
     ckpt.load_for_inference(full, "7")
+
+
+def test_resume_with_clipping_switched_on(uninterrupted, tmp_path):
+  """The loop's non-finite error suggests optim.clip_norm: resuming with it must continue the run
+  (the optimizer state keeps its layout), not start again from step 0."""
+  config, full = uninterrupted
+  work = tmp_path / "w"
+  shutil.copytree(full, work)
+  clipped = tiny_config(num_devices=1, num_train_steps=14, log_every_steps=1,
+                        checkpoint_every_steps=4, **{"model.dropout_rate": 0.1, "optim.clip_norm": 1.0})
+  _train(clipped, work)
+  steps = [json.loads(l)["step"] for l in (work / "metrics.jsonl").read_text().splitlines()
+           if json.loads(l)["split"] == "train"]
+  assert steps == list(range(1, 15)), steps  # 13 and 14 appended; nothing re-trained from 1
+
+
+def test_state_that_does_not_fit_is_an_error_naming_the_arrays(uninterrupted, tmp_path):
+  config, full = uninterrupted
+  from training.loop import _restore_target
+  from tests.test_training import make_parallel
+  target = _restore_target(make_parallel(config), config)
+  emb = target.params["embed"]["embedding"]
+  params = dict(target.params, extra=jax.ShapeDtypeStruct((2,), np.float32),
+                embed={"embedding": jax.ShapeDtypeStruct((emb.shape[0] + 1, emb.shape[1]), emb.dtype,
+                                                         sharding=emb.sharding)})
+  bad = target.replace(params=params)
+  with pytest.raises(ValueError) as e:
+    ckpt.Checkpointer(full, async_save=False).restore_latest(bad, explain=lambda meta: "HINT")
+  msg = str(e.value)
+  assert "does not fit this run's training state" in msg and str(ckpt.checkpoint_dir(full) / "12") in msg
+  assert "checkpoint lacks: params/extra" in msg, msg
+  assert f"params/embed/embedding ({emb.shape[0]}, {emb.shape[1]}) != ({emb.shape[0] + 1}," in msg, msg
+  assert msg.endswith("HINT")
+  # pre_ln keeps most shapes but changes the model: refused by name before any array is read.
+  with pytest.raises(ValueError, match=r"model.pre_ln: checkpoint False != config True"):
+    _train(tiny_config(num_devices=1, num_train_steps=20, **{"model.pre_ln": True}), full)
+  assert ckpt.available_steps(full)[-3:] == [4, 8, 12]
+
+
+def test_rerunning_a_finished_run_does_nothing(uninterrupted, tmp_path):
+  config, full = uninterrupted
+  work = tmp_path / "w"
+  shutil.copytree(full, work)
+  before = (work / "metrics.jsonl").read_text()
+  assert _train(config, work) == {}
+  assert (work / "metrics.jsonl").read_text() == before
+  assert ckpt.available_steps(work) == ckpt.available_steps(full)
+
+
+def test_stop_signal_on_a_checkpoint_step(tmp_path, monkeypatch):
+  """A stop requested right after the periodic save of the same step: one save, a clean return."""
+  from training import loop
+  calls = []
+
+  def requested(self):
+    calls.append(1)
+    return len(calls) == 4  # step 4, just saved by checkpoint_every_steps=4
+  monkeypatch.setattr(loop._Preemption, "requested", requested)
+  config = tiny_config(num_devices=1, num_train_steps=12, checkpoint_every_steps=4)
+  _train(config, tmp_path)
+  assert ckpt.available_steps(tmp_path) == [4]
+
+
+def test_keep_best_keeps_the_highest_bleu(tmp_path):
+  c = ckpt.Checkpointer(tmp_path, keep=1, keep_best=1, async_save=False)
+  for step, bleu in zip((1, 2, 3, 4), (10.0, 30.0, 5.0, 20.0)):
+    c.save(step, {"x": np.full((2,), step, np.float32)}, {"step": step}, metrics={"bleu": bleu})
+  c.close()
+  assert ckpt.available_steps(tmp_path) == [2, 4]  # best (30 at step 2) and latest
+
+
+def test_average_needs_at_least_one_checkpoint(uninterrupted):
+  _, workdir = uninterrupted
+  with pytest.raises(ValueError, match=r"--last=0: the number of checkpoints to average must be >= 1"):
+    ckpt.write_average(workdir, 0)
+  out = subprocess.run([sys.executable, "-m", "training.average", f"--workdir={workdir}", "--last=0"],
+                       cwd=REPO, capture_output=True, text=True)
+  assert out.returncode != 0 and "--last=0" in out.stderr, out.stderr[-2000:]
+  assert not (pathlib.Path(workdir) / ckpt.AVERAGE_DIR / "last0").exists()

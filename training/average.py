@@ -12,7 +12,7 @@ import sys
 from absl import app, flags
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
-_LAST = flags.DEFINE_integer("last", 5, "Average the last N checkpoints.")
+_LAST = flags.DEFINE_integer("last", 5, "Average the last N checkpoints.", lower_bound=1)
 
 
 def main(argv):

@@ -5,7 +5,9 @@ A checkpoint holds `state` (params, Adam moments, step, the non-finite counter) 
 (JSON: the config, the data iterator's position, the RNG seed). The vocabulary file sits in the
 workdir beside it. Orbax writes each step into a temporary folder and renames it when complete,
 so a crash mid-save leaves the previous checkpoint intact; restore skips unfinished folders and
-falls back past a checkpoint that cannot be read, with a warning naming it.
+falls back past a checkpoint that cannot be read, with a warning naming it. A readable checkpoint
+whose arrays do not fit the run's state (another model or optimizer layout) is an error naming the
+arrays that differ, never a silent fresh start.
 """
 from __future__ import annotations
 
@@ -23,9 +25,9 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 CHECKPOINT_DIR = "checkpoints"
 AVERAGE_DIR = "averaged"
-# Model fields whose change makes a checkpoint's parameters unusable.
+# Model fields whose change makes a checkpoint's parameters unusable (or, pre_ln, meaningless).
 SHAPE_FIELDS = ("type", "vocab_size", "d_model", "d_ff", "num_heads", "num_layers",
-                "share_embeddings", "rnn_cell", "rnn_bidirectional")
+                "share_embeddings", "pre_ln", "rnn_cell", "rnn_bidirectional")
 
 
 def checkpoint_dir(workdir) -> pathlib.Path:
@@ -51,7 +53,8 @@ class Checkpointer:
     self.root = checkpoint_dir(workdir)
     policies = [pp.LatestN(n=max(int(keep), 1))]
     if keep_best:
-      policies.append(pp.BestN(get_metric_fn=lambda m: m["bleu"], reverse=True, n=int(keep_best),
+      # BestN sorts ascending and keeps the last n: the highest BLEU.
+      policies.append(pp.BestN(get_metric_fn=lambda m: m["bleu"], reverse=False, n=int(keep_best),
                                keep_checkpoints_without_metrics=False))
     options = ocp.CheckpointManagerOptions(
         preservation_policy=pp.AnyPreservationPolicy(policies),
@@ -72,29 +75,38 @@ class Checkpointer:
   def steps(self) -> list[int]:
     return list(self.manager.all_steps())
 
-  def restore_latest(self, abstract_state, check_meta=None):
+  def restore_latest(self, abstract_state, check_meta=None, explain=None):
     """Restores the newest readable checkpoint into `abstract_state` (ShapeDtypeStructs with
     shardings). `check_meta(meta)` may raise to refuse a checkpoint (e.g. another model shape);
-    that error propagates. Returns (step, state, meta) or None when there is none."""
+    that error propagates, as does a ValueError when the saved arrays do not fit
+    `abstract_state` (`explain(meta)` adds a hint to its message). Returns (step, state, meta) or
+    None when there is none."""
     steps, other = _step_dirs(self.root)
     for p in other:
       logging.warning("skipping %s: not a finished checkpoint (an interrupted save?)", p)
     for step in reversed(steps):
-      meta_file = self.root / str(step) / "meta" / "metadata"
+      folder = self.root / str(step)
       try:
-        meta = json.loads(meta_file.read_text())
-      except (OSError, ValueError) as e:
-        logging.warning("skipping checkpoint %s: its metadata could not be read (%s)",
-                        self.root / str(step), e)
+        meta = json.loads((folder / "meta" / "metadata").read_text())
+        diffs = state_differences(folder, abstract_state)
+      except Exception as e:  # noqa: BLE001 - unreadable metadata: fall back to the one before
+        logging.warning("skipping checkpoint %s: its metadata could not be read (%s: %s)",
+                        folder, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
         continue
       if check_meta is not None:
         check_meta(meta)
+      if diffs:
+        hint = explain(meta) if explain is not None else ""
+        raise ValueError(
+            f"checkpoint {folder} does not fit this run's training state (no silent "
+            f"re-initialisation; use a new workdir or the checkpoint's settings): "
+            + "; ".join(diffs) + (f". {hint}" if hint else ""))
       try:
-        state, meta = restore(self.root / str(step), abstract_state)
+        state, meta = restore(folder, abstract_state)
         return step, state, meta
-      except Exception as e:  # corrupt or truncated: fall back to the one before
+      except Exception as e:  # noqa: BLE001 - corrupt or truncated: fall back to the one before
         logging.warning("skipping checkpoint %s: it could not be read (%s: %s)",
-                        self.root / str(step), type(e).__name__, str(e).splitlines()[0][:200])
+                        folder, type(e).__name__, str(e).splitlines()[0][:200])
     return None
 
   def close(self):
@@ -117,17 +129,75 @@ def restore(path: pathlib.Path, abstract_state=None):
   return restored["state"], restored["meta"]
 
 
-def _numpy_restore_args(path: pathlib.Path):
+def _path_names(path) -> str:
+  """A pytree key path as 'opt_state/adam/mu/...' (dict keys, attributes and indices alike)."""
+  parts = []
+  for k in path:
+    for attr in ("key", "name", "idx"):
+      if hasattr(k, attr):
+        parts.append(str(getattr(k, attr)))
+        break
+    else:
+      parts.append(str(k))
+  return "/".join(parts)
+
+
+def _leaf_shapes(tree) -> dict[str, tuple[int, ...]]:
+  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {_path_names(p): tuple(getattr(x, "shape", ()) or ()) for p, x in leaves}
+
+
+def _state_metadata(path: pathlib.Path):
   with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as c:
-    tree = c.metadata(path / "state")
+    tree = c.metadata(pathlib.Path(path) / "state")
   tree = getattr(tree, "item_metadata", tree)
-  tree = getattr(tree, "tree", tree)
+  return getattr(tree, "tree", tree)
+
+
+def state_differences(path, abstract_state, limit: int = 4) -> list[str]:
+  """How the state saved in checkpoint folder `path` differs from `abstract_state` (arrays
+  missing, extra, or of another shape); [] when it fits. Reads only the checkpoint's metadata."""
+  saved, wanted = _leaf_shapes(_state_metadata(path)), _leaf_shapes(abstract_state)
+  if not saved:  # Orbax returns no tree, rather than raising, for damaged metadata
+    raise OSError(f"no readable array metadata in {pathlib.Path(path) / 'state'}")
+
+  def listed(what, names):
+    names = sorted(names)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return f"{what}: {', '.join(names[:limit])}{more}"
+
+  out = []
+  if missing := wanted.keys() - saved.keys():
+    out.append(listed("arrays the run needs but the checkpoint lacks", missing))
+  if extra := saved.keys() - wanted.keys():
+    out.append(listed("arrays in the checkpoint the run does not have", extra))
+  shapes = [f"{k} {saved[k]} != {wanted[k]}" for k in sorted(saved.keys() & wanted.keys())
+            if saved[k] != wanted[k]]
+  if shapes:
+    out.append(listed("shapes (checkpoint != run)", shapes))
+  return out
+
+
+def _numpy_restore_args(path: pathlib.Path):
+  tree = _state_metadata(path)
   return jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
 
 
 def config_from_meta(meta: dict) -> ml_collections.ConfigDict:
   """The training config stored in a checkpoint (JSON, never executed or unpickled)."""
   return ml_collections.ConfigDict(json.loads(meta["config"]))
+
+
+def config_differences(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict,
+                       sections=("model", "optim")) -> str:
+  """'model.x: checkpoint a != config b; ...' over `sections` ('' when they agree)."""
+  diffs = []
+  for sec in sections:
+    a, b = saved.get(sec) or {}, current.get(sec) or {}
+    for k in sorted(set(a.keys()) | set(b.keys())):
+      if a.get(k) != b.get(k):
+        diffs.append(f"{sec}.{k}: checkpoint {a.get(k)!r} != config {b.get(k)!r}")
+  return ("the checkpoint's config differs in " + "; ".join(diffs)) if diffs else ""
 
 
 def check_compatible(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict):
@@ -233,6 +303,8 @@ def write_average(workdir, last: int) -> pathlib.Path:
   """Averages the last `last` checkpoints' parameters into `<workdir>/averaged/last<k>`,
   which `load_for_inference(workdir, 'average:<k>')` then loads."""
   workdir = pathlib.Path(workdir).absolute()
+  if int(last) < 1:
+    raise ValueError(f"--last={last}: the number of checkpoints to average must be >= 1")
   steps = available_steps(workdir)
   if len(steps) < last:
     raise ValueError(f"--last={last}: only {len(steps)} checkpoints in {checkpoint_dir(workdir)} "

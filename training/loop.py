@@ -113,7 +113,8 @@ def train(config, workdir: pathlib.Path) -> dict:
   rng = jax.random.key(config.seed)
   restored = checkpointer.restore_latest(
       _restore_target(parallel, config),
-      check_meta=lambda meta: ckpt.check_compatible(ckpt.config_from_meta(meta), config))
+      check_meta=lambda meta: ckpt.check_compatible(ckpt.config_from_meta(meta), config),
+      explain=lambda meta: ckpt.config_differences(ckpt.config_from_meta(meta), config))
   if restored is not None:
     step0, state, meta = restored
     state = parallel.place_state(state) if parallel.kind == "pmap" else state
@@ -122,6 +123,12 @@ def train(config, workdir: pathlib.Path) -> dict:
   else:
     state = parallel.init_state(jax.random.fold_in(rng, 1))
     step0 = 0
+  if step0 >= config.num_train_steps:
+    checkpointer.close()
+    logging.warning("%s is already at step %d (num_train_steps=%d): nothing to train; raise "
+                    "num_train_steps to continue", checkpointer.root / str(step0), step0,
+                    config.num_train_steps)
+    return {}
   rng = jax.random.fold_in(rng, 2)
 
   writer = MetricsWriter(workdir, enabled=lead)
@@ -133,9 +140,13 @@ def train(config, workdir: pathlib.Path) -> dict:
     return {"config": config.to_json(), "data_state": train_iter.state(), "seed": config.seed,
             "step": step}
 
+  saved_step = step0
+
   def save(step, metrics=None, force=False):
+    nonlocal saved_step
     to_save = parallel.host_state(state) if parallel.kind == "pmap" else state
     checkpointer.save(step, to_save, meta(), metrics=metrics, force=force)
+    saved_step = step
 
   eval_pairs = pipeline.pairs(config.data.eval_split)
   bleu_pairs = eval_pairs[:config.eval.bleu_sentences] if config.eval.bleu_sentences else []
@@ -182,12 +193,15 @@ def train(config, workdir: pathlib.Path) -> dict:
         t_log, tokens_since = now, 0.0
       else:
         progress.update(step)
-      if step % config.eval_every_steps == 0 and step != config.num_train_steps:
+      evaluated = step % config.eval_every_steps == 0 and step != config.num_train_steps
+      if evaluated:
         last_eval = run_eval(step)
       if step % config.checkpoint_every_steps == 0 and step != config.num_train_steps:
-        save(step, {"bleu": last_eval.get("bleu", 0.0)} if last_eval else None)
+        # Only this step's own BLEU ranks it for checkpoint.keep_best; an older score would not.
+        save(step, {"bleu": last_eval["bleu"]} if evaluated and "bleu" in last_eval else None)
       if preemption.requested():
-        save(step, force=True)
+        if saved_step != step:  # the periodic save may just have written this step
+          save(step, force=True)
         checkpointer.close()
         progress.close()
         logging.warning("%s received: saved step %d to %s and stopped; re-run the same "

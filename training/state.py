@@ -44,17 +44,21 @@ def learning_rate_schedule(optim_cfg, d_model: int, total_steps: int = 100_000):
 
 
 def make_optimizer(config) -> tuple[optax.GradientTransformation, Any]:
-  """Adam(β1, β2, ε) on the schedule, optional global-norm clipping and decoupled weight decay."""
+  """Adam(β1, β2, ε) on the schedule, optional global-norm clipping and decoupled weight decay.
+
+  The state is a dict with the same keys whatever is switched on ('clip' and 'weight_decay' are
+  stateless identities when off), so a run can resume with clipping or weight decay changed.
+  """
   o = config.optim
   schedule = learning_rate_schedule(o, config.model.d_model, config.num_train_steps)
-  parts = []
-  if o.clip_norm and o.clip_norm > 0:
-    parts.append(optax.clip_by_global_norm(o.clip_norm))
-  parts.append(optax.scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps))
-  if o.weight_decay:
-    parts.append(optax.add_decayed_weights(o.weight_decay))
-  parts.append(optax.scale_by_learning_rate(schedule))
-  return optax.chain(*parts), schedule
+  clip = optax.clip_by_global_norm(o.clip_norm) if o.clip_norm and o.clip_norm > 0 else optax.identity()
+  decay = optax.add_decayed_weights(o.weight_decay) if o.weight_decay else optax.identity()
+  return optax.named_chain(
+      ("clip", clip),
+      ("adam", optax.scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps)),
+      ("weight_decay", decay),
+      ("learning_rate", optax.scale_by_learning_rate(schedule)),
+  ), schedule
 
 
 def init_state(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
