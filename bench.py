@@ -83,16 +83,17 @@ SWEEP_DEFAULTS = {"devices": [1, 2, 4, 8], "seq_len": [16, 32, 64, 128, 256],
                   "batch": [4, 8, 16, 32]}
 
 # Dense (no sparsity) peak FLOP/s per device from the vendors' datasheets: NVIDIA H100 Tensor
-# Core GPU datasheet (SXM: BF16/FP16 989.4 TFLOPS, FP32 66.9 TFLOPS; the H200 has the same
+# Core GPU datasheet (SXM: BF16/FP16 989.4, TF32 494.7, FP32 66.9 TFLOPS; the H200 has the same
 # compute; PCIe/NVL cards are slower and get measured), NVIDIA A100 datasheet (BF16/FP16 312,
-# FP32 19.5 TFLOPS), Google Cloud TPU system architecture pages (BF16: v4 275, v5e 197, v5p 459
-# TFLOPS). FP32 is the non-tensor-core rate: at XLA's default precision a float32 matmul may run
-# as TF32 on these GPUs and beat it (MFU > 1 then; use --peak=measured). Names are matched
-# against `device.device_kind`, lowercased: (names, excluded names, {dtype: peak}).
+# TF32 156, FP32 19.5 TFLOPS), Google Cloud TPU system architecture pages (BF16: v4 275, v5e 197,
+# v5p 459 TFLOPS). A float32 matmul at XLA's default precision runs on these GPUs' tensor cores as
+# TF32, so float32 gets the TF32 peak unless jax_default_matmul_precision asks for full float32
+# ('highest' / 'float32'), which gets the FP32 rate. Names are matched against
+# `device.device_kind`, lowercased: (names, excluded names, {dtype: peak}).
 DATASHEET_PEAKS = (
     (("h100", "h200"), ("pcie", "nvl"), {"bfloat16": 989.4e12, "float16": 989.4e12,
-                                         "float32": 66.9e12}),
-    (("a100",), (), {"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12}),
+                                         "tf32": 494.7e12, "float32": 66.9e12}),
+    (("a100",), (), {"bfloat16": 312e12, "float16": 312e12, "tf32": 156e12, "float32": 19.5e12}),
     (("tpu v4",), (), {"bfloat16": 275e12}),
     (("tpu v5 lite", "tpu v5e"), (), {"bfloat16": 197e12}),
     (("tpu v5p", "tpu v5"), ("lite", "v5e"), {"bfloat16": 459e12}),
@@ -163,9 +164,13 @@ def _time_stats(first: float, times) -> dict:
 
 def datasheet_peak(device_kind: str, dtype: str) -> float | None:
   """The datasheet dense peak FLOP/s of one device for `dtype`, or None if not in the table."""
+  import jax
   kind = device_kind.lower()
   for names, excluded, peaks in DATASHEET_PEAKS:
     if any(n in kind for n in names) and not any(e in kind for e in excluded):
+      precision = str(jax.config.jax_default_matmul_precision or "").lower()
+      if dtype == "float32" and "tf32" in peaks and precision not in ("highest", "float32"):
+        return peaks["tf32"]
       return peaks.get(dtype)
   return None
 
@@ -200,9 +205,13 @@ def resolve_peak(device, dtype: str) -> tuple[float, str]:
   choice = _PEAK.value.strip().lower()
   if choice not in ("auto", "measured"):
     try:
-      return float(choice), "given"
+      peak = float(choice)
     except ValueError:
-      raise Stop(f"--peak={_PEAK.value!r}: expected auto, measured or a number") from None
+      peak = math.nan
+    if not (math.isfinite(peak) and peak > 0):
+      raise Stop(f"--peak={_PEAK.value!r}: expected auto, measured or a positive number of "
+                 f"FLOP/s per device")
+    return peak, "given"
   if choice == "auto":
     peak = datasheet_peak(device.device_kind, dtype)
     if peak is not None:
@@ -211,6 +220,16 @@ def resolve_peak(device, dtype: str) -> tuple[float, str]:
   logging.info("measured peak of %s (%s, %d-wide matmul): %.3g FLOP/s", device.device_kind,
                dtype, _MATMUL_SIZE.value, peak)
   return peak, "measured"
+
+
+def own_peak_memory(before: int | None) -> int | None:
+  """This run's peak device memory: the allocator's peak counts from the start of the process and
+  never resets, so it is this run's own only if the run raised it above `before` (the value read
+  when the run started). None when the backend reports nothing or an earlier run (a previous
+  sweep point) peaked higher. Reads all local devices, as `before` should."""
+  import jax
+  after = peak_memory(jax.local_devices())
+  return after if after is not None and (before is None or after > before) else None
 
 
 def peak_memory(devices) -> int | None:
@@ -278,6 +297,7 @@ def bench_train(config, steps: int, warmup: int) -> dict:
   _check_lengths(config)
   rows, length = int(config.bench.batch_size), int(config.bench.seq_len)
   accum = int(config.optim.grad_accum_steps)
+  memory_before = peak_memory(jax.local_devices())
   if accum < 1:
     raise Stop(f"config error: optim.grad_accum_steps={accum} must be >= 1")
   data_parallel = par.data_parallel_size(config)
@@ -323,7 +343,7 @@ def bench_train(config, steps: int, warmup: int) -> dict:
   record.update(model_flops_per_step=model_flops, achieved_flops_per_s=achieved,
                 peak_flops_per_s=peak, peak_source=source,
                 mfu=None if achieved is None else achieved / (peak * len(devices)),
-                peak_memory_bytes=peak_memory(devices), parallelism=parallelism,
+                peak_memory_bytes=own_peak_memory(memory_before), parallelism=parallelism,
                 **_environment(config, devices))
   if record["mfu"] is not None and record["mfu"] > 1:
     logging.warning("MFU %.2f > 1: the %s peak %.3g FLOP/s is too low for this device and dtype "
@@ -383,6 +403,7 @@ def bench_decode(config, steps: int, warmup: int, use_cache: bool) -> dict:
   from model.search import EOS_ID, PAD_ID
 
   _check_lengths(config)
+  memory_before = peak_memory(jax.local_devices())
   rows, length = int(config.bench.batch_size), int(config.bench.seq_len)
   decode_len, beam = int(config.bench.decode_len), int(config.bench.beam_size)
   if decode_len < 1 or beam < 1:
@@ -434,7 +455,7 @@ def bench_decode(config, steps: int, warmup: int, use_cache: bool) -> dict:
   record["sent_per_s"] = rows / record["step_time_s"]
   record["out_tokens_per_s"] = rows * decode_len / record["step_time_s"]
   record.update(params=n_params, decode_len=decode_len, beam_size=beam,
-                decode_cache=use_cache, peak_memory_bytes=peak_memory([device]),
+                decode_cache=use_cache, peak_memory_bytes=own_peak_memory(memory_before),
                 **_environment(config, [device]))
   return record
 
@@ -469,10 +490,12 @@ def sweep_configs(config, kind: str, values: list[str] | None, modes=("pmap", "m
                    f"{available}")
       logging.warning("--sweep=devices: skipping %s (only %d devices)", too_many, available)
       numbers = [n for n in numbers if n <= available]
-    bad = [n for n in numbers if rows % n]
+    accum = int(config.optim.grad_accum_steps) if mode == "train" else 1
+    bad = [n for n in numbers if rows % (n * accum)]
     if bad:
-      raise Stop(f"--sweep=devices: bench.batch_size={rows} is not divisible by {bad} devices; "
-                 f"choose a batch size that all of {numbers} divide")
+      raise Stop(f"--sweep=devices: bench.batch_size={rows} is not divisible by {bad} devices "
+                 f"× optim.grad_accum_steps={accum}; choose a batch size that all of "
+                 f"{[n * accum for n in numbers]} divide")
     for parallelism in modes:
       if parallelism not in ("pmap", "mesh"):
         raise Stop(f"--sweep_parallelism: {parallelism!r} is not pmap or mesh")

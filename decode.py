@@ -245,6 +245,9 @@ def decode() -> None:
       raise UserError(f"--plot_attention: model.type={model_cfg.type!r} has no "
                       f"encoder-decoder attention weights to plot")
 
+  if _TEMPERATURE.value > 0 and _TOP_K.value > int(model_cfg.vocab_size):
+    raise UserError(f"--top_k={_TOP_K.value}: larger than the model's vocabulary "
+                    f"({model_cfg.vocab_size} ids); use 0 for all of them")
   present = [i for i, s in enumerate(src_ids) if s is not None]
   if _TEMPERATURE.value > 0:
     how = f"sampling at temperature {_TEMPERATURE.value:g} (top_k {_TOP_K.value})"

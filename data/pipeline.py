@@ -56,9 +56,16 @@ def _vocab(config_data, workdir: pathlib.Path) -> tokenizer.Vocab:
     if config_data.vocab_path:
         return tokenizer.load_vocab(config_data.vocab_path)
     path = workdir / tokenizer.VOCAB_JSON_NAME
+    words = sources.synthetic_words(config_data.synthetic_vocab)
     if path.exists():
-        return tokenizer.load_vocab(path)
-    vocab = tokenizer.WordVocab(sources.synthetic_words(config_data.synthetic_vocab))
+        vocab = tokenizer.load_vocab(path)
+        if getattr(vocab, "words", None) != list(words):
+            raise ValueError(
+                f"{path} holds another synthetic vocabulary ({vocab.vocab_size} ids) than "
+                f"data.synthetic_vocab={config_data.synthetic_vocab} makes: use a new workdir "
+                f"(or the old setting to continue with this one)")
+        return vocab
+    vocab = tokenizer.WordVocab(words)
     vocab.save(path)
     return vocab
 

@@ -242,6 +242,18 @@ def load_or_train_vocab(config_data, workdir: str | os.PathLike,
         return load_vocab(config_data.vocab_path)
     path = pathlib.Path(workdir) / VOCAB_MODEL_NAME
     if path.exists():
-        return load_vocab(path)
+        vocab = load_vocab(path)
+        # A corpus too small for data.vocab_size gets fewer pieces, so only more is certainly
+        # another setting; fewer is worth a warning (resumes also compare data.vocab_size).
+        if vocab.vocab_size > int(config_data.vocab_size):
+            raise ValueError(
+                f"{path} has {vocab.vocab_size} pieces, more than data.vocab_size="
+                f"{config_data.vocab_size}: use a new workdir for another vocabulary (or the old "
+                f"setting to continue with this one)")
+        if vocab.vocab_size < int(config_data.vocab_size):
+            logging.warning("reusing %s: %d pieces, fewer than data.vocab_size=%d (a small corpus, "
+                            "or a vocabulary made for another setting: then use a new workdir)",
+                            path, vocab.vocab_size, config_data.vocab_size)
+        return vocab
     logging.info("No vocabulary at %s: training one of size %d", path, config_data.vocab_size)
     return train_sentencepiece(texts_fn(), config_data.vocab_size, path)

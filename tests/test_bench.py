@@ -169,6 +169,42 @@ def test_bad_settings_are_clear_errors(monkeypatch):
     bench._check_lengths(c)
 
 
+def test_datasheet_peaks_follow_the_matmul_precision(monkeypatch):
+  import types
+  import jax
+  import bench
+  assert bench.datasheet_peak("NVIDIA H200", "bfloat16") == 989.4e12
+  assert bench.datasheet_peak("NVIDIA H200", "float32") == 494.7e12  # TF32 tensor cores
+  assert bench.datasheet_peak("NVIDIA A100-SXM4-80GB", "float32") == 156e12
+  with jax.default_matmul_precision("highest"):
+    assert bench.datasheet_peak("NVIDIA H200", "float32") == 66.9e12
+  assert bench.datasheet_peak("NVIDIA H100 PCIe", "float32") is None  # measured instead
+  assert bench.datasheet_peak("cpu", "float32") is None
+  for bad in ("0", "-5e12", "nan", "fast"):
+    monkeypatch.setattr(bench, "_PEAK", types.SimpleNamespace(value=bad))
+    with pytest.raises(bench.Stop, match=r"--peak=.*expected auto, measured or a positive number"):
+      bench.resolve_peak(None, "float32")
+  monkeypatch.setattr(bench, "_PEAK", types.SimpleNamespace(value="2e12"))
+  assert bench.resolve_peak(None, "float32") == (2e12, "given")
+
+
+def test_peak_memory_is_only_reported_when_this_run_set_it(monkeypatch):
+  import jax
+  import bench
+
+  class Device:
+    def __init__(self, peak):
+      self.peak = peak
+
+    def memory_stats(self):
+      return {"peak_bytes_in_use": self.peak}
+  monkeypatch.setattr(jax, "local_devices", lambda: [Device(100), Device(300)])
+  assert bench.peak_memory(jax.local_devices()) == 300
+  assert bench.own_peak_memory(None) == 300
+  assert bench.own_peak_memory(200) == 300  # this run raised the process's peak: its own
+  assert bench.own_peak_memory(300) is None  # an earlier run (sweep point) peaked as high
+
+
 def _ok(result):
   assert result.returncode == 0, result.stderr[-3000:]
   return result

@@ -230,3 +230,18 @@ def test_average_needs_at_least_one_checkpoint(uninterrupted):
                        cwd=REPO, capture_output=True, text=True)
   assert out.returncode != 0 and "--last=0" in out.stderr, out.stderr[-2000:]
   assert not (pathlib.Path(workdir) / ckpt.AVERAGE_DIR / "last0").exists()
+
+
+def test_resume_with_another_vocabulary_is_refused(uninterrupted, tmp_path):
+  from data import tokenizer
+  config, full = uninterrupted
+  work = tmp_path / "w"
+  shutil.copytree(full, work)
+  words = tokenizer.load_vocab(work / "vocab.json").words
+  other = tmp_path / "other.json"
+  tokenizer.WordVocab(list(reversed(words))).save(other)  # same size, other ids
+  moved = tiny_config(num_devices=1, num_train_steps=20, **{"model.dropout_rate": 0.1,
+                                                            "data.vocab_path": str(other)})
+  with pytest.raises(ValueError, match=r"was trained with vocabulary word-\w+, this run has word-"):
+    _train(moved, work)
+  assert ckpt.available_steps(work) == ckpt.available_steps(full)

@@ -194,8 +194,20 @@ def test_sentencepiece_sep_id_round_trip_and_reuse(tmp_path):
 
     def never():
         raise AssertionError("must reuse <workdir>/vocab.model")
-    config = make_config(name="files")
+    config = make_config(name="files", vocab_size=120)
     assert tokenizer.load_or_train_vocab(config.data, tmp_path, never).fingerprint == vocab.fingerprint
+    # A smaller size in the config is not silently given the workdir's bigger vocabulary.
+    with pytest.raises(ValueError, match=rf"vocab.model has {vocab.vocab_size} pieces, more than "
+                                         r"data.vocab_size=20"):
+        tokenizer.load_or_train_vocab(make_config(name="files", vocab_size=20).data, tmp_path, never)
+
+
+def test_synthetic_vocabulary_of_another_size_is_refused(tmp_path):
+    pipeline.build(small_synthetic(synthetic_vocab=8), tmp_path)
+    assert pipeline.build(small_synthetic(synthetic_vocab=8), tmp_path).vocab.vocab_size == 12
+    with pytest.raises(ValueError, match=r"vocab.json holds another synthetic vocabulary \(12 ids\) "
+                                         r"than data.synthetic_vocab=16 makes"):
+        pipeline.build(small_synthetic(synthetic_vocab=16), tmp_path)
 
 
 def test_sentencepiece_training_keeps_the_text_error(tmp_path):

@@ -123,3 +123,11 @@ def test_empty_workdir_lists_its_contents(tmp_path):
   last = proc.stderr.decode().strip().splitlines()[-1]
   assert last.startswith("decode.py: error:") and "notes.txt" in last, last
   assert "Traceback" not in proc.stderr.decode()
+
+
+def test_top_k_above_the_vocabulary_is_a_clear_error(workdir):
+  proc = decode(workdir, "--temperature=1", "--top_k=100000", stdin=b"w1\n", check=False)
+  assert proc.returncode == 2
+  last = proc.stderr.decode().strip().splitlines()[-1]
+  assert last.startswith("decode.py: error: --top_k=100000: larger than the model's vocabulary"), last
+  assert "Traceback" not in proc.stderr.decode()

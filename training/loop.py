@@ -111,9 +111,24 @@ def train(config, workdir: pathlib.Path) -> dict:
                                    async_save=config.checkpoint.async_save)
   train_iter = pipeline.train_iter()
   rng = jax.random.key(config.seed)
+
+  def check_meta(meta):
+    saved = ckpt.config_from_meta(meta)
+    ckpt.check_compatible(saved, config)
+    if (config.data.name != "synthetic" and not config.data.vocab_path  # a trained vocabulary
+        and saved.data.get("vocab_size") is not None
+        and saved.data.vocab_size != config.data.vocab_size):
+      raise ValueError(f"the checkpoint in {checkpointer.root} was trained with data.vocab_size="
+                       f"{saved.data.vocab_size}, the config has {config.data.vocab_size}: use a new "
+                       f"workdir for another vocabulary (or the old setting)")
+    saved_vocab = meta.get("vocab")
+    if saved_vocab is not None and saved_vocab != vocab.fingerprint:
+      raise ValueError(f"the checkpoint in {checkpointer.root} was trained with vocabulary "
+                       f"{saved_vocab}, this run has {vocab.fingerprint} (data.vocab_path or the "
+                       f"workdir's vocabulary file changed): use a new workdir or the old vocabulary")
+
   restored = checkpointer.restore_latest(
-      _restore_target(parallel, config),
-      check_meta=lambda meta: ckpt.check_compatible(ckpt.config_from_meta(meta), config),
+      _restore_target(parallel, config), check_meta=check_meta,
       explain=lambda meta: ckpt.config_differences(ckpt.config_from_meta(meta), config))
   if restored is not None:
     step0, state, meta = restored
@@ -138,7 +153,7 @@ def train(config, workdir: pathlib.Path) -> dict:
 
   def meta():
     return {"config": config.to_json(), "data_state": train_iter.state(), "seed": config.seed,
-            "step": step}
+            "step": step, "vocab": vocab.fingerprint}
 
   saved_step = step0
 
