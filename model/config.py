@@ -16,7 +16,8 @@ class TransformerConfig:
 
   `num_layers` is per stack (N in the paper). `dtype` is the computation dtype; parameters are
   always float32. `attention_impl='cudnn'` uses `jax.nn.dot_product_attention`'s cuDNN kernel
-  (GPU only); 'xla' is the reference path.
+  (GPU, bfloat16/float16 only) wherever there is no attention dropout (training with
+  `attention_dropout_rate > 0` takes the 'xla' path, which applies it); 'xla' is the reference.
   """
   vocab_size: int
   d_model: int = 512
@@ -48,6 +49,9 @@ class TransformerConfig:
       bad("dtype", f"must be one of {sorted(_DTYPES)}")
     if self.attention_impl not in ATTENTION_IMPLS:
       bad("attention_impl", f"must be one of {ATTENTION_IMPLS}")
+    if self.attention_impl == "cudnn" and self.dtype == "float32":
+      bad("attention_impl", "cuDNN's fused attention takes bfloat16 or float16 only; set "
+          "model.dtype=bfloat16 or use attention_impl='xla'")
 
   @property
   def compute_dtype(self):

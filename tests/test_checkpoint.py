@@ -245,3 +245,23 @@ def test_resume_with_another_vocabulary_is_refused(uninterrupted, tmp_path):
   with pytest.raises(ValueError, match=r"was trained with vocabulary word-\w+, this run has word-"):
     _train(moved, work)
   assert ckpt.available_steps(work) == ckpt.available_steps(full)
+
+
+def test_resume_with_another_data_vocab_size_is_refused(tmp_path):
+  rng = np.random.default_rng(0)
+  words = "the a cat dog sat on mat ran to house big small red green der die das hund".split()
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  for lang in ("en", "de"):
+    for split, n in (("train", 300), ("val", 20)):
+      (corpus / f"{split}.{lang}").write_text(
+          "".join(" ".join(rng.choice(words, 5)) + "\n" for _ in range(n)))
+  files = {"data.name": "files", "data.dir": str(corpus), "data.source_lang": "en",
+           "data.target_lang": "de", "data.train_split": "train", "data.eval_split": "val",
+           "data.vocab_size": 60, "model.vocab_size": 0, "eval.bleu_sentences": 0}
+  work = tmp_path / "w"
+  _train(tiny_config(num_devices=1, num_train_steps=2, **files), work)
+  with pytest.raises(ValueError, match=r"trained with data.vocab_size=60, the config has 70"):
+    _train(tiny_config(num_devices=1, num_train_steps=4, **dict(files, **{"data.vocab_size": 70})),
+           work)
+  assert ckpt.available_steps(work) == [2]

@@ -143,6 +143,24 @@ def test_nonfinite_update_is_skipped_and_counted(reference_run):
   assert int(after.step) == 1
   for a, b in zip(jax.tree_util.tree_leaves(before.params), jax.tree_util.tree_leaves(after.params)):
     np.testing.assert_array_equal(a, b)
+  # The skipped step did not advance the schedule: the next good step uses (and logs) its first rate.
+  from training.state import make_optimizer
+  schedule = make_optimizer(tiny_config(num_devices=1))[1]
+  good = new.replace(params=p.init_state(jax.random.key(0)).params)
+  _, m2 = p.train_step(good, batches[0], jax.random.key(2))
+  assert int(m2["nonfinite"]) == 0
+  np.testing.assert_allclose(float(m2["learning_rate"]), float(schedule(0)), rtol=1e-6)
+  assert float(schedule(0)) != float(schedule(1))
+
+
+def test_float16_training_and_cudnn_float32_are_refused():
+  from training.loop import build_steps
+  with pytest.raises(ValueError, match=r"model.dtype='float16' cannot train here: there is no loss "
+                                       r"scaling"):
+    build_steps(tiny_config(num_devices=1, **{"model.dtype": "float16"}))
+  with pytest.raises(ValueError, match=r"model.attention_impl='cudnn': cuDNN's fused attention takes "
+                                       r"bfloat16 or float16 only"):
+    build_steps(tiny_config(num_devices=1, **{"model.attention_impl": "cudnn"}))
 
 
 def test_bad_parallel_settings_are_clear():

@@ -53,7 +53,15 @@ def build_steps(config):
   from model.build import build_model
   from training import parallel as par, step as step_lib
   from training.state import init_state, make_optimizer
+  if config.model.dtype == "float16":
+    raise ValueError("config error: model.dtype='float16' cannot train here: there is no loss "
+                     "scaling, so small gradients underflow to zero; use bfloat16")
   model = build_model(config.model)
+  if (config.model.get("attention_impl") == "cudnn" and config.model.get("attention_dropout_rate")
+      and config.model.type in ("transformer", "decoder_only")):
+    logging.warning("model.attention_impl='cudnn' with model.attention_dropout_rate=%g: training "
+                    "steps take the XLA attention path (cuDNN's kernel has no dropout here); eval "
+                    "and decoding use cuDNN", config.model.attention_dropout_rate)
   tx, schedule = make_optimizer(config)
   train_step = functools.partial(step_lib.train_step, model=model, tx=tx, schedule=schedule,
                                  label_smoothing=config.optim.label_smoothing,

@@ -104,7 +104,8 @@ def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransf
       "accuracy": sums["correct"] / denom,
       "tokens": sums["tokens"],
       "grad_norm": grad_norm,
-      "learning_rate": schedule(state.step),
+      # The optimizer's own count: it does not advance on a skipped (non-finite) step.
+      "learning_rate": schedule(state.opt_state["learning_rate"].count),
       "nonfinite": 1 - finite.astype(jnp.int32),
       "nonfinite_streak": new_state.nonfinite_streak,
   }
