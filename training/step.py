@@ -72,8 +72,12 @@ def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransf
     if rows % grad_accum_steps:
       raise ValueError(f"train_step: batch of {rows} rows is not divisible by "
                        f"optim.grad_accum_steps={grad_accum_steps}")
+    # Micro-batch i takes rows i, i+k, i+2k, ...: every device's block of the (data-sharded)
+    # batch holds rows of every micro-batch, so each micro-batch runs on all devices; consecutive
+    # blocks would put micro-batch i on a k-th of them.
     micro = jax.tree_util.tree_map(
-        lambda x: x.reshape(grad_accum_steps, rows // grad_accum_steps, *x.shape[1:]), batch)
+        lambda x: x.reshape(rows // grad_accum_steps, grad_accum_steps, *x.shape[1:]).swapaxes(0, 1),
+        batch)
 
     def accumulate(carry, xs):
       i, mb = xs
