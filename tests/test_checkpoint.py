@@ -185,9 +185,11 @@ def test_state_that_does_not_fit_is_an_error_naming_the_arrays(uninterrupted, tm
   assert f"params/embed/embedding ({emb.shape[0]}, {emb.shape[1]}) != ({emb.shape[0] + 1}," in msg, msg
   assert msg.endswith("HINT")
   # pre_ln keeps most shapes but changes the model: refused by name before any array is read.
+  work = tmp_path / "w"
+  shutil.copytree(full, work)
   with pytest.raises(ValueError, match=r"model.pre_ln: checkpoint False != config True"):
-    _train(tiny_config(num_devices=1, num_train_steps=20, **{"model.pre_ln": True}), full)
-  assert ckpt.available_steps(full)[-3:] == [4, 8, 12]
+    _train(tiny_config(num_devices=1, num_train_steps=20, **{"model.pre_ln": True}), work)
+  assert ckpt.available_steps(work) == ckpt.available_steps(full)
 
 
 def test_rerunning_a_finished_run_does_nothing(uninterrupted, tmp_path):
@@ -261,7 +263,7 @@ def test_resume_with_another_data_vocab_size_is_refused(tmp_path):
            "data.vocab_size": 60, "model.vocab_size": 0, "eval.bleu_sentences": 0}
   work = tmp_path / "w"
   _train(tiny_config(num_devices=1, num_train_steps=2, **files), work)
-  with pytest.raises(ValueError, match=r"trained with data.vocab_size=60, the config has 70"):
+  with pytest.raises(ValueError, match=r"data.vocab_size: checkpoint 60 != config 70"):
     _train(tiny_config(num_devices=1, num_train_steps=4, **dict(files, **{"data.vocab_size": 70})),
            work)
   assert ckpt.available_steps(work) == [2]

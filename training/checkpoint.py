@@ -188,25 +188,37 @@ def config_from_meta(meta: dict) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(meta["config"]))
 
 
+def _differences(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict,
+                 fields) -> list[str]:
+  """'section.key: checkpoint a != config b' for each dotted field whose values differ."""
+  out = []
+  for field in fields:
+    section, key = field.split(".", 1)
+    a, b = (saved.get(section) or {}).get(key), (current.get(section) or {}).get(key)
+    if a != b:
+      out.append(f"{field}: checkpoint {a!r} != config {b!r}")
+  return out
+
+
 def config_differences(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict,
                        sections=("model", "optim")) -> str:
   """'model.x: checkpoint a != config b; ...' over `sections` ('' when they agree)."""
-  diffs = []
-  for sec in sections:
-    a, b = saved.get(sec) or {}, current.get(sec) or {}
-    for k in sorted(set(a.keys()) | set(b.keys())):
-      if a.get(k) != b.get(k):
-        diffs.append(f"{sec}.{k}: checkpoint {a.get(k)!r} != config {b.get(k)!r}")
+  fields = [f"{sec}.{k}" for sec in sections
+            for k in sorted(set((saved.get(sec) or {}).keys()) | set((current.get(sec) or {}).keys()))]
+  diffs = _differences(saved, current, fields)
   return ("the checkpoint's config differs in " + "; ".join(diffs)) if diffs else ""
 
 
 def check_compatible(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict):
-  """Raises if the model in `current` has a different shape from the checkpoint's."""
-  diffs = [f"model.{k}: checkpoint {saved.model.get(k)!r} != config {current.model.get(k)!r}"
-           for k in SHAPE_FIELDS if saved.model.get(k) != current.model.get(k)]
+  """Raises if `current` cannot continue the checkpoint: another model shape, or another
+  data.vocab_size for a vocabulary the run trains itself (not synthetic, no data.vocab_path)."""
+  fields = [f"model.{k}" for k in SHAPE_FIELDS]
+  if current.data.name != "synthetic" and not current.data.vocab_path:
+    fields.append("data.vocab_size")
+  diffs = _differences(saved, current, fields)
   if diffs:
-    raise ValueError("the config's model does not match the checkpoint's (no silent "
-                     "re-initialisation; use a new workdir or the old settings): " + "; ".join(diffs))
+    raise ValueError("the config does not match the checkpoint's (no silent re-initialisation; "
+                     "use a new workdir or the old settings): " + "; ".join(diffs))
 
 
 # ----------------------------------------------------------------------------- inference

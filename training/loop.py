@@ -121,14 +121,7 @@ def train(config, workdir: pathlib.Path) -> dict:
   rng = jax.random.key(config.seed)
 
   def check_meta(meta):
-    saved = ckpt.config_from_meta(meta)
-    ckpt.check_compatible(saved, config)
-    if (config.data.name != "synthetic" and not config.data.vocab_path  # a trained vocabulary
-        and saved.data.get("vocab_size") is not None
-        and saved.data.vocab_size != config.data.vocab_size):
-      raise ValueError(f"the checkpoint in {checkpointer.root} was trained with data.vocab_size="
-                       f"{saved.data.vocab_size}, the config has {config.data.vocab_size}: use a new "
-                       f"workdir for another vocabulary (or the old setting)")
+    ckpt.check_compatible(ckpt.config_from_meta(meta), config)
     saved_vocab = meta.get("vocab")
     if saved_vocab is not None and saved_vocab != vocab.fingerprint:
       raise ValueError(f"the checkpoint in {checkpointer.root} was trained with vocabulary "
