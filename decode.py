@@ -11,11 +11,13 @@ sacreBLEU score lines go to stdout, or to stderr when the translations do.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import pathlib
 import sys
 import time
+import zlib
 
 from absl import app, flags, logging
 
@@ -60,12 +62,15 @@ class UserError(Exception):
 # Text in and out.
 
 def read_lines(path: str | None, what: str) -> list[str]:
-  """Lines of a UTF-8 file ('-' or None = stdin), without their line terminators."""
+  """Lines of a UTF-8 file, gzip-compressed or not ('-' or None = stdin), without their line
+  terminators."""
   name = "stdin" if path in (None, "-") else f"{what}={path}"
   try:
     data = sys.stdin.buffer.read() if name == "stdin" else pathlib.Path(path).read_bytes()
-  except OSError as e:
-    raise UserError(f"{name}: cannot read: {e.strerror or e}") from None
+    if data[:2] == b"\x1f\x8b":  # the gzip magic number
+      data = gzip.decompress(data)
+  except (OSError, EOFError, zlib.error) as e:
+    raise UserError(f"{name}: cannot read: {getattr(e, 'strerror', None) or e}") from None
   raw = data.split(b"\n")
   if raw[-1] == b"":  # the final newline ends the last line, it does not start a new one
     raw.pop()
@@ -245,6 +250,9 @@ def decode() -> None:
       raise UserError(f"--plot_attention: model.type={model_cfg.type!r} has no "
                       f"encoder-decoder attention weights to plot")
 
+  if _TOP_K.value and not _TEMPERATURE.value > 0:
+    raise UserError(f"--top_k={_TOP_K.value} applies to sampling only: add --temperature "
+                    f"(e.g. --temperature=1) or drop --top_k")
   if _TEMPERATURE.value > 0 and _TOP_K.value > int(model_cfg.vocab_size):
     raise UserError(f"--top_k={_TOP_K.value}: larger than the model's vocabulary "
                     f"({model_cfg.vocab_size} ids); use 0 for all of them")
@@ -263,7 +271,8 @@ def decode() -> None:
   outputs = generate.translate_all(
       model, params, [src_ids[i] for i in present], tokens_per_batch=_TOKENS.value,
       beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_len=max_extra,
-      temperature=_TEMPERATURE.value, top_k=_TOP_K.value, rng=jax.random.key(_SEED.value))
+      temperature=_TEMPERATURE.value, top_k=_TOP_K.value, rng=jax.random.key(_SEED.value),
+      num_ids=vocab.vocab_size if vocab.vocab_size < int(model_cfg.vocab_size) else None)
   seconds = max(time.perf_counter() - start, 1e-9)
   out_ids: list = [None] * len(src_ids)
   for i, ids in zip(present, outputs):

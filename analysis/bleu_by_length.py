@@ -44,8 +44,8 @@ def read_lines(path: str) -> list[str]:
   p = pathlib.Path(path)
   try:
     raw = gzip.open(p).read() if p.suffix == ".gz" else p.read_bytes()
-  except OSError as e:
-    raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
+  except (OSError, EOFError) as e:  # EOFError: a truncated .gz file
+    raise InputError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
   try:
     text = raw.decode("utf-8")
   except UnicodeDecodeError as e:

@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import pathlib
 import shutil
 import tempfile
@@ -156,7 +157,9 @@ def load_or_tokenize(cache_dir: str | os.PathLike, name: str, identity: dict, vo
     if max_len < 2:
         raise ValueError(f"data.max_len must be at least 2 (one token + EOS), got {max_len}")
     cache_dir = pathlib.Path(cache_dir)
-    folder = cache_dir / f"{name}-{cache_key(identity, vocab.fingerprint, max_len, truncate)}"
+    # A split name may hold '/' or other characters a folder name cannot (e.g. 'dev/news2013').
+    safe = re.sub(r"[^\w.-]", "_", name)
+    folder = cache_dir / f"{safe}-{cache_key(identity, vocab.fingerprint, max_len, truncate)}"
     if (folder / "meta.json").is_file():
         return _open(folder, built=False)
 

@@ -252,6 +252,8 @@ def corpus_identity(config_data, split: str) -> dict:
         return identity
     identity.update(source_lang=config_data.source_lang, target_lang=config_data.target_lang)
     if name == FILES:
+        if not config_data.dir:
+            raise ValueError("data.name='files' needs data.dir, the folder of <split>.<lang>[.gz] files")
         for side, lang in (("source", config_data.source_lang), ("target", config_data.target_lang)):
             path = split_file(config_data.dir, split, lang).resolve()
             st = path.stat()

@@ -126,7 +126,10 @@ class SentencePieceVocab(Vocab):
         return self._sp.encode(list(texts), num_threads=os.cpu_count() or 1)
 
     def _decode_clean(self, ids: list[int]) -> str:
-        return self._sp.decode(ids)
+        # An id with no piece (a model whose vocab_size exceeds this vocabulary) reads as <unk>;
+        # SentencePiece itself raises IndexError on it.
+        size = self._sp.vocab_size()
+        return self._sp.decode([i if 0 <= i < size else UNK_ID for i in ids])
 
 
 def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_path: str | os.PathLike,

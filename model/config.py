@@ -42,6 +42,8 @@ class TransformerConfig:
     if self.d_model % self.num_heads:
       bad("d_model", f"must be divisible by model.num_heads={self.num_heads} "
           f"(d_k = d_model / num_heads)")
+    if self.d_model % 2:
+      bad("d_model", "must be even (the sinusoidal position encoding pairs sin and cos)")
     for field in ("dropout_rate", "attention_dropout_rate"):
       if not 0.0 <= getattr(self, field) < 1.0:
         bad(field, "must be in [0, 1)")
@@ -52,6 +54,11 @@ class TransformerConfig:
     if self.attention_impl == "cudnn" and self.dtype == "float32":
       bad("attention_impl", "cuDNN's fused attention takes bfloat16 or float16 only; set "
           "model.dtype=bfloat16 or use attention_impl='xla'")
+    d_k = self.d_model // self.num_heads
+    if self.attention_impl == "cudnn" and (d_k % 8 or d_k > 256):
+      bad("attention_impl", f"cuDNN's fused attention needs a head width d_k = d_model / "
+          f"num_heads that is a multiple of 8 and at most 256 (128 before Hopper GPUs); "
+          f"d_k = {self.d_model} / {self.num_heads} = {d_k}")
 
   @property
   def compute_dtype(self):

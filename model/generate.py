@@ -137,24 +137,36 @@ def _uncached_step(model, params):
 _COMPILED: dict[tuple, Callable] = {}  # static settings -> jitted (params, inputs, rng) -> ids
 
 
+def _only_ids_below(step, num_ids: int):
+  """step_fn whose logits for ids >= num_ids (output rows the vocabulary has no piece for) are
+  -inf, so no search can emit them."""
+  def masked(ids, cache):
+    logits, cache = step(ids, cache)
+    return logits.at[:, num_ids:].set(-jnp.inf), cache
+  return masked
+
+
 def _translate_fn(model, beam_size: int, alpha: float, max_extra_len: int, max_decode_len: int,
-                  temperature: float, top_k: int, use_cache: bool, segment: int | None):
+                  temperature: float, top_k: int, use_cache: bool, segment: int | None,
+                  num_ids: int | None):
   """The jitted `(params, inputs, rng) -> ids` for one set of static settings (made once)."""
   key = (model, beam_size, alpha, max_extra_len, max_decode_len, temperature, top_k, use_cache,
-         segment)
+         segment, num_ids)
   if key not in _COMPILED:
     _COMPILED[key] = jax.jit(_make_run(*key))
   return _COMPILED[key]
 
 
 def _make_run(model, beam_size, alpha, max_extra_len, max_decode_len, temperature, top_k,
-              use_cache, segment):
+              use_cache, segment, num_ids):
 
   def run(params, inputs, rng):
     batch = inputs.shape[0]
     max_lens = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32) + max_extra_len
     step, cache, grow, seg = decoder_state(model, params, inputs, max_decode_len, use_cache,
                                            segment)
+    if num_ids is not None:
+      step = _only_ids_below(step, num_ids)
     if temperature > 0:
       return search.sample(step, cache, rng, batch, max_decode_len, temperature=temperature,
                            top_k=top_k, max_lens=max_lens, grow=grow, segment=seg)
@@ -171,7 +183,7 @@ def _make_run(model, beam_size, alpha, max_extra_len, max_decode_len, temperatur
 def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
               max_extra_len: int = 50, max_decode_len: int | None = None, rng=None,
               temperature: float = 0.0, top_k: int = 0, use_cache: bool = True,
-              segment: int | None = DECODE_SEGMENT) -> jax.Array:
+              segment: int | None = DECODE_SEGMENT, num_ids: int | None = None) -> jax.Array:
   """Best translation of each source row.
 
   Args:
@@ -187,6 +199,8 @@ def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
     use_cache: False re-runs the full model on the prefix every step (same output, slower).
     segment: self-attention caches grow this many positions at a time (None: allocate
       `max_decode_len` at once); same output, faster for long outputs (`decoder_state`).
+    num_ids: only ids below this are emitted (the vocabulary's size, when model.vocab_size is
+      larger: the extra output rows have no piece to decode to); None = every id.
 
   Returns:
     ids [batch, max_decode_len] int32: tokens up to EOS, then PAD.
@@ -204,6 +218,8 @@ def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
     max_decode_len = min(max_decode_len, limit)
   if max_decode_len < 1:
     raise ValueError(f"translate: max_decode_len must be positive, got {max_decode_len}")
+  if num_ids is not None and not EOS_ID < num_ids:
+    raise ValueError(f"translate: num_ids must exceed the EOS id {EOS_ID}, got {num_ids}")
   if segment is not None and segment < 1:
     raise ValueError(f"translate: segment must be positive or None, got {segment}")
   sampling = temperature > 0
@@ -212,7 +228,8 @@ def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
                      float(alpha) if beam_size > 1 and not sampling else 0.0, int(max_extra_len),
                      int(max_decode_len), float(temperature), int(top_k) if sampling else 0,
                      bool(use_cache), None if not use_cache or segment is None
-                     or segment >= max_decode_len else int(segment))
+                     or segment >= max_decode_len else int(segment),
+                     None if num_ids is None else int(num_ids))
   if rng is None:
     rng = jax.random.key(0)
   return fn(params, inputs, rng)
@@ -284,13 +301,17 @@ def translate_all(model, params, token_lists: Sequence[Sequence[int]], *,
   Args:
     token_lists: source ids of each sentence, each ending in EOS.
     tokens_per_batch: padded source tokens per batch (beam search multiplies the work by beam).
-    **kwargs: passed to `translate` (beam_size, alpha, max_extra_len, ...).
+    **kwargs: passed to `translate` (beam_size, alpha, max_extra_len, ...); a given `rng` is
+      folded with the batch's number, so batches of the same shape sample independently.
 
   Returns:
     per sentence, in input order: its translation's ids [tokens] (no EOS, no PAD).
   """
   outputs: list[np.ndarray | None] = [None] * len(token_lists)
-  for batch in length_batches(token_lists, tokens_per_batch, batch_multiple):
+  rng = kwargs.pop("rng", None)
+  for n, batch in enumerate(length_batches(token_lists, tokens_per_batch, batch_multiple)):
+    if rng is not None:
+      kwargs["rng"] = jax.random.fold_in(rng, n)
     ids = np.asarray(translate(model, params, batch.inputs, **kwargs))
     for row, i in enumerate(batch.indices):
       outputs[i] = strip(ids[row])

@@ -38,6 +38,14 @@ def test_mismatched_lengths_name_the_system():
     bbl.bleu_by_length(["x", "y"], ["x", "y"], {"a": ["x", "y"], "b": ["x"]}, [5])
 
 
+def test_truncated_gz_names_the_file(tmp_path):
+  import gzip
+  cut = tmp_path / "cut.gz"
+  cut.write_bytes(gzip.compress(b"a line\n" * 1000)[:-20])
+  with pytest.raises(bbl.InputError, match="cut.gz: cannot read"):
+    bbl.read_lines(str(cut))
+
+
 def test_cli_writes_table_json_and_plot(tmp_path):
   src, ref, hyp = tmp_path / "src", tmp_path / "ref", tmp_path / "hyp"
   src.write_text("a b\na b c d e f g h i j k l\n")

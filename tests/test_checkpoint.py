@@ -224,6 +224,17 @@ def test_keep_best_keeps_the_highest_bleu(tmp_path):
   assert ckpt.available_steps(tmp_path) == [2, 4]  # best (30 at step 2) and latest
 
 
+def test_averaging_unevenly_spaced_steps_warns(caplog):
+  import logging
+  with caplog.at_level(logging.INFO):
+    ckpt._report_average([4, 8, 12, 14])  # the last step may be off the interval: no warning
+  assert "averaging the parameters of steps 4, 8, 12, 14" in caplog.text
+  assert "not evenly spaced" not in caplog.text
+  with caplog.at_level(logging.INFO):
+    ckpt._report_average([1000, 5000, 6000, 7000])  # a keep_best checkpoint among the newest
+  assert "averaging steps 1000, 5000, 6000, 7000: they are not evenly spaced" in caplog.text
+
+
 def test_average_needs_at_least_one_checkpoint(uninterrupted):
   _, workdir = uninterrupted
   with pytest.raises(ValueError, match=r"--last=0: the number of checkpoints to average must be >= 1"):

@@ -189,6 +189,8 @@ def test_sentencepiece_sep_id_round_trip_and_reuse(tmp_path):
     assert EOS_ID not in ids and vocab.decode(ids) == texts[0]
     assert vocab.decode(ids + [EOS_ID, 7, 8]) == texts[0]  # stops at EOS
     assert vocab.decode([PAD_ID] + ids + [PAD_ID]) == texts[0]
+    # An id past the vocabulary (a model with a larger model.vocab_size) reads as <unk>.
+    assert vocab.decode(ids + [vocab.vocab_size + 3]).startswith(texts[0])
     again = tokenizer.load_vocab(path)
     assert again.fingerprint == vocab.fingerprint and again.encode(texts[1]) == vocab.encode(texts[1])
 
@@ -261,6 +263,19 @@ def test_cache_is_reused_and_keyed_by_vocab(tmp_path):
     assert cut.stats["truncated_long"] == 1 and cut.num_examples == 3
     assert cut.source_lengths.max() == 5 and cut.source_tokens[cut.source_offsets[2] - 1] == EOS_ID
     assert not list(tmp_path.glob(".*"))  # no temporary folders left
+
+
+def test_cache_of_a_split_name_with_a_slash(tmp_path):
+    vocab = tokenizer.WordVocab(["w0", "w1"])
+    split = cache.load_or_tokenize(tmp_path, "dev/news 2013", {}, vocab,
+                                   lambda stats: sources._clean([("w0", "w1")], stats), max_len=8)
+    assert split.num_examples == 1 and split.path.parent == tmp_path
+    assert split.path.name.startswith("dev_news_2013-")
+
+
+def test_files_without_data_dir_is_a_config_error(tmp_path):
+    with pytest.raises(ValueError, match="data.name='files' needs data.dir"):
+        sources.corpus_identity(make_config(name="files", dir="").data, "train")
 
 
 def test_cache_leaves_nothing_on_error(tmp_path):

@@ -131,3 +131,18 @@ def test_top_k_above_the_vocabulary_is_a_clear_error(workdir):
   last = proc.stderr.decode().strip().splitlines()[-1]
   assert last.startswith("decode.py: error: --top_k=100000: larger than the model's vocabulary"), last
   assert "Traceback" not in proc.stderr.decode()
+
+
+def test_gzip_input_and_top_k_without_temperature(workdir, tmp_path):
+  import gzip
+  text = b"w1 w2 w3\nw5 w6\n"
+  plain, packed = tmp_path / "in.txt", tmp_path / "in.txt.gz"
+  plain.write_bytes(text)
+  packed.write_bytes(gzip.compress(text))
+  from_plain = decode(workdir, f"--input={plain}", "--beam_size=1").stdout
+  assert decode(workdir, f"--input={packed}", "--beam_size=1").stdout == from_plain
+  assert len(from_plain.decode().split("\n")) == 3
+  proc = decode(workdir, "--top_k=5", stdin=b"w1\n", check=False)
+  assert proc.returncode == 2
+  last = proc.stderr.decode().strip().splitlines()[-1]
+  assert last.startswith("decode.py: error: --top_k=5 applies to sampling only"), last

@@ -172,6 +172,24 @@ def test_translate_all_restores_input_order(tiny, reference):
   assert [o.tolist() for o in outputs] == [r[:-1] for r in reference]
 
 
+def test_num_ids_keeps_outputs_inside_the_vocabulary(tiny, reference):
+  model, params = tiny
+  assert max(max(r) for r in reference) >= 10  # unrestricted, ids above 10 are chosen
+  ids = np.asarray(generate.translate(model, params, padded(SOURCES), beam_size=1,
+                                      max_extra_len=EXTRA, num_ids=10))
+  assert ids.max() < 10 and (ids == EOS).any(axis=1).all()
+  with pytest.raises(ValueError, match="num_ids must exceed the EOS id"):
+    generate.translate(model, params, padded(SOURCES), num_ids=1)
+
+
+def test_sampling_batches_of_one_shape_draw_different_noise(tiny):
+  model, params = tiny
+  # One 8-token sentence per batch (tokens_per_batch 8): six batches of the same shape.
+  outputs = generate.translate_all(model, params, [SOURCES[0]] * 6, tokens_per_batch=8,
+                                   temperature=2.0, max_extra_len=EXTRA, rng=jax.random.key(3))
+  assert len({tuple(o.tolist()) for o in outputs}) > 1, [o.tolist() for o in outputs]
+
+
 def test_attention_weights():
   model, params = random_model(num_layers=2, seed=0, eos_bias=0.0)
   src, out = SOURCES[1], [5, 6, 7]

@@ -265,6 +265,13 @@ def test_config_errors_are_clear():
     TransformerConfig(vocab_size=10, d_model=30, num_heads=4)
   with pytest.raises(ValueError, match="model.dtype"):
     TransformerConfig(vocab_size=10, d_model=32, num_heads=4, dtype="float64x")
+  with pytest.raises(ValueError, match=r"model.d_model=9: must be even \(the sinusoidal"):
+    TransformerConfig(vocab_size=10, d_model=9, num_heads=3)
+  with pytest.raises(ValueError, match=r"model.attention_impl='cudnn': .* multiple of 8 .* "
+                                       r"d_k = 40 / 4 = 10"):
+    TransformerConfig(vocab_size=10, d_model=40, num_heads=4, dtype="bfloat16",
+                      attention_impl="cudnn")
+  TransformerConfig(vocab_size=10, d_model=64, num_heads=4, dtype="bfloat16", attention_impl="cudnn")
   from model.build import build_model
   with pytest.raises(ValueError, match="model.type='lstm9' is unknown; valid types: transformer"):
     build_model({"type": "lstm9", "vocab_size": 10})

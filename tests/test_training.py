@@ -185,6 +185,41 @@ def test_float16_training_and_cudnn_float32_are_refused():
     build_steps(tiny_config(num_devices=1, **{"model.attention_impl": "cudnn"}))
 
 
+def test_bad_loop_settings_are_config_errors(tmp_path):
+  from training.loop import Stop, build_steps, train
+  for eps in (1.0, -0.1):
+    with pytest.raises(ValueError, match=rf"optim.label_smoothing={eps} must be in \[0, 1\)"):
+      build_steps(tiny_config(num_devices=1, **{"optim.label_smoothing": eps}))
+  with pytest.raises(ValueError, match="model.attention_impl='cudnn' needs an even data.max_len"):
+    build_steps(tiny_config(num_devices=1, **{"model.attention_impl": "cudnn",
+                                              "model.dtype": "bfloat16", "data.max_len": 33}))
+  with pytest.raises(Stop, match=r"eval_every_steps=0 must be >= 1"):
+    train(tiny_config(num_devices=1, eval_every_steps=0), tmp_path)
+
+
+def test_logged_train_metrics_are_token_weighted_window_means():
+  from training.loop import _accumulate, _window_means
+  def step(loss, acc, tokens, grad_norm, nonfinite=0, lr=0.5):
+    return {"loss": jnp.float32(loss), "nll": jnp.float32(loss + 1), "accuracy": jnp.float32(acc),
+            "tokens": jnp.float32(tokens), "grad_norm": jnp.float32(grad_norm),
+            "learning_rate": jnp.float32(lr), "nonfinite": jnp.int32(nonfinite),
+            "nonfinite_streak": jnp.int32(nonfinite)}
+  steps = [step(2.0, 0.5, 100, 1.0), step(4.0, 0.25, 300, 3.0),
+           step(float("nan"), 0.0, 200, float("inf"), nonfinite=1, lr=0.25)]
+  window = None
+  for m in steps:
+    window = _accumulate(window, m)
+  got = _window_means(jax.device_get(window), jax.device_get(steps[-1]))
+  assert got["loss"] == pytest.approx((2 * 100 + 4 * 300) / 400)  # the skipped step left out
+  assert got["nll"] == pytest.approx((3 * 100 + 5 * 300) / 400)
+  assert got["accuracy"] == pytest.approx((0.5 * 100 + 0.25 * 300) / 400)
+  assert got["grad_norm"] == pytest.approx(2.0) and got["tokens"] == pytest.approx(200)
+  assert got["nonfinite"] == 1 and got["nonfinite_streak"] == 1 and got["steps"] == 3
+  assert got["learning_rate"] == pytest.approx(0.25)
+  only_skipped = _window_means(jax.device_get(_accumulate(None, steps[-1])), steps[-1])
+  assert np.isnan(only_skipped["loss"]) and np.isnan(only_skipped["grad_norm"])
+
+
 def test_bad_parallel_settings_are_clear():
   with pytest.raises(ValueError, match=r"mesh.data × mesh.fsdp × mesh.tensor = 3 × 1 × 1 = 3, but there are 8 devices"):
     par.make_mesh({"data": 3, "fsdp": 1, "tensor": 1})

@@ -288,6 +288,8 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
   else:
     raise ValueError(f"--checkpoint={checkpoint!r}: expected latest, a step number or average:<k>")
 
+  if len(chosen) > 1:
+    _report_average(chosen)
   avg_file = workdir / AVERAGE_DIR / f"last{len(chosen)}"
   if len(chosen) > 1 and (avg_file / "state").exists():
     state, meta = restore(avg_file)
@@ -311,6 +313,18 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
   return Restored(config=config, params=params, step=chosen[-1], vocab=load_vocab(vocab_path))
 
 
+def _report_average(chosen: list[int]) -> None:
+  """Logs the steps being averaged; warns when they are unevenly spaced (the last step aside,
+  which a run's end may put off the interval): an old checkpoint kept by checkpoint.keep_best,
+  or a gap, is among the newest k."""
+  logging.info("averaging the parameters of steps %s", ", ".join(map(str, chosen)))
+  gaps = {b - a for a, b in zip(chosen[:-2], chosen[1:-1])}
+  if len(gaps) > 1:
+    logging.warning("averaging steps %s: they are not evenly spaced (a checkpoint kept by "
+                    "checkpoint.keep_best, or a gap in the saves, is among them); check that these "
+                    "are the checkpoints you mean", ", ".join(map(str, chosen)))
+
+
 def write_average(workdir, last: int) -> pathlib.Path:
   """Averages the last `last` checkpoints' parameters into `<workdir>/averaged/last<k>`,
   which `load_for_inference(workdir, 'average:<k>')` then loads."""
@@ -322,6 +336,7 @@ def write_average(workdir, last: int) -> pathlib.Path:
     raise ValueError(f"--last={last}: only {len(steps)} checkpoints in {checkpoint_dir(workdir)} "
                      f"(steps {', '.join(map(str, steps)) or 'none'}); {_describe(workdir)}")
   chosen = steps[-last:]
+  _report_average(chosen)
   trees, meta = [], None
   for s in chosen:
     p, meta = _load_params(checkpoint_dir(workdir) / str(s))

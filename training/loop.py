@@ -26,7 +26,8 @@ def check_workdir(workdir: pathlib.Path) -> None:
 
 
 class _Preemption:
-  """Records SIGTERM/SIGINT so the loop can save and exit after the current step."""
+  """Records SIGTERM/SIGINT so the loop can save and exit after the current step (with several
+  processes: after the next step that is a multiple of MULTIHOST_EVERY)."""
 
   def __init__(self):
     self.signal = None
@@ -37,10 +38,16 @@ class _Preemption:
     del frame
     self.signal = signal.Signals(signum).name
 
-  def requested(self) -> bool:
+  # Several processes must agree to stop at the same step, which takes a collective that waits
+  # for the queued steps; it runs every this many steps so that it does not stall each one.
+  MULTIHOST_EVERY = 10
+
+  def requested(self, step: int) -> bool:
     import jax
     if jax.process_count() == 1:
       return self.signal is not None
+    if step % self.MULTIHOST_EVERY:
+      return False
     from jax.experimental import multihost_utils
     import numpy as np
     flags_ = multihost_utils.process_allgather(np.int32(self.signal is not None))
@@ -56,7 +63,15 @@ def build_steps(config):
   if config.model.dtype == "float16":
     raise ValueError("config error: model.dtype='float16' cannot train here: there is no loss "
                      "scaling, so small gradients underflow to zero; use bfloat16")
+  smoothing = config.optim.label_smoothing
+  if not 0.0 <= smoothing < 1.0:
+    raise ValueError(f"config error: optim.label_smoothing={smoothing!r} must be in [0, 1)")
   model = build_model(config.model)
+  if (config.model.get("attention_impl") == "cudnn" and int(config.data.max_len) % 2
+      and config.model.type in ("transformer", "decoder_only")):
+    raise ValueError(f"config error: model.attention_impl='cudnn' needs an even data.max_len "
+                     f"(cuDNN's masked attention takes even lengths when training), got "
+                     f"{config.data.max_len}")
   if (config.model.get("attention_impl") == "cudnn" and config.model.get("attention_dropout_rate")
       and config.model.type in ("transformer", "decoder_only")):
     logging.warning("model.attention_impl='cudnn' with model.attention_dropout_rate=%g: training "
@@ -87,6 +102,10 @@ def train(config, workdir: pathlib.Path) -> dict:
   accum = int(config.optim.grad_accum_steps)
   if accum < 1:
     raise Stop(f"config error: optim.grad_accum_steps={accum} must be >= 1")
+  for key in ("log_every_steps", "eval_every_steps", "checkpoint_every_steps"):
+    if int(config[key]) < 1:
+      raise Stop(f"config error: {key}={config[key]} must be >= 1 (to do it only at the end, "
+                 f"set it to num_train_steps)")
   data_parallel = par.data_parallel_size(config)
 
   # Data. Process 0 trains/tokenizes first so the others reuse its vocabulary and cache.
@@ -183,6 +202,7 @@ def train(config, workdir: pathlib.Path) -> dict:
 
   step = step0
   last_eval, pending = {}, None
+  window = None  # train metrics summed since the last log line (_accumulate)
   t_log, tokens_since = time.time(), 0.0
   t_start = time.time()
   try:
@@ -199,14 +219,15 @@ def train(config, workdir: pathlib.Path) -> dict:
                    f"{config.optim.max_nonfinite_steps}); lower optim.learning_rate or set "
                    f"optim.clip_norm")
       pending = metrics["nonfinite_streak"]
+      window = _accumulate(window, metrics)
       if step % config.log_every_steps == 0 or step == config.num_train_steps:
-        m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        m = _window_means(jax.device_get(window), jax.device_get(metrics))
         now = time.time()
         m["tokens_per_s"] = tokens_since / max(now - t_log, 1e-9)
-        m["steps_per_s"] = config.log_every_steps / max(now - t_log, 1e-9)
+        m["steps_per_s"] = m.pop("steps") / max(now - t_log, 1e-9)
         writer.write(step, "train", m)
         progress.update(step, m["loss"], m["tokens_per_s"])
-        t_log, tokens_since = now, 0.0
+        t_log, tokens_since, window = now, 0.0, None
       else:
         progress.update(step)
       evaluated = step % config.eval_every_steps == 0 and step != config.num_train_steps
@@ -215,7 +236,7 @@ def train(config, workdir: pathlib.Path) -> dict:
       if step % config.checkpoint_every_steps == 0 and step != config.num_train_steps:
         # Only this step's own BLEU ranks it for checkpoint.keep_best; an older score would not.
         save(step, {"bleu": last_eval["bleu"]} if evaluated and "bleu" in last_eval else None)
-      if preemption.requested():
+      if preemption.requested(step):
         if saved_step != step:  # the periodic save may just have written this step
           save(step, force=True)
         checkpointer.close()
@@ -238,6 +259,53 @@ def train(config, workdir: pathlib.Path) -> dict:
     print("final: " + json.dumps({k: (round(v, 4) if isinstance(v, float) else v)
                                   for k, v in summary.items()}), flush=True)
   return last_eval
+
+
+def _accumulate(window, metrics):
+  """Adds one step's train metrics to the running sums of the log window (on device: no sync).
+  Loss, nll and accuracy are weighted by the step's target tokens; skipped (non-finite) steps
+  are counted but not summed."""
+  return _accumulator()(window, metrics)
+
+
+@functools.cache
+def _accumulator():
+  import jax
+  import jax.numpy as jnp
+
+  def add(window, metrics):
+    ok = metrics["nonfinite"] == 0
+    tokens = metrics["tokens"].astype(jnp.float32)
+    weight = jnp.where(ok, tokens, 0.0)
+    step = {"loss": jnp.where(ok, metrics["loss"], 0.0) * weight,
+            "nll": jnp.where(ok, metrics["nll"], 0.0) * weight,
+            "correct": jnp.where(ok, metrics["accuracy"], 0.0) * weight,
+            "weight": weight, "tokens": tokens,
+            "grad_norm": jnp.where(ok, metrics["grad_norm"], 0.0),
+            "finite_steps": ok.astype(jnp.float32),
+            "steps": jnp.float32(1.0),
+            "nonfinite": metrics["nonfinite"].astype(jnp.float32)}
+    return step if window is None else jax.tree_util.tree_map(jnp.add, window, step)
+
+  return jax.jit(add)
+
+
+def _window_means(window: dict, last: dict) -> dict:
+  """The logged train record: token-weighted means of loss, nll and accuracy and the mean
+  gradient norm over the window's finite steps (NaN when every step was skipped), mean target
+  tokens per step, the number of skipped steps, and the last step's learning rate and streak."""
+  nan = float("nan")
+  weight, finite = float(window["weight"]), float(window["finite_steps"])
+  steps = float(window["steps"])
+  return {"loss": float(window["loss"]) / weight if weight else nan,
+          "nll": float(window["nll"]) / weight if weight else nan,
+          "accuracy": float(window["correct"]) / weight if weight else nan,
+          "grad_norm": float(window["grad_norm"]) / finite if finite else nan,
+          "tokens": float(window["tokens"]) / steps,
+          "learning_rate": float(last["learning_rate"]),
+          "nonfinite": float(window["nonfinite"]),
+          "nonfinite_streak": float(last["nonfinite_streak"]),
+          "steps": steps}
 
 
 def _restore_target(parallel, config):
