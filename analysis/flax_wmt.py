@@ -2,7 +2,7 @@
 loaded from a checkout of that directory and run on our config's model shape and bench batch, so
 `bench.py --flax_wmt=<dir>` times both implementations the same way.
 
-    pip download flax --no-deps --no-binary :all: && tar xzf flax-*.tar.gz   # has examples/wmt
+    pip download flax==0.12.8 --no-deps --no-binary :all: && tar xzf flax-*.tar.gz   # has examples/wmt
     python bench.py --config=configs/bench_tiny.py --flax_wmt=flax-0.12.8/examples/wmt
     python bench.py --config=configs/bench_tiny.py --flax_wmt=flax-0.12.8/examples/wmt \
         --mode=decode --config.bench.batch_size=32 --config.bench.seq_len=32
