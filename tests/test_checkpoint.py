@@ -207,9 +207,9 @@ def test_stop_signal_on_a_checkpoint_step(tmp_path, monkeypatch):
   from training import loop
   calls = []
 
-  def requested(self):
-    calls.append(1)
-    return len(calls) == 4  # step 4, just saved by checkpoint_every_steps=4
+  def requested(self, step):
+    calls.append(step)
+    return step == 4  # just saved by checkpoint_every_steps=4
   monkeypatch.setattr(loop._Preemption, "requested", requested)
   config = tiny_config(num_devices=1, num_train_steps=12, checkpoint_every_steps=4)
   _train(config, tmp_path)
@@ -233,6 +233,19 @@ def test_averaging_unevenly_spaced_steps_warns(caplog):
   with caplog.at_level(logging.INFO):
     ckpt._report_average([1000, 5000, 6000, 7000])  # a keep_best checkpoint among the newest
   assert "averaging steps 1000, 5000, 6000, 7000: they are not evenly spaced" in caplog.text
+
+
+def test_keep_best_through_training_ranks_each_checkpoint_by_its_own_eval(tmp_path, monkeypatch):
+  """Checkpoints every 2 steps, evaluations every 4: only steps 4, 8, 12 (and the final 16) have
+  a BLEU of their own; step 6 must not inherit step 4's."""
+  from training import evaluate
+  bleus = iter([30.0, 10.0, 5.0, 1.0])
+  monkeypatch.setattr(evaluate, "translation_metrics", lambda *a, **k: {"bleu": next(bleus)})
+  config = tiny_config(num_devices=1, num_train_steps=16, checkpoint_every_steps=2,
+                       eval_every_steps=4, **{"checkpoint.keep": 1, "checkpoint.keep_best": 1,
+                                              "eval.bleu_sentences": 4})
+  _train(config, tmp_path)
+  assert ckpt.available_steps(tmp_path) == [4, 16]
 
 
 def test_average_needs_at_least_one_checkpoint(uninterrupted):

@@ -61,6 +61,7 @@ def test_stdin_to_stdout_in_input_order(workdir):
   out = proc.stdout.decode("utf-8").split("\n")
   assert out[-1] == "" and len(out) == len(lines) + 1, out
   assert out[1] == "" and out[5] == "", "empty (or blank) lines give empty lines"
+  assert len({out[i] for i in (0, 2, 4, 6)}) > 1, out  # distinct lines: the order is checkable
   stderr = proc.stderr.decode()
   assert "truncated" in stderr and "line 4" in stderr, stderr[-2000:]
   assert "sentences/s" in stderr and "tokens/s" in stderr
@@ -146,3 +147,15 @@ def test_gzip_input_and_top_k_without_temperature(workdir, tmp_path):
   assert proc.returncode == 2
   last = proc.stderr.decode().strip().splitlines()[-1]
   assert last.startswith("decode.py: error: --top_k=5 applies to sampling only"), last
+
+
+def test_score_cased_lowercased_and_chrf():
+  code = ("import json, decode; print(json.dumps(decode.score(['The cat sat on the mat .'], "
+          "['the cat sat on the mat .'])[0]))")
+  out = json.loads(run(["-c", code]).stdout.decode())
+  from sacrebleu.metrics import BLEU, CHRF
+  assert out["bleu_lowercase"] == pytest.approx(100.0) and out["bleu"] < 100.0
+  assert out["bleu"] == pytest.approx(BLEU().corpus_score(["The cat sat on the mat ."],
+                                                          [["the cat sat on the mat ."]]).score)
+  assert out["chrf"] == pytest.approx(CHRF().corpus_score(["The cat sat on the mat ."],
+                                                          [["the cat sat on the mat ."]]).score)

@@ -193,6 +193,8 @@ def test_parameter_counts_match_paper(config, paper):
   assert last.startswith("params: ")
   n = int(last.split()[1])
   assert abs(n - paper) / paper < 0.05, n
+  # Exactly (the README's figures): no attention biases, tied embeddings and output projection.
+  assert n == {"configs/wmt14_ende_base.py": 63_045_632, "configs/wmt14_ende_big.py": 214_171_648}[config]
 
 
 @pytest.mark.parametrize("pre_ln,dtype", [(True, "bfloat16")])
@@ -217,6 +219,63 @@ def test_forward_backward_finite(pre_ln, dtype):
   assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
 
 
+def np_transformer_one_layer(params, inputs, targets, d_model):
+  """A float64 NumPy forward pass of a one-layer, post-LN, tied-embedding Transformer, written
+  from the paper (sections 3.1-3.5): logits [batch, tgt_len, vocab]."""
+  p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
+  table = p["embed"]["embedding"]
+
+  def norm(x, q):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-6) * q["scale"] + q["bias"]
+
+  def positions(length):
+    angle = np.arange(length)[:, None] / 10000 ** (np.arange(0, d_model, 2) / d_model)
+    pe = np.zeros((length, d_model))
+    pe[:, 0::2], pe[:, 1::2] = np.sin(angle), np.cos(angle)
+    return pe
+
+  def mha(q, x, memory, mask):
+    heads = [np.einsum("bld,dhk->blhk", src, q[n]["kernel"])
+             for n, src in (("query", x), ("key", memory), ("value", memory))]
+    return np.einsum("blhk,hkd->bld", np_attention(*heads, mask), q["out"]["kernel"])
+
+  def ffn(q, x):
+    h = np.maximum(x @ q["wi"]["kernel"] + q["wi"]["bias"], 0)
+    return h @ q["wo"]["kernel"] + q["wo"]["bias"]
+
+  src_ok, tgt_ok = inputs > 0, targets > 0
+  enc, dec = p["encoder"]["layer_0"], p["decoder"]["layer_0"]
+  x = table[inputs] * np.sqrt(d_model) + positions(inputs.shape[1])
+  x = norm(x + mha(enc["self_attention"], x, x, (src_ok[:, None, :, None] & src_ok[:, None, None, :])),
+           enc["attention_block"]["norm"])
+  x = norm(x + ffn(enc["ffn"], x), enc["ffn_block"]["norm"])
+  shifted = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  y = table[shifted] * np.sqrt(d_model) + positions(targets.shape[1])
+  causal = np.tril(np.ones((targets.shape[1],) * 2, bool))[None, None]
+  y = norm(y + mha(dec["self_attention"], y, y, causal & tgt_ok[:, None, :, None]),
+           dec["self_attention_block"]["norm"])
+  y = norm(y + mha(dec["cross_attention"], y, x, tgt_ok[:, None, :, None] & src_ok[:, None, None, :]),
+           dec["cross_attention_block"]["norm"])
+  y = norm(y + ffn(dec["ffn"], y), dec["ffn_block"]["norm"])
+  return y @ table.T
+
+
+def test_one_layer_forward_matches_numpy_reference():
+  cfg = TransformerConfig(**{**TINY.__dict__, "num_layers": 1})
+  model = Transformer(cfg)
+  inputs = np.array([[5, 9, 7, 12, 1], [8, 3, 1, 0, 0]], np.int32)
+  targets = np.array([[6, 11, 4, 1], [13, 1, 0, 0]], np.int32)
+  params = nn.unbox(model.init(jax.random.key(0), inputs, targets)["params"])
+  rng = np.random.default_rng(0)  # move every parameter (LayerNorm scales and biases included)
+  params = jax.tree_util.tree_map(
+      lambda a: (np.asarray(a) + 0.3 * rng.standard_normal(a.shape)).astype(np.float32), params)
+  got = np.asarray(model.apply({"params": params}, inputs, targets))
+  want = np_transformer_one_layer(params, inputs, targets, cfg.d_model)
+  ok = targets > 0
+  np.testing.assert_allclose(got[ok], want[ok], rtol=1e-4, atol=1e-4)
+
+
 def test_remat_gives_same_gradients():
   inputs = jnp.asarray([[4, 5, 6, 1]])
   targets = jnp.asarray([[7, 8, 1]])
@@ -226,6 +285,8 @@ def test_remat_gives_same_gradients():
     params = nn.unbox(model.init(jax.random.key(0), inputs, targets)["params"])
     f = lambda p: smoothed_cross_entropy(model.apply({"params": p}, inputs, targets), targets)[0]
     grads.append(jax.jit(jax.grad(f))(params))
+    jaxpr = str(jax.make_jaxpr(jax.grad(f))(params))
+    assert ("checkpoint" in jaxpr or "remat" in jaxpr) == remat
   for a, b in zip(jax.tree_util.tree_leaves(grads[0]), jax.tree_util.tree_leaves(grads[1])):
     np.testing.assert_allclose(a, b, atol=1e-6)
 

@@ -150,6 +150,11 @@ def test_accumulation_on_a_data_mesh_gathers_nothing():
   hlo = jitted.lower(p.init_state(jax.random.key(0)), p.place_batch(fixed_batches(1)[0]),
                      jax.random.key(1)).compile().as_text()
   assert "all-gather" not in hlo
+  assert " while(" in hlo or " while " in hlo  # the micro-batches run in a loop (lax.scan)
+  bad = jax.tree_util.tree_map(lambda x: x[:6], fixed_batches(1)[0])
+  with pytest.raises(ValueError, match=r"batch of 6 rows is not divisible by optim.grad_accum_steps=4"):
+    jax.eval_shape(functools.partial(step, grad_accum_steps=4), p.abstract_state, bad,
+                   jax.random.key(1))
 
 
 def test_nonfinite_update_is_skipped_and_counted(reference_run):
@@ -250,6 +255,9 @@ def test_train_lowers_loss_and_writes_metrics(tmp_path):
   final = [r for r in records if r["split"] == "eval"][-1]
   for key in ("loss", "accuracy", "perplexity", "bleu", "exact_match"):
     assert key in final
+  assert final["perplexity"] == pytest.approx(np.exp(final["nll"]), rel=1e-4)
+  assert 0 < final["accuracy"] < 1
+  assert 0 <= final["bleu"] <= 100 and 0 <= final["exact_match"] <= 1
   assert all(k in records[0] for k in ("learning_rate", "tokens_per_s", "loss"))
   assert list((tmp_path / "tensorboard").iterdir())
   assert (tmp_path / "checkpoints" / "20").is_dir()
