@@ -1,4 +1,5 @@
 """A real two-process job on localhost: two train.py processes joined by jax.distributed."""
+import json
 import os
 import re
 import socket
@@ -6,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from tests.test_training import REPO
@@ -52,6 +54,18 @@ def test_two_process_job_agrees_and_only_process_0_writes(tmp_path, parallelism)
   assert len(lines) == 6
   assert "final:" in outs[0][0] and "final:" not in outs[1][0]
   assert (tmp_path / "checkpoints" / "5").is_dir()
+  # The same 4 devices in one process see the same global batches: the losses match, so the two
+  # processes read disjoint halves of each batch (not, say, the same half twice).
+  single = tmp_path / "single"
+  run = subprocess.run([sys.executable, str(REPO / "train.py"), *ARGS, f"--workdir={single}",
+                        f"--config.parallelism={parallelism}"], cwd=REPO, env=_env(4),
+                       capture_output=True, text=True, timeout=400)
+  assert run.returncode == 0, run.stderr[-3000:]
+  def train_losses(path):
+    return [json.loads(l)["loss"] for l in (path / "metrics.jsonl").read_text().splitlines()
+            if json.loads(l)["split"] == "train"]
+  assert len(train_losses(single)) == 5
+  np.testing.assert_allclose(train_losses(tmp_path), train_losses(single), rtol=1e-4)
 
 
 def test_unreachable_coordinator_fails_within_timeout(tmp_path):
