@@ -57,14 +57,18 @@ def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.A
 def token_accuracy(logits: jax.Array, targets: jax.Array, weights: jax.Array | None = None):
   """(number of weighted positions whose target has the largest logit, summed weights).
 
-  "The target's logit equals the row maximum" is the argmax test up to exact ties (which then
-  count as correct); it reuses the maximum the log-sum-exp of the loss already takes instead of
-  a separate arg-max pass over [batch, length, vocab].
+  For float32 logits, "the target's logit equals the row maximum": the argmax test up to exact
+  ties (which then count as correct), reusing the maximum the log-sum-exp of the loss already
+  takes instead of a separate arg-max pass over [batch, length, vocab]. bfloat16/float16 logits
+  round near-equal values to ties, which would count a runner-up target as correct, so they take
+  the arg-max (the token greedy decoding picks).
   """
   _check(logits, targets, weights)
-  logits = logits.astype(jnp.float32)
-  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  correct = (target_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
+  if logits.dtype == jnp.float32:
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    correct = (target_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
+  else:
+    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
   if weights is None:
     weights = jnp.ones_like(correct)
   weights = weights.astype(jnp.float32)

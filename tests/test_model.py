@@ -109,6 +109,10 @@ def test_label_smoothed_loss_matches_one_hot_reference(eps):
   # A tie for the largest logit counts as correct.
   tie, _ = token_accuracy(jnp.zeros((1, 2, 7)), jnp.asarray([[3, 0]]))
   assert float(tie) == 2.0
+  # bfloat16 rounds 1.0 and 1.001 to one value: the arg-max decides, as greedy decoding would.
+  near = jnp.asarray([[[1.0, 1.001, 0.0]]], jnp.bfloat16)
+  assert float(token_accuracy(near, jnp.asarray([[1]]))[0]) == 0.0
+  assert float(token_accuracy(near, jnp.asarray([[0]]))[0]) == 1.0
   # The minimum (predicting q exactly) is zero.
   best, _ = smoothed_cross_entropy(jnp.log(jnp.asarray(q, jnp.float32) + 1e-30), jnp.asarray(tgt),
                                    None, eps)
