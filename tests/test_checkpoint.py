@@ -98,6 +98,11 @@ def test_restore_on_other_topologies(tmp_path):
   cfg = tiny_config(num_devices=4, parallelism="pmap", num_train_steps=3)
   _train(cfg, tmp_path)
   assert ckpt.available_steps(tmp_path)[-1] == 3
+  again = ckpt.load_for_inference(tmp_path)
+  assert again.step == 3
+  changed = [not np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(again.params),
+                                                       jax.tree_util.tree_leaves(saved))]
+  assert any(changed)  # step 3 trained on from step 2's parameters and saved the result
 
 
 def test_average_is_elementwise_mean(uninterrupted):

@@ -105,6 +105,7 @@ def test_parallel_schemes_equal_one_device(reference_run, kind, mesh):
   if mesh:
     overrides.update({"mesh.data": mesh[0], "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2]})
   losses, state, p, placed = run_losses(tiny_config(**overrides), batches)
+  assert p.kind == kind
   assert np.all(np.diff(ref_losses[:3]) < 0) or ref_losses[-1] < ref_losses[0]
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
   atol = adam_atol(tiny_config(), len(batches))
