@@ -15,6 +15,7 @@ import gzip
 import json
 import pathlib
 import sys
+import zlib
 from typing import Sequence
 
 from absl import app, flags
@@ -44,7 +45,7 @@ def read_lines(path: str) -> list[str]:
   p = pathlib.Path(path)
   try:
     raw = gzip.open(p).read() if p.suffix == ".gz" else p.read_bytes()
-  except (OSError, EOFError) as e:  # EOFError: a truncated .gz file
+  except (OSError, EOFError, zlib.error) as e:  # a truncated or damaged .gz file
     raise InputError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
   try:
     text = raw.decode("utf-8")

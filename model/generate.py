@@ -301,17 +301,18 @@ def translate_all(model, params, token_lists: Sequence[Sequence[int]], *,
   Args:
     token_lists: source ids of each sentence, each ending in EOS.
     tokens_per_batch: padded source tokens per batch (beam search multiplies the work by beam).
-    **kwargs: passed to `translate` (beam_size, alpha, max_extra_len, ...); a given `rng` is
-      folded with the batch's number, so batches of the same shape sample independently.
+    **kwargs: passed to `translate` (beam_size, alpha, max_extra_len, ...); `rng` (default
+      `jax.random.key(0)`) is folded with the batch's number, so batches of the same shape
+      sample independently.
 
   Returns:
     per sentence, in input order: its translation's ids [tokens] (no EOS, no PAD).
   """
   outputs: list[np.ndarray | None] = [None] * len(token_lists)
   rng = kwargs.pop("rng", None)
+  rng = jax.random.key(0) if rng is None else rng
   for n, batch in enumerate(length_batches(token_lists, tokens_per_batch, batch_multiple)):
-    if rng is not None:
-      kwargs["rng"] = jax.random.fold_in(rng, n)
+    kwargs["rng"] = jax.random.fold_in(rng, n)
     ids = np.asarray(translate(model, params, batch.inputs, **kwargs))
     for row, i in enumerate(batch.indices):
       outputs[i] = strip(ids[row])

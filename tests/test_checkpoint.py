@@ -76,7 +76,7 @@ def test_sigterm_saves_and_exits_zero(tmp_path):
   assert f"SIGTERM received: saved step {steps[0]}" in err
 
 
-def test_restore_on_other_topologies(tmp_path):
+def test_restore_on_other_topologies(tmp_path, caplog):
   from tests.test_training import make_parallel
   from training.loop import _restore_target
   config = tiny_config(num_devices=8, num_train_steps=2, parallelism="mesh",
@@ -96,7 +96,10 @@ def test_restore_on_other_topologies(tmp_path):
     _assert_trees_equal(p.host_state(state).params, saved)
     # ... and train on from there under that topology, writing a checkpoint it can read back.
   cfg = tiny_config(num_devices=4, parallelism="pmap", num_train_steps=3)
-  _train(cfg, tmp_path)
+  import logging
+  with caplog.at_level(logging.INFO):
+    _train(cfg, tmp_path)
+  assert f"resumed from {ckpt.checkpoint_dir(tmp_path) / '2'} at step 2" in caplog.text
   assert ckpt.available_steps(tmp_path)[-1] == 3
   again = ckpt.load_for_inference(tmp_path)
   assert again.step == 3
@@ -232,11 +235,15 @@ def test_keep_best_keeps_the_highest_bleu(tmp_path):
 def test_averaging_unevenly_spaced_steps_warns(caplog):
   import logging
   with caplog.at_level(logging.INFO):
-    ckpt._report_average([4, 8, 12, 14])  # the last step may be off the interval: no warning
+    ckpt._report_average([4, 8, 12, 14], interval=4)  # the last step may be off the interval
+    ckpt._report_average([4, 8, 12, 14])
   assert "averaging the parameters of steps 4, 8, 12, 14" in caplog.text
   assert "not evenly spaced" not in caplog.text
   with caplog.at_level(logging.INFO):
-    ckpt._report_average([1000, 5000, 6000, 7000])  # a keep_best checkpoint among the newest
+    ckpt._report_average([1000, 6000, 7000], interval=1000)  # a keep_best checkpoint among them
+  assert "averaging steps 1000, 6000, 7000: they are not evenly spaced" in caplog.text
+  with caplog.at_level(logging.INFO):
+    ckpt._report_average([1000, 5000, 6000, 7000])  # interval unknown: the gaps disagree
   assert "averaging steps 1000, 5000, 6000, 7000: they are not evenly spaced" in caplog.text
 
 

@@ -172,12 +172,19 @@ def test_translate_all_restores_input_order(tiny, reference):
   assert [o.tolist() for o in outputs] == [r[:-1] for r in reference]
 
 
-def test_num_ids_keeps_outputs_inside_the_vocabulary(tiny, reference):
+@pytest.mark.parametrize("how", [dict(beam_size=1), dict(beam_size=4),
+                                 dict(temperature=1.5, rng=jax.random.key(1)),
+                                 dict(temperature=1.5, top_k=20, rng=jax.random.key(1))])
+def test_num_ids_keeps_outputs_inside_the_vocabulary(tiny, reference, how):
   model, params = tiny
   assert max(max(r) for r in reference) >= 10  # unrestricted, ids above 10 are chosen
-  ids = np.asarray(generate.translate(model, params, padded(SOURCES), beam_size=1,
-                                      max_extra_len=EXTRA, num_ids=10))
+  ids = np.asarray(generate.translate(model, params, padded(SOURCES), max_extra_len=EXTRA,
+                                      num_ids=10, **how))
   assert ids.max() < 10 and (ids == EOS).any(axis=1).all()
+
+
+def test_num_ids_must_exceed_eos(tiny):
+  model, params = tiny
   with pytest.raises(ValueError, match="num_ids must exceed the EOS id"):
     generate.translate(model, params, padded(SOURCES), num_ids=1)
 

@@ -288,8 +288,6 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
   else:
     raise ValueError(f"--checkpoint={checkpoint!r}: expected latest, a step number or average:<k>")
 
-  if len(chosen) > 1:
-    _report_average(chosen)
   avg_file = workdir / AVERAGE_DIR / f"last{len(chosen)}"
   if len(chosen) > 1 and (avg_file / "state").exists():
     state, meta = restore(avg_file)
@@ -306,6 +304,8 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
       trees.append(p)
     params = trees[0] if len(trees) == 1 else average_params(trees)
   config = config_from_meta(meta)
+  if len(chosen) > 1:
+    _report_average(chosen, config.get("checkpoint_every_steps"))
   vocab_path = config.data.vocab_path or next(
       (str(workdir / n) for n in (VOCAB_MODEL_NAME, VOCAB_JSON_NAME) if (workdir / n).exists()), "")
   if not vocab_path:
@@ -313,13 +313,18 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
   return Restored(config=config, params=params, step=chosen[-1], vocab=load_vocab(vocab_path))
 
 
-def _report_average(chosen: list[int]) -> None:
-  """Logs the steps being averaged; warns when they are unevenly spaced (the last step aside,
-  which a run's end may put off the interval): an old checkpoint kept by checkpoint.keep_best,
-  or a gap, is among the newest k."""
+def _report_average(chosen: list[int], interval: int | None = None) -> None:
+  """Logs the steps being averaged; warns when they are not consecutive saves: with the run's
+  `checkpoint_every_steps` known, every gap must be that interval except the last, which may be
+  shorter (a run's end off the interval); without it, the gaps before the last must agree. Either
+  way an old checkpoint kept by checkpoint.keep_best, or a gap in the saves, is among them."""
   logging.info("averaging the parameters of steps %s", ", ".join(map(str, chosen)))
-  gaps = {b - a for a, b in zip(chosen[:-2], chosen[1:-1])}
-  if len(gaps) > 1:
+  gaps = [b - a for a, b in zip(chosen[:-1], chosen[1:])]
+  if interval:
+    uneven = any(g != interval for g in gaps[:-1]) or (gaps and gaps[-1] > interval)
+  else:
+    uneven = len(set(gaps[:-1])) > 1
+  if uneven:
     logging.warning("averaging steps %s: they are not evenly spaced (a checkpoint kept by "
                     "checkpoint.keep_best, or a gap in the saves, is among them); check that these "
                     "are the checkpoints you mean", ", ".join(map(str, chosen)))
@@ -336,11 +341,11 @@ def write_average(workdir, last: int) -> pathlib.Path:
     raise ValueError(f"--last={last}: only {len(steps)} checkpoints in {checkpoint_dir(workdir)} "
                      f"(steps {', '.join(map(str, steps)) or 'none'}); {_describe(workdir)}")
   chosen = steps[-last:]
-  _report_average(chosen)
   trees, meta = [], None
   for s in chosen:
     p, meta = _load_params(checkpoint_dir(workdir) / str(s))
     trees.append(p)
+  _report_average(chosen, config_from_meta(meta).get("checkpoint_every_steps"))
   meta = dict(meta, averaged_steps=chosen)
   out = workdir / AVERAGE_DIR / f"last{last}"
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
