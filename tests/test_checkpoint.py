@@ -59,7 +59,8 @@ def test_resume_equals_uninterrupted(uninterrupted, tmp_path):
   _assert_trees_equal(_params(full, 12), _params(tmp_path, 12))
 
 
-def test_sigterm_saves_and_exits_zero(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_saves_and_exits_zero(tmp_path, sig):
   cmd = [sys.executable, str(REPO / "train.py"), "--config=configs/tiny.py", f"--workdir={tmp_path}",
          "--config.num_train_steps=100000", "--config.log_every_steps=1",
          "--config.eval.bleu_sentences=0", "--config.model.num_layers=1", "--config.num_devices=1"]
@@ -68,12 +69,12 @@ def test_sigterm_saves_and_exits_zero(tmp_path):
   deadline = time.time() + 240
   while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
     time.sleep(0.5)
-  proc.send_signal(signal.SIGTERM)
+  proc.send_signal(sig)
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == 0, err[-3000:]
   steps = ckpt.available_steps(tmp_path)
   assert len(steps) == 1 and steps[0] >= 2
-  assert f"SIGTERM received: saved step {steps[0]}" in err
+  assert f"{sig.name} received: saved step {steps[0]}" in err
 
 
 def test_restore_on_other_topologies(tmp_path, caplog):
@@ -161,15 +162,18 @@ def test_shape_mismatch_and_missing_checkpoints_are_clear(uninterrupted, tmp_pat
     ckpt.load_for_inference(full, "7")
 
 
-def test_resume_with_clipping_switched_on(uninterrupted, tmp_path):
-  """The loop's non-finite error suggests optim.clip_norm: resuming with it must continue the run
-  (the optimizer state keeps its layout), not start again from step 0."""
+@pytest.mark.parametrize("change", [{"optim.clip_norm": 1.0}, {"optim.weight_decay": 0.01},
+                                    {"optim.schedule": "cosine", "optim.learning_rate": 1e-3}])
+def test_resume_with_optimizer_settings_changed(uninterrupted, tmp_path, change):
+  """The loop's non-finite error suggests optim.clip_norm, and the README allows weight decay or
+  the schedule to change on resume: the run must continue (the optimizer state keeps its
+  layout), not start again from step 0."""
   config, full = uninterrupted
   work = tmp_path / "w"
   shutil.copytree(full, work)
-  clipped = tiny_config(num_devices=1, num_train_steps=14, log_every_steps=1,
-                        checkpoint_every_steps=4, **{"model.dropout_rate": 0.1, "optim.clip_norm": 1.0})
-  _train(clipped, work)
+  changed = tiny_config(num_devices=1, num_train_steps=14, log_every_steps=1,
+                        checkpoint_every_steps=4, **{"model.dropout_rate": 0.1, **change})
+  _train(changed, work)
   steps = [json.loads(l)["step"] for l in (work / "metrics.jsonl").read_text().splitlines()
            if json.loads(l)["split"] == "train"]
   assert steps == list(range(1, 15)), steps  # 13 and 14 appended; nothing re-trained from 1
