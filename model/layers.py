@@ -96,13 +96,20 @@ class MultiHeadAttention(nn.Module):
 
   def _project(self, x: jax.Array, names: tuple[str, ...]) -> list[jax.Array]:
     """x [batch, length, d_model] through the named projections (query/key/value) of the same
-    input as one product with their kernels side by side ([d_model, k·heads, d_k]: a few larger
-    matmuls run faster than many small ones). Returns k arrays [batch, length, heads, d_k]."""
+    input as one product with their kernels side by side ([d_model, k, heads, d_k]: a few larger
+    matmuls run faster than many small ones). Returns k arrays [batch, length, heads, d_k].
+
+    The kernels are stacked on a new axis, not concatenated along `heads`: with the heads sharded
+    over the mesh's tensor axis, a concatenation would interleave the shards and make XLA move
+    data between devices before and after every product."""
     cfg = self.config
-    kernels = [HeadsKernel(cfg, name=name)() for name in names]
-    w = kernels[0] if len(kernels) == 1 else jnp.concatenate(kernels, axis=1)
-    y = jnp.einsum("bld,dhk->blhk", x.astype(cfg.compute_dtype), w.astype(cfg.compute_dtype))
-    return jnp.split(y, len(names), axis=2)
+    x = x.astype(cfg.compute_dtype)
+    if len(names) == 1:
+      w = HeadsKernel(cfg, name=names[0])().astype(cfg.compute_dtype)
+      return [jnp.einsum("bld,dhk->blhk", x, w)]
+    w = jnp.stack([HeadsKernel(cfg, name=name)() for name in names], axis=1)
+    y = jnp.einsum("bld,dnhk->blnhk", x, w.astype(cfg.compute_dtype))
+    return [y[:, :, i] for i in range(len(names))]
 
   @nn.compact
   def __call__(self, x: jax.Array, memory: jax.Array | None, mask: jax.Array | None,

@@ -158,6 +158,28 @@ def test_accumulation_on_a_data_mesh_gathers_nothing():
                    jax.random.key(1))
 
 
+def test_tensor_parallel_step_moves_no_activations_between_devices():
+  """With the heads sharded over mesh.tensor, the query/key/value product must stay on each
+  device's heads: concatenating the kernels along `heads` made XLA permute shards around every
+  attention layer (collective-permute in the compiled step)."""
+  import functools
+  from jax.sharding import NamedSharding, PartitionSpec
+  from model.build import build_model
+  from training import step as step_lib
+  from training.state import make_optimizer
+  c = tiny_config(num_devices=8, parallelism="mesh", **{"mesh.data": 2, "mesh.tensor": 4})
+  tx, schedule = make_optimizer(c)
+  step = functools.partial(step_lib.train_step, model=build_model(c.model), tx=tx,
+                           schedule=schedule, label_smoothing=0.1)
+  p = make_parallel(c)
+  replicated = NamedSharding(p.mesh, PartitionSpec())
+  jitted = jax.jit(step, in_shardings=(p.state_sharding, par.batch_sharding(p.mesh), replicated),
+                   out_shardings=(p.state_sharding, replicated))
+  hlo = jitted.lower(p.init_state(jax.random.key(0)), p.place_batch(fixed_batches(1)[0]),
+                     jax.random.key(1)).compile().as_text()
+  assert "collective-permute" not in hlo and "all-to-all" not in hlo
+
+
 def test_nonfinite_update_is_skipped_and_counted(reference_run):
   batches, _, _ = reference_run
   p = make_parallel(tiny_config(num_devices=1))
