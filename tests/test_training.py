@@ -132,24 +132,33 @@ def test_gradient_accumulation_equals_one_big_step(reference_run, devices, accum
     np.testing.assert_allclose(a, b, rtol=1e-4 if devices == 1 else 1e-3, atol=atol)
 
 
-def test_accumulation_on_a_data_mesh_gathers_nothing():
-  """Each micro-batch must stay spread over every data-parallel device: taking consecutive rows
-  made XLA all-gather each micro-batch and compute it on every device (k times the work)."""
+def compiled_mesh_step(**overrides):
+  """(train_step partial, Parallel, compiled HLO text) of the tiny model's step jitted over an
+  8-device mesh with the given config overrides."""
   import functools
   from jax.sharding import NamedSharding, PartitionSpec
   from model.build import build_model
   from training import step as step_lib
   from training.state import make_optimizer
-  c = tiny_config(num_devices=8, parallelism="mesh", **{"optim.grad_accum_steps": 2})
+  c = tiny_config(num_devices=8, parallelism="mesh", **overrides)
   tx, schedule = make_optimizer(c)
   step = functools.partial(step_lib.train_step, model=build_model(c.model), tx=tx,
-                           schedule=schedule, label_smoothing=0.1, grad_accum_steps=2)
+                           schedule=schedule, label_smoothing=0.1,
+                           grad_accum_steps=int(c.optim.grad_accum_steps))
   p = make_parallel(c)
   replicated = NamedSharding(p.mesh, PartitionSpec())
   jitted = jax.jit(step, in_shardings=(p.state_sharding, par.batch_sharding(p.mesh), replicated),
                    out_shardings=(p.state_sharding, replicated))
   hlo = jitted.lower(p.init_state(jax.random.key(0)), p.place_batch(fixed_batches(1)[0]),
                      jax.random.key(1)).compile().as_text()
+  return step, p, hlo
+
+
+def test_accumulation_on_a_data_mesh_gathers_nothing():
+  """Each micro-batch must stay spread over every data-parallel device: taking consecutive rows
+  made XLA all-gather each micro-batch and compute it on every device (k times the work)."""
+  import functools
+  step, p, hlo = compiled_mesh_step(**{"optim.grad_accum_steps": 2})
   assert "all-gather" not in hlo
   assert " while(" in hlo or " while " in hlo  # the micro-batches run in a loop (lax.scan)
   bad = jax.tree_util.tree_map(lambda x: x[:6], fixed_batches(1)[0])
@@ -162,21 +171,7 @@ def test_tensor_parallel_step_moves_no_activations_between_devices():
   """With the heads sharded over mesh.tensor, the query/key/value product must stay on each
   device's heads: concatenating the kernels along `heads` made XLA permute shards around every
   attention layer (collective-permute in the compiled step)."""
-  import functools
-  from jax.sharding import NamedSharding, PartitionSpec
-  from model.build import build_model
-  from training import step as step_lib
-  from training.state import make_optimizer
-  c = tiny_config(num_devices=8, parallelism="mesh", **{"mesh.data": 2, "mesh.tensor": 4})
-  tx, schedule = make_optimizer(c)
-  step = functools.partial(step_lib.train_step, model=build_model(c.model), tx=tx,
-                           schedule=schedule, label_smoothing=0.1)
-  p = make_parallel(c)
-  replicated = NamedSharding(p.mesh, PartitionSpec())
-  jitted = jax.jit(step, in_shardings=(p.state_sharding, par.batch_sharding(p.mesh), replicated),
-                   out_shardings=(p.state_sharding, replicated))
-  hlo = jitted.lower(p.init_state(jax.random.key(0)), p.place_batch(fixed_batches(1)[0]),
-                     jax.random.key(1)).compile().as_text()
+  _, _, hlo = compiled_mesh_step(**{"mesh.data": 2, "mesh.tensor": 4})
   assert "collective-permute" not in hlo and "all-to-all" not in hlo
 
 
