@@ -272,7 +272,7 @@ def decode() -> None:
       model, params, [src_ids[i] for i in present], tokens_per_batch=_TOKENS.value,
       beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_len=max_extra,
       temperature=_TEMPERATURE.value, top_k=_TOP_K.value, rng=jax.random.key(_SEED.value),
-      num_ids=vocab.vocab_size if vocab.vocab_size < int(model_cfg.vocab_size) else None)
+      num_ids=vocab.vocab_size)
   seconds = max(time.perf_counter() - start, 1e-9)
   out_ids: list = [None] * len(src_ids)
   for i, ids in zip(present, outputs):

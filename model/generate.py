@@ -199,8 +199,8 @@ def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
     use_cache: False re-runs the full model on the prefix every step (same output, slower).
     segment: self-attention caches grow this many positions at a time (None: allocate
       `max_decode_len` at once); same output, faster for long outputs (`decoder_state`).
-    num_ids: only ids below this are emitted (the vocabulary's size, when model.vocab_size is
-      larger: the extra output rows have no piece to decode to); None = every id.
+    num_ids: only ids below this are emitted (pass the vocabulary's size: when model.vocab_size
+      is larger, the extra output rows have no piece to decode to); None = every id.
 
   Returns:
     ids [batch, max_decode_len] int32: tokens up to EOS, then PAD.
@@ -229,7 +229,8 @@ def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
                      int(max_decode_len), float(temperature), int(top_k) if sampling else 0,
                      bool(use_cache), None if not use_cache or segment is None
                      or segment >= max_decode_len else int(segment),
-                     None if num_ids is None else int(num_ids))
+                     None if num_ids is None or num_ids >= model.config.vocab_size
+                     else int(num_ids))
   if rng is None:
     rng = jax.random.key(0)
   return fn(params, inputs, rng)

@@ -103,12 +103,8 @@ class MultiHeadAttention(nn.Module):
     over the mesh's tensor axis, a concatenation would interleave the shards and make XLA move
     data between devices before and after every product."""
     cfg = self.config
-    x = x.astype(cfg.compute_dtype)
-    if len(names) == 1:
-      w = HeadsKernel(cfg, name=names[0])().astype(cfg.compute_dtype)
-      return [jnp.einsum("bld,dhk->blhk", x, w)]
     w = jnp.stack([HeadsKernel(cfg, name=name)() for name in names], axis=1)
-    y = jnp.einsum("bld,dnhk->blnhk", x, w.astype(cfg.compute_dtype))
+    y = jnp.einsum("bld,dnhk->blnhk", x.astype(cfg.compute_dtype), w.astype(cfg.compute_dtype))
     return [y[:, :, i] for i in range(len(names))]
 
   @nn.compact

@@ -218,6 +218,8 @@ def test_same_shapes_do_not_recompile(tiny):
   generate.translate(model, params, inputs[::-1].copy(), beam_size=1, max_extra_len=EXTRA)
   other = jax.tree_util.tree_map(lambda x: x * 1.5, params)
   second = generate.translate(model, other, inputs, beam_size=1, alpha=0.2, max_extra_len=EXTRA)
+  # num_ids at the model's own vocabulary size masks nothing: the same compilation too.
+  generate.translate(model, params, inputs, beam_size=1, max_extra_len=EXTRA, num_ids=24)
   assert generate.compiled_count() == count
   assert not np.array_equal(first, second), "parameters must be an argument, not constants"
 

@@ -35,11 +35,10 @@ def translation_metrics(model, params, vocab, pairs, *, max_len: int, max_extra_
   if not pairs:
     return {}
   sources, references = zip(*pairs)
-  model_vocab = int(getattr(model.config, "vocab_size", vocab.vocab_size))
   outputs = translate_all(model, params, source_ids(vocab, list(sources), max_len),
                           tokens_per_batch=tokens_per_batch, beam_size=beam_size,
                           max_extra_len=max_extra_len,
-                          num_ids=vocab.vocab_size if vocab.vocab_size < model_vocab else None)
+                          num_ids=vocab.vocab_size)
   hypotheses = [vocab.decode(o.tolist()) for o in outputs]
   bleu = sacrebleu.corpus_bleu(hypotheses, [list(references)])
   exact = np.mean([h.strip() == r.strip() for h, r in zip(hypotheses, references)])

@@ -67,13 +67,13 @@ def build_steps(config):
   if not 0.0 <= smoothing < 1.0:
     raise ValueError(f"config error: optim.label_smoothing={smoothing!r} must be in [0, 1)")
   model = build_model(config.model)
-  if (config.model.get("attention_impl") == "cudnn" and int(config.data.max_len) % 2
-      and config.model.type in ("transformer", "decoder_only")):
+  cudnn = (config.model.get("attention_impl") == "cudnn"
+           and config.model.type in ("transformer", "decoder_only"))
+  if cudnn and int(config.data.max_len) % 2:
     raise ValueError(f"config error: model.attention_impl='cudnn' needs an even data.max_len "
                      f"(cuDNN's masked attention takes even lengths when training), got "
                      f"{config.data.max_len}")
-  if (config.model.get("attention_impl") == "cudnn" and config.model.get("attention_dropout_rate")
-      and config.model.type in ("transformer", "decoder_only")):
+  if cudnn and config.model.get("attention_dropout_rate"):
     logging.warning("model.attention_impl='cudnn' with model.attention_dropout_rate=%g: training "
                     "steps take the XLA attention path (cuDNN's kernel has no dropout here); eval "
                     "and decoding use cuDNN", config.model.attention_dropout_rate)
