@@ -14,7 +14,11 @@ produces exactly `bench.decode_len` tokens per sentence (EOS is never chosen) wi
 MFU = achieved model FLOP/s / (peak FLOP/s per device × devices), with the model FLOPs of
 training/flops.py and the device's datasheet peak for the dtype, or, for a device not in the
 table, the best rate of a large matrix product measured on one device (`peak_source` says which).
-On a CPU, --sweep=devices simulates 8 devices (they share the host's cores).
+In the record, `achieved_flops_per_s` is the total over all devices, `peak_flops_per_s` is per
+device and `peak_flops_per_s_total` is that × num_devices, so mfu = achieved / peak total.
+On a CPU, --sweep=devices simulates 8 devices (they share the host's cores). Every sweep point's
+config is checked before the first runs; a sweep that fails part-way still writes the points done
+(and the error) to --json.
 """
 from __future__ import annotations
 
@@ -101,9 +105,9 @@ DATASHEET_PEAKS = (
 
 TRAIN_FIELDS = ("mode", "implementation", "config", "model_type", "compile_s", "step_time_s", "step_time_p10_s",
                 "step_time_p90_s", "tokens_per_s", "params", "model_flops_per_step",
-                "achieved_flops_per_s", "peak_flops_per_s", "peak_source", "mfu",
-                "peak_memory_bytes", "num_devices", "parallelism", "dtype", "batch_size",
-                "seq_len", "device_kind", "jax_version", "jaxlib_version")
+                "achieved_flops_per_s", "peak_flops_per_s", "peak_flops_per_s_total",
+                "peak_source", "mfu", "peak_memory_bytes", "num_devices", "parallelism", "dtype",
+                "batch_size", "seq_len", "device_kind", "jax_version", "jaxlib_version")
 DECODE_FIELDS = ("mode", "implementation", "config", "model_type", "compile_s", "step_time_s", "step_time_p10_s",
                  "step_time_p90_s", "sent_per_s", "out_tokens_per_s", "params", "decode_len",
                  "beam_size", "decode_cache", "peak_memory_bytes", "num_devices", "dtype",
@@ -266,6 +270,53 @@ def _check_lengths(config):
     raise Stop(f"config error: bench.batch_size={config.bench.batch_size} must be positive")
 
 
+def _check_cudnn(config, mode: str):
+  """model.attention_impl='cudnn' (transformer, decoder_only; the recurrent types ignore it)
+  needs a GPU, and for training an even bench.seq_len: cuDNN's masked attention takes even
+  lengths when training (build_steps asks the same of data.max_len, which bench does not use)."""
+  import jax
+  if config.model.get("attention_impl") != "cudnn" or config.model.type not in (
+      "transformer", "decoder_only"):
+    return
+  if mode == "train" and int(config.bench.seq_len) % 2:
+    raise Stop(f"config error: model.attention_impl='cudnn' needs an even bench.seq_len when "
+               f"training, got {config.bench.seq_len}")
+  backend = jax.default_backend()
+  if backend != "gpu":
+    raise Stop(f"config error: model.attention_impl='cudnn' needs an NVIDIA GPU, but JAX's "
+               f"backend here is {backend!r}; use model.attention_impl=xla")
+
+
+def check_config(config, mode: str) -> None:
+  """Every check of one benchmark's `config` that needs no compiled work, so that a sweep can
+  check all its points before running any. mode: 'train' or 'decode'. Raises Stop, or
+  ValueError (training.parallel: a mesh that does not fit the devices)."""
+  from training import parallel as par
+  _check_lengths(config)
+  _check_cudnn(config, mode)
+  rows = int(config.bench.batch_size)
+  if mode == "decode":
+    from model.build import build_model
+    from model.generate import position_limit
+    decode_len, beam = int(config.bench.decode_len), int(config.bench.beam_size)
+    if decode_len < 1 or beam < 1:
+      raise Stop(f"config error: bench.decode_len={decode_len} and bench.beam_size={beam} "
+                 f"must be positive")
+    limit = position_limit(build_model(config.model))
+    if limit is not None and decode_len > limit:
+      raise Stop(f"config error: bench.decode_len={decode_len} is longer than this model's "
+                 f"position limit {limit}")
+    return
+  accum = int(config.optim.grad_accum_steps)
+  if accum < 1:
+    raise Stop(f"config error: optim.grad_accum_steps={accum} must be >= 1")
+  data_parallel = par.data_parallel_size(config)
+  if rows % (data_parallel * accum):
+    raise Stop(f"bench.batch_size={rows} is not divisible by {data_parallel} data-parallel "
+               f"device(s) × optim.grad_accum_steps={accum} = {data_parallel * accum}; change "
+               f"bench.batch_size or num_devices")
+
+
 def _count(tree) -> int:
   import jax
   return int(sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))
@@ -291,28 +342,20 @@ def bench_train(config, steps: int, warmup: int) -> dict:
   """Times train.py's step on synthetic batches; returns the record (TRAIN_FIELDS)."""
   import jax
   import numpy as np
-  from training import flops, parallel as par
+  from training import parallel as par
   from training.loop import build_steps
 
-  _check_lengths(config)
+  check_config(config, "train")
   rows, length = int(config.bench.batch_size), int(config.bench.seq_len)
-  accum = int(config.optim.grad_accum_steps)
   memory_before = peak_memory(jax.local_devices())
-  if accum < 1:
-    raise Stop(f"config error: optim.grad_accum_steps={accum} must be >= 1")
-  data_parallel = par.data_parallel_size(config)
-  if rows % (data_parallel * accum):
-    raise Stop(f"bench.batch_size={rows} is not divisible by {data_parallel} data-parallel "
-               f"device(s) × optim.grad_accum_steps={accum} = {data_parallel * accum}; change "
-               f"bench.batch_size or num_devices")
 
   batch = synthetic_batch(np.random.default_rng(config.seed), rows, length,
                           int(config.model.vocab_size))
   holder = []
   if _FLAX_WMT.value:
     from analysis import flax_wmt
-    devices = jax.local_devices()
-    call, flax_params = flax_wmt.train_call(_load_flax_wmt(), config, batch)
+    devices = flax_wmt.pmap_devices(config, rows)  # config.num_devices, as our pmap takes them
+    call, flax_params = flax_wmt.train_call(_load_flax_wmt(), config, batch, devices)
     n_params = _count(flax_params)
     implementation, parallelism = "flax examples/wmt", "pmap"
   else:
@@ -333,23 +376,36 @@ def bench_train(config, steps: int, warmup: int) -> dict:
   record = {"mode": "train", "implementation": implementation, **_time_stats(first, times)}
   record["tokens_per_s"] = 2 * rows * length / record["step_time_s"]
   record["params"] = n_params
+  record.update(utilization(config, devices, record["step_time_s"], memory_before),
+                parallelism=parallelism, **_environment(config, devices))
+  holder.clear()
+  return record
+
+
+def utilization(config, devices, step_time_s: float, memory_before: int | None) -> dict:
+  """The train record's memory and FLOP fields for a [bench.batch_size, bench.seq_len] step of
+  `step_time_s` on `devices`: peak_memory_bytes, model_flops_per_step, achieved_flops_per_s (all
+  devices), peak_flops_per_s (one device), peak_flops_per_s_total (× devices), peak_source and
+  mfu = achieved / peak total."""
+  from training import flops
+  # Read first: resolving the peak may run the measured matmul, which would be counted otherwise.
+  memory = own_peak_memory(memory_before)
+  rows, length = int(config.bench.batch_size), int(config.bench.seq_len)
   try:
     model_flops = flops.train_flops(config.model, rows, length, length)
   except ValueError as e:
     logging.warning("%s: no MFU", e)
     model_flops = None
   peak, source = resolve_peak(devices[0], config.model.dtype)
-  achieved = None if model_flops is None else model_flops / record["step_time_s"]
-  record.update(model_flops_per_step=model_flops, achieved_flops_per_s=achieved,
-                peak_flops_per_s=peak, peak_source=source,
-                mfu=None if achieved is None else achieved / (peak * len(devices)),
-                peak_memory_bytes=own_peak_memory(memory_before), parallelism=parallelism,
-                **_environment(config, devices))
-  if record["mfu"] is not None and record["mfu"] > 1:
+  peak_total = peak * len(devices)
+  achieved = None if model_flops is None else model_flops / step_time_s
+  mfu = None if achieved is None else achieved / peak_total
+  if mfu is not None and mfu > 1:
     logging.warning("MFU %.2f > 1: the %s peak %.3g FLOP/s is too low for this device and dtype "
-                    "(float32 may run as TF32); try --peak=measured", record["mfu"], source, peak)
-  holder.clear()
-  return record
+                    "(float32 may run as TF32); try --peak=measured", mfu, source, peak)
+  return {"model_flops_per_step": model_flops, "achieved_flops_per_s": achieved,
+          "peak_flops_per_s": peak, "peak_flops_per_s_total": peak_total, "peak_source": source,
+          "mfu": mfu, "peak_memory_bytes": memory}
 
 
 def _load_flax_wmt():
@@ -399,21 +455,13 @@ def bench_decode(config, steps: int, warmup: int, use_cache: bool) -> dict:
   import numpy as np
   import flax.linen as nn
   from model.build import build_model, init_variables
-  from model.generate import position_limit
   from model.search import EOS_ID, PAD_ID
 
-  _check_lengths(config)
+  check_config(config, "decode")
   memory_before = peak_memory(jax.local_devices())
   rows, length = int(config.bench.batch_size), int(config.bench.seq_len)
   decode_len, beam = int(config.bench.decode_len), int(config.bench.beam_size)
-  if decode_len < 1 or beam < 1:
-    raise Stop(f"config error: bench.decode_len={decode_len} and bench.beam_size={beam} must be "
-               f"positive")
   model = build_model(config.model)
-  limit = position_limit(model)
-  if limit is not None and decode_len > limit:
-    raise Stop(f"config error: bench.decode_len={decode_len} is longer than this model's "
-               f"position limit {limit}")
   device = jax.local_devices()[0]
   inputs = jax.device_put(
       source_ids(np.random.default_rng(config.seed), rows, length, int(config.model.vocab_size)),
@@ -464,16 +512,15 @@ def bench_decode(config, steps: int, warmup: int, use_cache: bool) -> dict:
 def sweep_configs(config, kind: str, values: list[str] | None, modes=("pmap", "mesh"),
                   mode: str = "train"):
   """(value, parallelism, config) of every point of sweep `kind` ('devices': for each
-  parallelism in `modes`); checks them all first. `mode`: 'train' or 'decode'."""
+  parallelism in `modes`). Checks every point's config (`check_config`) first and raises Stop
+  naming all the points that cannot run. `mode`: 'train' or 'decode'."""
   import jax
-  from training import parallel as par
   try:
     numbers = [int(v) for v in values] if values else list(SWEEP_DEFAULTS[kind])
   except ValueError:
     raise Stop(f"--sweep_values={','.join(values)}: expected integers") from None
   if not numbers or any(v < 1 for v in numbers):
     raise Stop(f"--sweep_values: expected positive integers, got {numbers}")
-  rows = int(config.bench.batch_size)
   points = []
 
   def with_(**fields):
@@ -490,12 +537,6 @@ def sweep_configs(config, kind: str, values: list[str] | None, modes=("pmap", "m
                    f"{available}")
       logging.warning("--sweep=devices: skipping %s (only %d devices)", too_many, available)
       numbers = [n for n in numbers if n <= available]
-    accum = int(config.optim.grad_accum_steps) if mode == "train" else 1
-    bad = [n for n in numbers if rows % (n * accum)]
-    if bad:
-      raise Stop(f"--sweep=devices: bench.batch_size={rows} is not divisible by {bad} devices "
-                 f"× optim.grad_accum_steps={accum}; choose a batch size that all of "
-                 f"{[n * accum for n in numbers]} divide")
     for parallelism in modes:
       if parallelism not in ("pmap", "mesh"):
         raise Stop(f"--sweep_parallelism: {parallelism!r} is not pmap or mesh")
@@ -509,12 +550,20 @@ def sweep_configs(config, kind: str, values: list[str] | None, modes=("pmap", "m
     numbers = [n for n in numbers if n <= limit]
     points = [(n, config.parallelism, with_(**{"bench.seq_len": n})) for n in numbers]
   else:
-    multiple = par.data_parallel_size(config) * int(config.optim.grad_accum_steps)
-    bad = [n for n in numbers if n % multiple]
-    if bad and mode == "train":
-      raise Stop(f"--sweep=batch: {bad} not divisible by the {multiple} data-parallel device(s) "
-                 f"× optim.grad_accum_steps")
     points = [(n, config.parallelism, with_(**{"bench.batch_size": n})) for n in numbers]
+  # Every point's config is checked (data-parallel split, mesh shape, lengths...) before any runs.
+  bad: dict[str, list[str]] = {}  # error -> the points it stops
+  for value, parallelism, c in points:
+    try:
+      check_config(c, mode)
+    except (Stop, ValueError) as e:
+      where = (f"{parallelism} num_devices={value}" if kind == "devices"
+               else f"bench.{'seq_len' if kind == 'seq_len' else 'batch_size'}={value}")
+      bad.setdefault(str(e), []).append(where)
+  if bad:
+    count = sum(map(len, bad.values()))
+    raise Stop(f"--sweep={kind}: {count} of {len(points)} points cannot run (none was run): "
+               + "; ".join(f"{', '.join(where)}: {e}" for e, where in bad.items()))
   return points
 
 
@@ -562,10 +611,16 @@ def _fmt(value) -> str:
   return "null" if value is None else str(value)
 
 
+# What a field of the printed record is measured over, where that is easy to mistake.
+FIELD_NOTES = {"achieved_flops_per_s": "all devices", "peak_flops_per_s": "one device",
+               "peak_flops_per_s_total": "all devices", "mfu": "achieved / peak total"}
+
+
 def print_record(record: dict) -> None:
   width = max(map(len, record))
   for key, value in record.items():
-    print(f"{key:<{width}}  {_fmt(value)}")
+    note = f"  ({FIELD_NOTES[key]})" if key in FIELD_NOTES and value is not None else ""
+    print(f"{key:<{width}}  {_fmt(value)}{note}")
 
 
 def print_sweep(records: list[dict], kind: str) -> None:
@@ -619,6 +674,29 @@ def plot_saved_sweeps(paths: list[str], plot: str) -> None:
   print(f"plot: {plot}")
 
 
+def run_points(points, one, kind: str, mode: str, json_path: str | None) -> list[dict]:
+  """Runs `one(config)` for each sweep point (value, parallelism, config); returns the records.
+  If a point fails (an error, out of memory, Ctrl-C), the points done so far are written to
+  `json_path` with the error (`complete` false, no plot) before the error goes on."""
+  records = []
+  try:
+    for value, parallelism, c in points:
+      logging.info("sweep %s=%s (%s)", kind, value, parallelism)
+      records.append({"sweep_value": value, **one(c)})
+  except (Exception, KeyboardInterrupt) as e:
+    value, parallelism, _ = points[len(records)]
+    if json_path:
+      _write_json(pathlib.Path(json_path),
+                  {"sweep": kind, "mode": mode, "config": records[0]["config"] if records else None,
+                   "plot": None, "complete": False,
+                   "error": f"{kind}={value} ({parallelism}): {type(e).__name__}: {e}",
+                   "points": records})
+      logging.error("--sweep=%s failed at %s=%s (%s); the %d point(s) done are in %s", kind, kind,
+                    value, parallelism, len(records), json_path)
+    raise
+  return records
+
+
 def run(config) -> None:
   from training.metrics import quiet_library_logs
   quiet_library_logs()
@@ -656,10 +734,7 @@ def run(config) -> None:
   if kind == "devices" and jax.default_backend() == "cpu":
     logging.warning("simulated CPU devices share this host's %d cores: expect no speed-up, and "
                     "an MFU that falls as devices are added", os.cpu_count() or 0)
-  records = []
-  for value, parallelism, c in points:
-    logging.info("sweep %s=%s (%s)", kind, value, parallelism)
-    records.append({"sweep_value": value, **one(c)})
+  records = run_points(points, one, kind, mode, _JSON.value)
   print_sweep(records, kind)
   plot = pathlib.Path(_PLOT.value or (pathlib.Path(_JSON.value).with_suffix(".png")
                                       if _JSON.value else f"bench_{kind}.png"))
@@ -673,7 +748,7 @@ def run(config) -> None:
   if _JSON.value:
     _write_json(pathlib.Path(_JSON.value),
                 {"sweep": kind, "mode": mode, "config": records[0]["config"], "plot": str(plot),
-                 "points": records})
+                 "complete": True, "points": records})
 
 
 def main(argv):

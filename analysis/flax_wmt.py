@@ -9,13 +9,15 @@ loaded from a checkout of that directory and run on our config's model shape and
 
 Nothing of flax's example is copied here: its `train.py` (train_step, predict_step,
 initialize_cache, TrainState, the learning-rate schedule), `models.py` and `decode.py` are
-imported from the given directory and called as its own training loop calls them (`jax.pmap` over
-the local devices, Adam b1 0.9, b2 0.98, eps 1e-9). Its pipeline-only imports (`clu`,
-`tensorflow_text`) are stood in for by empty modules when they are not installed. Its
-model is pre-LayerNorm, with sinusoidal positions and logits through the shared embedding; its
-matmul FLOPs are those of our model of the same `d_model`, `d_ff`, heads, layers and
-vocabulary, so MFU and tokens/s compare like for like. Decoding never ends early: EOS is given an
-id the model cannot produce, so, as in bench.py, every sentence gets exactly `decode_len` tokens.
+imported from the given directory and called as its own training loop calls them (`jax.pmap`, Adam
+b1 0.9, b2 0.98, eps 1e-9), except that the pmap runs over the devices bench times ours on
+(`config.num_devices` of this process's, `pmap_devices`), not over all local devices. Its
+pipeline-only imports (`clu`, `tensorflow_text`) are stood in for by empty modules when they are
+not installed. Its model is pre-LayerNorm, with sinusoidal positions and logits through the
+shared embedding; its matmul FLOPs are those of our model of the same `d_model`, `d_ff`, heads,
+layers and vocabulary, so MFU and tokens/s compare like for like. Decoding never ends early: EOS
+is given an id the model cannot produce, so, as in bench.py, every sentence gets exactly
+`decode_len` tokens.
 """
 from __future__ import annotations
 
@@ -87,9 +89,29 @@ def model_config(wmt, model_cfg, *, decode: bool = False, deterministic: bool = 
       deterministic=deterministic, decode=decode)
 
 
-def train_call(wmt, config, batch: dict):
+def pmap_devices(config, rows: int) -> list:
+  """The devices flax's pmap runs on: the first `config.num_devices` of this process's (all when
+  0), as training.parallel picks ours, so both implementations get the same devices. `rows`
+  (bench.batch_size) must divide over them."""
+  import jax
+  from training import parallel as par
+  if jax.process_count() > 1:
+    raise BaselineError(f"--flax_wmt runs on one process; this job has {jax.process_count()}")
+  try:
+    devices = par.local_devices(config)
+  except ValueError as e:
+    raise BaselineError(f"--flax_wmt: {e}") from None
+  if rows % len(devices):
+    raise BaselineError(f"--flax_wmt: bench.batch_size={rows} is not divisible by the "
+                        f"{len(devices)} devices flax's pmap splits it over (num_devices="
+                        f"{config.get('num_devices', 0)}, 0 = all)")
+  return devices
+
+
+def train_call(wmt, config, batch: dict, devices: list):
   """(call, params): `call()` runs one flax train step on `batch` ([rows, length] inputs and
-  targets, split over the local devices as flax's loop does) and waits for it."""
+  targets, split over `devices` (from `pmap_devices`) as flax's loop splits over the local
+  devices) and waits for it."""
   import functools
   import jax
   import jax.numpy as jnp
@@ -97,11 +119,10 @@ def train_call(wmt, config, batch: dict):
   import optax
   from flax import jax_utils
 
-  devices = jax.local_devices()
   rows, length = batch["inputs"].shape
   if rows % len(devices):
     raise BaselineError(f"--flax_wmt: bench.batch_size={rows} is not divisible by the "
-                        f"{len(devices)} local devices flax's pmap splits it over")
+                        f"{len(devices)} devices flax's pmap splits it over")
   train_cfg = model_config(wmt, config.model)
   model = wmt.models.Transformer(train_cfg.replace(deterministic=True))
   shape = (rows // len(devices), length)
@@ -112,10 +133,10 @@ def train_call(wmt, config, batch: dict):
   state = wmt.train.TrainState.create(
       apply_fn=model.apply, params=params, dynamic_scale=None,
       tx=optax.adamw(learning_rate=lr, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0))
-  holder = [jax_utils.replicate(state)]
+  holder = [jax_utils.replicate(state, devices=devices)]
   step = jax.pmap(functools.partial(wmt.train.train_step, config=train_cfg, learning_rate_fn=lr,
                                     label_smoothing=float(config.optim.label_smoothing)),
-                  axis_name="batch", donate_argnums=(0,))
+                  axis_name="batch", donate_argnums=(0,), devices=devices)
   # [devices, rows / devices, length], as flax's loop shards its batches (common_utils.shard)
   sharded = {k: np.asarray(batch[k]).reshape(len(devices), -1, length)
              for k in ("inputs", "targets")}

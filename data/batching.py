@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pathlib
 from typing import Iterator
 
 from absl import logging
@@ -156,6 +157,15 @@ class Batcher:
             raise ValueError(f"{data.path} holds sequences of {self._lengths.max()} tokens, more than "
                              f"max_len={max_len}")
 
+    @property
+    def plan_signature(self) -> dict:
+        """What the epoch plans depend on: with all of it equal, a saved position (epoch, index)
+        names the same batch again."""
+        return {"corpus": pathlib.Path(self.data.path).name, "examples": int(self.data.num_examples),
+                "seed": int(self.seed), "tokens_per_batch": int(self.tokens_per_batch),
+                "max_len": int(self.max_len), "packing": bool(self.packing),
+                "row_multiple": int(self.multiple)}
+
     def _rows(self, length: int) -> int:
         return rows_per_batch(self.tokens_per_batch, length, self.multiple)
 
@@ -227,10 +237,13 @@ class Batcher:
 class TrainIterator:
     """Endless training batches, epoch after epoch, with a resumable position.
 
-    `state()` is a small JSON-able dict `{"epoch": e, "index": i}` naming the next batch; after
-    `restore(state)` — in this or a freshly built pipeline with the same data, config, seed,
-    `batch_multiple` and process count — the iterator yields exactly the batches that would have come
-    next. Each epoch's plan is recomputed from the lengths when the epoch starts.
+    `state()` is a small JSON-able dict naming the next batch (`epoch`, `index`) and what the plan
+    depends on (`plan`: `Batcher.plan_signature`, `batches` in the epoch); after `restore(state)` —
+    in this or a freshly built pipeline with the same data, config, seed, `batch_multiple` and
+    process count — the iterator yields exactly the batches that would have come next. When the
+    plan changed (another device count, batch budget, seed or corpus), `restore` warns with what
+    changed and continues the epoch at the same fraction of its batches: exact order is then lost
+    for that epoch only. Each epoch's plan is recomputed from the lengths when the epoch starts.
     """
 
     def __init__(self, batcher: Batcher):
@@ -242,11 +255,7 @@ class TrainIterator:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        while True:
-            if self._plan_epoch != self._epoch:
-                self._plan, self._plan_epoch = self._batcher.epoch_plan(self._epoch), self._epoch
-            if self._index < len(self._plan):
-                break
+        while self._index >= len(self._epoch_plan(self._epoch)):
             self._epoch, self._index = self._epoch + 1, 0
         batch = self._batcher.materialize(self._plan[self._index])
         self._index += 1
@@ -256,12 +265,20 @@ class TrainIterator:
     def epoch(self) -> int:
         return self._epoch
 
-    def state(self) -> dict[str, int]:
-        """Position of the next batch."""
-        return {"epoch": self._epoch, "index": self._index}
+    def _epoch_plan(self, epoch: int) -> list[BatchPlan]:
+        if self._plan_epoch != epoch:
+            self._plan, self._plan_epoch = self._batcher.epoch_plan(epoch), epoch
+        return self._plan
+
+    def state(self) -> dict:
+        """Position of the next batch, and what the epoch's plan depends on."""
+        return {"epoch": self._epoch, "index": self._index,
+                "batches": len(self._epoch_plan(self._epoch)),
+                "plan": self._batcher.plan_signature}
 
     def restore(self, state: dict) -> None:
-        """Continues from a position returned by `state()`."""
+        """Continues from a position returned by `state()` (see the class doc when the plan
+        changed; states without `plan`, from older checkpoints, are taken as they are)."""
         try:
             epoch, index = int(state["epoch"]), int(state["index"])
         except (KeyError, TypeError, ValueError) as e:
@@ -269,4 +286,17 @@ class TrainIterator:
                              "{'epoch': int, 'index': int}") from e
         if epoch < 0 or index < 0:
             raise ValueError(f"bad data iterator state {state!r}: negative position")
+        saved, current = state.get("plan"), self._batcher.plan_signature
+        if saved is not None and saved != current:
+            changed = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}"
+                                for k in sorted(set(saved) | set(current))
+                                if saved.get(k) != current.get(k))
+            old_batches, new_batches = state.get("batches"), len(self._epoch_plan(epoch))
+            mapped = min(new_batches, round(index * new_batches / old_batches)) if old_batches else 0
+            logging.warning(
+                "the training data's batch plan changed since the checkpoint (%s): epoch %d "
+                "continues at batch %d of %d, the fraction the checkpoint reached (%d of %s); "
+                "examples near that point may be repeated or skipped in this epoch only",
+                changed, epoch, mapped, new_batches, index, old_batches)
+            index = mapped
         self._epoch, self._index = epoch, index

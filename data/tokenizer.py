@@ -221,6 +221,20 @@ class WordVocab(Vocab):
                         for i in ids)
 
 
+def workdir_name(vocab: Vocab) -> str:
+    """The file name a vocabulary of this kind has inside a workdir."""
+    return VOCAB_JSON_NAME if isinstance(vocab, WordVocab) else VOCAB_MODEL_NAME
+
+
+def save_in_workdir(vocab: Vocab, workdir: str | os.PathLike) -> pathlib.Path:
+    """Copies `vocab` (e.g. one read from `data.vocab_path`) into the workdir, so that the workdir
+    alone decodes on another machine; rewrites the file only when it holds another vocabulary."""
+    path = pathlib.Path(workdir) / workdir_name(vocab)
+    if not (path.is_file() and load_vocab(path).fingerprint == vocab.fingerprint):
+        vocab.save(path)
+    return path
+
+
 def load_vocab(path: str | os.PathLike) -> Vocab:
     """Opens a vocabulary file: `.model` -> `SentencePieceVocab`, `.json` -> `WordVocab`."""
     path = pathlib.Path(path)

@@ -11,9 +11,10 @@ Layout of one sentence pair (source ids ending in EOS, targets ending in EOS):
 
 The source keeps its EOS; the target part is `shift_right(targets)` with the start symbol 0
 replaced by SEP, so the logits at the target part line up with `targets` and are the only ones
-returned (the loss on targets never sees source positions). The combined row is simply
-`[inputs row ; target part row]` (no tokens are moved): attention is causal by the positions
-above, within a segment (packed rows), and never reads padding, wherever it is.
+computed (the source positions' hidden states are never projected to the vocabulary; the loss on
+targets never sees them). The combined row is simply `[inputs row ; target part row]` (no tokens
+are moved): attention is causal by the positions above, within a segment (packed rows), and never
+reads padding, wherever it is.
 
 Decoding: `init_cache` feeds each sentence's source tokens one by one into the key/value caches
 of the causal stack (prefill, `lax.scan`), each row with its own cache index (the stack is
@@ -45,9 +46,11 @@ class CausalStack(nn.Module):
   config: TransformerConfig
 
   @nn.compact
-  def __call__(self, tokens, positions, mask, deterministic, decode=False, project=True):
+  def __call__(self, tokens, positions, mask, deterministic, decode=False, project=True,
+               project_from=0):
     """tokens, positions: [batch, length]; mask: [batch, 1, length, length] (None when decoding
-    one position from the cache). Returns [batch, length, vocab] logits (`project`) or the final
+    one position from the cache). Returns [batch, length - project_from, vocab] logits of the
+    positions from `project_from` on (`project`; the others are never projected), or the final
     hidden states [batch, length, d_model]."""
     cfg = self.config
     embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name="embed")
@@ -61,6 +64,7 @@ class CausalStack(nn.Module):
       y = layer_norm("final_norm", cfg)(y)
     if not project:
       return y
+    y = y[:, project_from:]
     if cfg.share_embeddings:
       return embed.attend(y)
     return nn.Dense(cfg.vocab_size, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
@@ -145,8 +149,9 @@ class DecoderOnly(nn.Module):
     tokens, positions, mask = combined_sequence(inputs, targets, inputs_position,
                                                 targets_position, inputs_segmentation,
                                                 targets_segmentation)
-    logits = self.decoder(tokens, positions, mask, deterministic)
-    return logits[:, inputs.shape[1]:]
+    # The target part is the last tgt_len columns of every row (packed rows too): only its
+    # positions are projected to the vocabulary.
+    return self.decoder(tokens, positions, mask, deterministic, project_from=inputs.shape[1])
 
   def _row_fn(self, project: bool):
     """A pure per-row decode step `(params, cache, ids [1, 1], positions [1, 1]) -> (out, cache)`

@@ -1,4 +1,5 @@
-"""bench.py and training/flops.py: the FLOP formula by hand, each mode's JSON, a device sweep."""
+"""bench.py and training/flops.py: the FLOP formulas by hand and against the models' own matrix
+products, each mode's JSON, a device sweep and the checks made before any work."""
 import concurrent.futures
 import json
 import os
@@ -56,8 +57,82 @@ def test_flops_scale_with_layers_and_reject_unknown_types():
   length = 3 + 4
   assert flops.forward_flops(lm, 2, 3, 4) == (2 * 4 * 64 * 2 * length + 2 * 2 * 2 * length ** 2 * 8
                                               + 2 * 2 * 8 * 16 * 2 * length + out)
-  with pytest.raises(ValueError, match="rnn"):
-    flops.forward_flops(_model_cfg(type="rnn", vocab_size=10), 2, 3, 4)
+  with pytest.raises(ValueError, match="model.type='mamba'.*rnn_attention"):
+    flops.forward_flops(_model_cfg(type="mamba", vocab_size=10), 2, 3, 4)
+
+
+def test_flops_hand_count_recurrent_one_layer():
+  cfg = _model_cfg(type="rnn_attention", vocab_size=10, d_model=4, num_layers=1,
+                   rnn_cell="gru", rnn_bidirectional=True)
+  b, s, t, h, v = 2, 3, 4, 4, 10
+  c, g = 2 * h, 3 * h  # encoder state [forward; backward]; GRU gates
+  # Encoder, both directions: W x (x: the h-wide embedding) and U h over b·s positions.
+  enc = 2 * (2 * h * g * b * s) + 2 * (2 * h * g * b * s)
+  assert enc == 1152 + 1152
+  # Decoder over b·t positions: s_0 = tanh(W c); W y_{t-1} and W_c c_t into the gates; U s;
+  # tanh(W_o [s; y; c]) from 2h + c to h; the h × vocab output projection.
+  dec = (2 * c * h * b * t + 2 * h * g * b * t + 2 * c * g * b * t + 2 * h * g * b * t
+         + 2 * (2 * h + c) * h * b * t + 2 * h * v * b * t)
+  assert dec == 512 + 768 + 1536 + 768 + 1024 + 640
+  # Bahdanau attention: U h_j once per source state, W s_{t-1} per step, then per step the
+  # scores vᵀ tanh(.) (h-wide) and the context Σ α h (c-wide) over the s source states.
+  att = 2 * c * h * b * s + 2 * h * h * b * t + 2 * h * b * t * s + 2 * c * b * t * s
+  assert att == 384 + 256 + 192 + 384
+  assert flops.forward_flops(cfg, b, s, t) == enc + dec + att == 8768
+  assert flops.train_flops(cfg, b, s, t) == 3 * 8768
+  cfg.type = "rnn"  # the context-vector model: the same without attention
+  assert flops.forward_flops(cfg, b, s, t) == enc + dec == 7552
+  assert flops.forward_breakdown(cfg, b, s, t)["output_projection"] == 640
+
+
+def _matmul_flops(jaxpr) -> int:
+  """2 × the multiply-adds of every dot_general in a jaxpr, into sub-jaxprs (a scan's body
+  counted `length` times)."""
+  import math
+  import jax.extend.core as jcore
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      (_, rhs_contract), (_, rhs_batch) = eqn.params["dimension_numbers"]
+      lhs, rhs = (v.aval.shape for v in eqn.invars)
+      free = [d for i, d in enumerate(rhs) if i not in rhs_contract and i not in rhs_batch]
+      total += 2 * math.prod(lhs) * math.prod(free)
+    times = eqn.params["length"] if eqn.primitive.name == "scan" else 1
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        if isinstance(sub, jcore.ClosedJaxpr):
+          sub = sub.jaxpr
+        if isinstance(sub, jcore.Jaxpr):
+          total += times * _matmul_flops(sub)
+  return total
+
+
+@pytest.mark.parametrize("fields", [
+    pytest.param(dict(type="transformer"), id="transformer"),
+    pytest.param(dict(type="decoder_only"), id="decoder_only"),
+    pytest.param(dict(type="decoder_only", share_embeddings=False, num_layers=2),
+                 id="decoder_only-unshared-2"),
+    pytest.param(dict(type="rnn"), id="rnn-gru-bi"),
+    pytest.param(dict(type="rnn_attention"), id="rnn_attention-gru-bi"),
+    pytest.param(dict(type="rnn_attention", rnn_cell="lstm", rnn_bidirectional=False, num_layers=2,
+                      share_embeddings=False), id="rnn_attention-lstm-uni-2-unshared"),
+    pytest.param(dict(type="rnn", rnn_cell="lstm", num_layers=3), id="rnn-lstm-bi-3"),
+])
+def test_flops_equal_the_models_matrix_products(fields):
+  """The formula counts exactly the products the forward pass traces (no compilation: the
+  jaxpr's dot_generals, scan bodies times their length). XLA's cost_analysis is no reference
+  here: it counts elementwise work too, and a scan's body once."""
+  import jax
+  import jax.numpy as jnp
+  from model.build import build_model
+  cfg = _model_cfg(vocab_size=40, d_model=16, d_ff=32, num_heads=2, num_layers=1)
+  cfg.update(fields)
+  model = build_model(cfg)
+  b, s, t = 2, 5, 7
+  inputs, targets = jnp.ones((b, s), jnp.int32), jnp.ones((b, t), jnp.int32)
+  variables = jax.eval_shape(lambda: model.init(jax.random.key(0), inputs, targets))
+  jaxpr = jax.make_jaxpr(lambda v: model.apply(v, inputs, targets))(variables)
+  assert _matmul_flops(jaxpr.jaxpr) == flops.forward_flops(cfg, b, s, t)
 
 
 @pytest.fixture(scope="module")
@@ -159,14 +234,126 @@ def test_bad_settings_are_clear_errors(monkeypatch):
   c = tiny.get_config()
   c.model.vocab_size = 64
   c.bench.batch_size = 4
-  with pytest.raises(bench.Stop, match=r"bench.batch_size=4 is not divisible by \[3\] devices"):
+  with pytest.raises(bench.Stop, match=r"2 of 4 points cannot run \(none was run\): pmap "
+                     r"num_devices=3, mesh num_devices=3: bench.batch_size=4 is not divisible "
+                     r"by 3 data-parallel"):
     bench.sweep_configs(c, "devices", ["1", "3"])
   with pytest.raises(bench.Stop, match="expected integers"):
     bench.sweep_configs(c, "seq_len", ["8", "x"])
+  with pytest.raises(bench.Stop, match=r"3 of 3 points cannot run \(none was run\): "
+                     r"bench.seq_len=16, bench.seq_len=32, bench.seq_len=64: bench.batch_size=4 is "
+                     r"not divisible by 8 data-parallel"):
+    bench.sweep_configs(c, "seq_len", None)
+  c.bench.batch_size = 8
   assert [p[0] for p in bench.sweep_configs(c, "seq_len", None)] == [16, 32, 64]  # max_len 64
   c.bench.seq_len = 100
   with pytest.raises(bench.Stop, match="bench.seq_len=100 is longer than model.max_len=64"):
     bench._check_lengths(c)
+
+
+def test_device_sweep_checks_every_point_with_its_data_parallel_size():
+  """mesh.tensor=2: a mesh point needs an even device count, and splits the batch over
+  devices / 2 only. Nothing runs when any point cannot."""
+  import bench
+  c = tiny.get_config()
+  c.model.vocab_size = 64
+  c.mesh.tensor = 2
+  c.bench.batch_size = 4
+  # pmap ignores the mesh, mesh on 1 device cannot hold tensor=2: refused before any point runs.
+  with pytest.raises(bench.Stop, match=r"1 of 4 points cannot run \(none was run\): mesh "
+                     r"num_devices=1: config error: 1 devices cannot be split into mesh"):
+    bench.sweep_configs(c, "devices", ["1", "2"], ("pmap", "mesh"))
+  # 8 devices with tensor 2 split batch 4 four ways, not eight.
+  points = bench.sweep_configs(c, "devices", ["2", "8"], ("mesh",))
+  assert [(n, p) for n, p, _ in points] == [(2, "mesh"), (8, "mesh")]
+  c.bench.batch_size = 2
+  with pytest.raises(bench.Stop, match=r"mesh num_devices=8: bench.batch_size=2 is not divisible "
+                     r"by 4 data-parallel device\(s\)"):
+    bench.sweep_configs(c, "devices", ["2", "8"], ("mesh",))
+
+
+def test_failed_sweep_writes_the_points_done(tmp_path):
+  import bench
+  c = tiny.get_config()
+  points = [(8, "mesh", c), (16, "mesh", c), (32, "mesh", c)]
+
+  def one(config):
+    if len(done) == 2:
+      raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+    done.append(config)
+    return {"config": "configs/tiny.py", "seq_len": 8 * len(done)}
+
+  done = []
+  path = tmp_path / "out" / "sweep.json"
+  with pytest.raises(RuntimeError, match="out of memory"):
+    bench.run_points(points, one, "seq_len", "train", str(path))
+  data = json.loads(path.read_text())
+  assert data["complete"] is False and data["plot"] is None and data["config"] == "configs/tiny.py"
+  assert [p["sweep_value"] for p in data["points"]] == [8, 16]
+  assert data["error"] == "seq_len=32 (mesh): RuntimeError: RESOURCE_EXHAUSTED: out of memory"
+  done.clear()
+  assert [r["sweep_value"] for r in bench.run_points(points[:2], one, "seq_len", "train",
+                                                     None)] == [8, 16]
+
+
+def test_cudnn_needs_an_even_train_length_and_a_gpu():
+  import bench
+  c = tiny.get_config()
+  c.model.update(vocab_size=64, attention_impl="cudnn", dtype="bfloat16")
+  c.bench.seq_len = 7
+  with pytest.raises(bench.Stop, match=r"model.attention_impl='cudnn' needs an even "
+                     r"bench.seq_len when training, got 7"):
+    bench.check_config(c, "train")
+  for mode in ("decode", "train"):  # decoding takes odd lengths; this host has no GPU either way
+    c.bench.seq_len = 7 if mode == "decode" else 8
+    with pytest.raises(bench.Stop, match=r"model.attention_impl='cudnn' needs an NVIDIA GPU, "
+                       r"but JAX's backend here is 'cpu'"):
+      bench.check_config(c, mode)
+  c.model.type = "rnn"  # the recurrent models have no attention_impl
+  bench.check_config(c, "decode")
+
+
+def test_cudnn_on_a_cpu_is_a_one_line_error():
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run(
+      [sys.executable, str(REPO / "bench.py"), *SMALL, "--config.num_devices=1",
+       "--config.model.attention_impl=cudnn", "--config.model.dtype=bfloat16"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr
+  assert ("bench.py: error: config error: model.attention_impl='cudnn' needs an NVIDIA GPU, but "
+          "JAX's backend here is 'cpu'; use model.attention_impl=xla\n") in proc.stderr
+
+
+def test_utilization_reads_the_run_s_memory_before_measuring_the_peak(monkeypatch):
+  """The measured peak's matmul raises the device's peak memory: the run's own peak is read
+  before it. mfu = achieved / (per-device peak × devices)."""
+  import jax
+  import bench
+
+  class Device:
+    device_kind = "cpu"
+    peak = 500
+
+    def memory_stats(self):
+      return {"peak_bytes_in_use": Device.peak}
+
+  def measuring_peak(device, dtype):
+    Device.peak = 10 ** 9  # the matmul's buffers
+    return 2e9, "measured"
+
+  monkeypatch.setattr(jax, "local_devices", lambda: [Device(), Device()])
+  monkeypatch.setattr(bench, "resolve_peak", measuring_peak)
+  c = tiny.get_config()
+  c.model.update(vocab_size=64, type="rnn_attention", num_layers=1)
+  c.bench.update(batch_size=4, seq_len=8)
+  fields = bench.utilization(c, jax.local_devices(), 0.5, memory_before=100)
+  assert fields["peak_memory_bytes"] == 500
+  model_flops = flops.train_flops(c.model, 4, 8, 8)
+  assert fields["model_flops_per_step"] == model_flops > 0  # recurrent models get a count too
+  assert fields["achieved_flops_per_s"] == model_flops / 0.5
+  assert (fields["peak_flops_per_s"], fields["peak_flops_per_s_total"]) == (2e9, 4e9)
+  assert fields["mfu"] == pytest.approx(model_flops / 0.5 / 4e9)
 
 
 def test_datasheet_peaks_follow_the_matmul_precision(monkeypatch):
@@ -259,8 +446,10 @@ def test_train_json_has_every_field(runs):
   assert record["model_flops_per_step"] == flops.train_flops(cfg, 4, 8, 8)
   assert record["mfu"] == pytest.approx(
       record["model_flops_per_step"] / record["step_time_s"] / record["peak_flops_per_s"])
+  assert record["peak_flops_per_s_total"] == record["peak_flops_per_s"]  # one device
   assert record["peak_memory_bytes"] is None or record["peak_memory_bytes"] > 0
   assert "tokens_per_s" in proc.stdout and "mfu" in proc.stdout
+  assert "(one device)" in proc.stdout and "(all devices)" in proc.stdout
 
 
 def test_decode_json(runs):
@@ -291,6 +480,11 @@ def test_sweep_devices_writes_plot(runs):
   assert [(p["parallelism"], p["num_devices"]) for p in data["points"]] == [("mesh", 1),
                                                                             ("mesh", 2)]
   assert all(p["batch_size"] == 4 and p["tokens_per_s"] > 0 for p in data["points"])
+  assert data["complete"] is True
+  for p in data["points"]:  # achieved FLOP/s is the devices' total; so is the peak it meets
+    assert p["peak_flops_per_s_total"] == pytest.approx(p["peak_flops_per_s"] * p["num_devices"])
+    assert p["mfu"] == pytest.approx(p["achieved_flops_per_s"] / p["peak_flops_per_s_total"],
+                                     rel=1e-12)
   png = folder / "sweep.png"
   assert data["plot"] == str(png) and png.read_bytes()[:4] == b"\x89PNG"
   assert "sweep: devices" in proc.stdout

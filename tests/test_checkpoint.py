@@ -131,9 +131,7 @@ def test_unfinished_and_corrupt_checkpoints_are_skipped(uninterrupted, tmp_path,
   shutil.copytree(full, work)
   root = ckpt.checkpoint_dir(work)
   (root / "16.orbax-checkpoint-tmp-1234").mkdir()  # a save killed half way
-  for f in (root / "12" / "state").rglob("*"):  # the newest finished one is damaged
-    if f.is_file() and f.stat().st_size > 100:
-      f.write_bytes(f.read_bytes()[:50])
+  _damage(root / "12")  # the newest finished one
   from training.loop import _restore_target
   from tests.test_training import make_parallel
   config = tiny_config(num_devices=1)
@@ -234,6 +232,78 @@ def test_keep_best_keeps_the_highest_bleu(tmp_path):
     c.save(step, {"x": np.full((2,), step, np.float32)}, {"step": step}, metrics={"bleu": bleu})
   c.close()
   assert ckpt.available_steps(tmp_path) == [2, 4]  # best (30 at step 2) and latest
+
+
+def test_keep_best_survives_a_restart(tmp_path):
+  """The best checkpoint's BLEU is on disk: a resumed run (a new manager) still keeps it."""
+  c = ckpt.Checkpointer(tmp_path, keep=1, keep_best=1, async_save=False)
+  for step, bleu in ((1, 10.0), (2, 30.0), (3, None)):
+    c.save(step, {"x": np.full((2,), step, np.float32)}, {"step": step},
+           metrics=None if bleu is None else {"bleu": bleu})
+  c.close()
+  assert ckpt.available_steps(tmp_path) == [2, 3]
+  c = ckpt.Checkpointer(tmp_path, keep=1, keep_best=1, async_save=False)  # the run resumed
+  for step in (4, 5):
+    c.save(step, {"x": np.full((2,), step, np.float32)}, {"step": step})
+  c.close()
+  assert ckpt.available_steps(tmp_path) == [2, 5]
+
+
+def _damage(folder):
+  for f in (folder / "state").rglob("*"):
+    if f.is_file() and f.stat().st_size > 100:
+      f.write_bytes(f.read_bytes()[:50])
+
+
+def test_training_on_after_an_unreadable_checkpoint_saves_that_step_again(uninterrupted, tmp_path):
+  """Step 12 is damaged: the run resumes from 8, sets 12 aside and writes a new step 12, equal to
+  the uninterrupted run's (before, Orbax declined every save up to 12 and the final one raised)."""
+  config, full = uninterrupted
+  work = tmp_path / "w"
+  shutil.copytree(full, work)
+  _damage(ckpt.checkpoint_dir(work) / "12")
+  _train(config, work)
+  assert ckpt.available_steps(work) == [4, 8, 12]
+  assert (ckpt.checkpoint_dir(work) / "12.unreadable-0").is_dir()
+  _assert_trees_equal(_params(work, 12), _params(full, 12))
+
+
+def test_no_restorable_checkpoint_is_an_error_not_a_fresh_start(uninterrupted, tmp_path):
+  config, full = uninterrupted
+  work = tmp_path / "w"
+  shutil.copytree(full, work)
+  for step in ckpt.available_steps(work):
+    _damage(ckpt.checkpoint_dir(work) / str(step))
+  with pytest.raises(RuntimeError, match=r"none of the 3 checkpoints in .* could be restored "
+                                         r"\(newest first: 12: "):
+    _train(config, work)
+  assert ckpt.available_steps(work) == [4, 8, 12]
+  assert (work / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
+
+
+def test_vocab_path_is_copied_into_the_workdir_and_decoding_checks_it(uninterrupted, tmp_path):
+  """data.vocab_path: the workdir alone decodes once the original file is gone; a vocabulary
+  other than the checkpoint's is refused by name instead of decoding wrong words."""
+  from data import tokenizer
+  _, full = uninterrupted
+  outside = tmp_path / "mine.json"
+  shutil.copy(full / "vocab.json", outside)
+  work = tmp_path / "w"
+  _train(tiny_config(num_devices=1, num_train_steps=2, **{"data.vocab_path": str(outside)}), work)
+  outside.unlink()
+  restored = ckpt.load_for_inference(work)
+  assert restored.vocab.fingerprint == tokenizer.load_vocab(full / "vocab.json").fingerprint
+  words = restored.vocab.words
+  tokenizer.WordVocab(list(reversed(words))).save(work / "vocab.json")  # same size, other ids
+  with pytest.raises(ValueError, match=r"were trained with vocabulary word-\w+, but .*vocab.json: "
+                                       r"word-\w+: decoding with another vocabulary"):
+    ckpt.load_for_inference(work)
+
+
+def test_stop_signal_handlers_are_put_back_after_training(tmp_path):
+  before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+  _train(tiny_config(num_devices=1, num_train_steps=1), tmp_path)
+  assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
 def test_averaging_unevenly_spaced_steps_warns(caplog):

@@ -379,6 +379,37 @@ def test_resume_yields_the_same_next_batches(tmp_path):
         restored.restore({"epoch": 1})
 
 
+def test_resume_with_another_batch_plan_continues_the_epoch_at_the_same_fraction(caplog):
+    """Another device count changes the rows per batch, so the saved batch index names other
+    examples; the restored iterator warns with what changed and continues where the checkpoint
+    was in the epoch: over the epoch, at most one batch's worth of examples is repeated or missed."""
+    import logging
+    data = fake_split(*LENGTHS)
+    args = dict(tokens_per_batch=300, max_len=20, packing=True, seed=5)
+    old = batching.Batcher(data, batch_multiple=1, **args).train_iter()
+    seen = [e for _ in range(7) for e in examples_in(next(old))]
+    state = old.state()
+    assert state["epoch"] == 0 and state["index"] == 7 and state["plan"]["row_multiple"] == 1
+    new = batching.Batcher(data, batch_multiple=4, **args).train_iter()
+    with caplog.at_level(logging.WARNING):
+        new.restore(state)
+    assert "batch plan changed since the checkpoint (row_multiple: 1 -> 4)" in caplog.text
+    total = len(new._batcher.epoch_plan(0))
+    assert total != state["batches"]
+    assert new.state()["index"] == round(7 * total / state["batches"])
+    while new.epoch == 0:
+        batch = next(new)
+        if new.epoch == 0:
+            seen += examples_in(batch)
+    rows = 12  # rows per batch with the multiple of 4; at most 3 examples fit a 20-token row
+    assert abs(len(seen) - 300) <= rows * 3 and len(set(seen)) >= 300 - rows * 3
+    caplog.clear()
+    same = batching.Batcher(data, batch_multiple=1, **args).train_iter()
+    with caplog.at_level(logging.WARNING):
+        same.restore(state)
+    assert same.state()["index"] == 7 and "batch plan changed" not in caplog.text
+
+
 def test_batching_is_fast():
     rng = np.random.default_rng(0)
     data = fake_split(rng.integers(2, 40, 20000), rng.integers(2, 40, 20000))

@@ -57,3 +57,23 @@ def test_only_the_transformer(wmt_dir):
   from configs import multi30k_rnn
   with pytest.raises(flax_wmt.BaselineError, match="has only the transformer"):
     flax_wmt.model_config(flax_wmt.load(str(wmt_dir)), multi30k_rnn.get_config().model)
+
+
+def test_pmap_devices_follow_num_devices():
+  """flax's pmap runs on the devices bench times ours on (config.num_devices), not on all of
+  this host's (8 simulated here)."""
+  import jax
+  from configs import tiny
+  config = tiny.get_config()
+  assert len(jax.local_devices()) == 8
+  assert flax_wmt.pmap_devices(config, 16) == jax.local_devices()  # 0 = all
+  config.num_devices = 1
+  assert flax_wmt.pmap_devices(config, 3) == jax.local_devices()[:1]
+  config.num_devices = 2
+  assert flax_wmt.pmap_devices(config, 4) == jax.local_devices()[:2]
+  with pytest.raises(flax_wmt.BaselineError, match=r"bench.batch_size=3 is not divisible by the 2 "
+                     r"devices flax's pmap splits it over \(num_devices=2"):
+    flax_wmt.pmap_devices(config, 3)
+  config.num_devices = 9
+  with pytest.raises(flax_wmt.BaselineError, match="num_devices=9, but this process has 8"):
+    flax_wmt.pmap_devices(config, 9)

@@ -17,7 +17,7 @@ from jax import lax
 from model import generate, masks, search
 from model.build import MODEL_TYPES, abstract_params, build_model
 from model.config import TransformerConfig
-from model.decoder_only import SEP_ID, CausalStack, DecoderOnly
+from model.decoder_only import SEP_ID, CausalStack, DecoderOnly, combined_sequence
 from model.rnn import RNNConfig, RNNSeq2Seq
 from model.transformer import shift_right
 
@@ -243,6 +243,30 @@ def test_decoder_only_layout(name):
   target token, so a loss over targets never sees source positions."""
   r = results(name)
   np.testing.assert_allclose(r["logits"][1, :len(TGT[1])], r["by_hand"], atol=1e-5, rtol=1e-5)
+
+
+def test_decoder_only_loss_unchanged_by_projecting_targets_only():
+  """Only the target part is projected to the vocabulary; the loss (and the logits) equal those
+  of projecting every source and target position and slicing the target part afterwards."""
+  from model.loss import smoothed_cross_entropy
+  for share in (True, False):
+    model = _decoder_only(True, share, 1)
+    params = model.init(jax.random.key(1), P_IN, P_TGT)["params"]
+    batch = (P_IN, P_TGT, P_IN_POS, P_TGT_POS, P_IN_SEG, P_TGT_SEG)
+
+    def losses(p):
+      logits = model.apply({"params": p}, *batch)
+      tokens, positions, mask = combined_sequence(*batch)
+      every = CausalStack(model.config).apply({"params": p["decoder"]}, tokens, positions, mask,
+                                              True)
+      old = every[:, P_IN.shape[1]:]
+      loss = lambda lg: smoothed_cross_entropy(lg, P_TGT, P_TGT > 0, 0.1)[0]
+      return logits, old, loss(logits), loss(old)
+
+    logits, old, loss, old_loss = jax.jit(losses, compiler_options=_FAST_COMPILE)(params)
+    assert logits.shape == old.shape == (2, P_TGT.shape[1], VOCAB)
+    np.testing.assert_allclose(loss, old_loss, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, old, rtol=1e-5, atol=1e-5)
 
 
 def test_sep_id_matches_the_tokenizer():

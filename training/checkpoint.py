@@ -5,7 +5,10 @@ A checkpoint holds `state` (params, Adam moments, step, the non-finite counter) 
 (JSON: the config, the data iterator's position, the RNG seed). The vocabulary file sits in the
 workdir beside it. Orbax writes each step into a temporary folder and renames it when complete,
 so a crash mid-save leaves the previous checkpoint intact; restore skips unfinished folders and
-falls back past a checkpoint that cannot be read, with a warning naming it. A readable checkpoint
+falls back past a checkpoint that cannot be read, with a warning naming it, and renames it to
+`<step>.unreadable-<n>` so that the run can save that step again; when none can be restored it is
+an error (never a silent fresh start). With `keep_best`, each evaluated checkpoint's BLEU is
+written beside it, so the best survives restarts. A readable checkpoint
 whose arrays do not fit the run's state (another model or optimizer layout) is an error naming the
 arrays that differ, never a silent fresh start.
 """
@@ -51,23 +54,33 @@ class Checkpointer:
 
   def __init__(self, workdir, *, keep: int = 5, keep_best: int = 0, async_save: bool = True):
     self.root = checkpoint_dir(workdir)
+    self._async = async_save
     policies = [pp.LatestN(n=max(int(keep), 1))]
+    best = {}
     if keep_best:
       # BestN sorts ascending and keeps the last n: the highest BLEU.
-      policies.append(pp.BestN(get_metric_fn=lambda m: m["bleu"], reverse=False, n=int(keep_best),
+      policies.append(pp.BestN(get_metric_fn=_bleu, reverse=False, n=int(keep_best),
                                keep_checkpoints_without_metrics=False))
-    options = ocp.CheckpointManagerOptions(
+      # Orbax writes a checkpoint's metrics to disk only with best_fn set; without it they live in
+      # memory and, after a restart, every older checkpoint looks unscored and the best is deleted.
+      best = dict(best_fn=_bleu, best_mode="max")
+      _quiet_unscored_save_warning()
+    self._options = ocp.CheckpointManagerOptions(
         preservation_policy=pp.AnyPreservationPolicy(policies),
-        enable_async_checkpointing=async_save, create=True)
-    self.manager = ocp.CheckpointManager(self.root, options=options)
+        enable_async_checkpointing=async_save, create=True, **best)
+    self.manager = ocp.CheckpointManager(self.root, options=self._options)
 
   def save(self, step: int, state, meta: dict, metrics: dict | None = None, force=False) -> bool:
     """Starts writing `state` (a pytree of arrays) and `meta` (JSON-able) at `step`; returns
     while the write finishes in the background (async mode)."""
-    return self.manager.save(
+    saved = self.manager.save(
         int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                            meta=ocp.args.JsonSave(meta)),
         metrics=metrics, force=force)
+    if not saved:
+      logging.warning("checkpoint at step %d was not written (Orbax's save policy declined it; "
+                      "existing steps: %s)", step, self.steps())
+    return saved
 
   def wait(self):
     self.manager.wait_until_finished()
@@ -79,19 +92,22 @@ class Checkpointer:
     """Restores the newest readable checkpoint into `abstract_state` (ShapeDtypeStructs with
     shardings). `check_meta(meta)` may raise to refuse a checkpoint (e.g. another model shape);
     that error propagates, as does a ValueError when the saved arrays do not fit
-    `abstract_state` (`explain(meta)` adds a hint to its message). Returns (step, state, meta) or
-    None when there is none."""
+    `abstract_state` (`explain(meta)` adds a hint to its message). Returns (step, state, meta),
+    or None when there is no finished checkpoint; RuntimeError when there are some and none can
+    be restored. Unreadable checkpoints newer than the one restored are set aside (`_set_aside`)."""
     steps, other = _step_dirs(self.root)
     for p in other:
       logging.warning("skipping %s: not a finished checkpoint (an interrupted save?)", p)
+    unreadable = []  # (folder, error) of newer checkpoints skipped
     for step in reversed(steps):
       folder = self.root / str(step)
       try:
         meta = json.loads((folder / "meta" / "metadata").read_text())
         diffs = state_differences(folder, abstract_state)
       except Exception as e:  # noqa: BLE001 - unreadable metadata: fall back to the one before
-        logging.warning("skipping checkpoint %s: its metadata could not be read (%s: %s)",
-                        folder, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+        unreadable.append((folder, _first_line(e)))
+        logging.warning("skipping checkpoint %s: its metadata could not be read (%s)",
+                        folder, unreadable[-1][1])
         continue
       if check_meta is not None:
         check_meta(meta)
@@ -103,15 +119,67 @@ class Checkpointer:
             + "; ".join(diffs) + (f". {hint}" if hint else ""))
       try:
         state, meta = restore(folder, abstract_state)
-        return step, state, meta
       except Exception as e:  # noqa: BLE001 - corrupt or truncated: fall back to the one before
-        logging.warning("skipping checkpoint %s: it could not be read (%s: %s)",
-                        folder, type(e).__name__, str(e).splitlines()[0][:200])
+        unreadable.append((folder, _first_line(e)))
+        logging.warning("skipping checkpoint %s: it could not be read (%s)", folder,
+                        unreadable[-1][1])
+        continue
+      if unreadable:
+        self._set_aside([f for f, _ in unreadable])
+      return step, state, meta
+    if unreadable:
+      # Not a fresh start: a restore that fails everywhere (out of memory on fewer devices, a
+      # sharding error, an unreachable file system) must not silently discard the run.
+      raise RuntimeError(
+          f"none of the {len(unreadable)} checkpoints in {self.root} could be restored (newest "
+          f"first: " + "; ".join(f"{f.name}: {err}" for f, err in unreadable[:3]) +
+          "); fix the cause, or move them away to start afresh")
     return None
+
+  def _set_aside(self, folders: list[pathlib.Path]) -> None:
+    """Renames unreadable checkpoints newer than the restored one to `<step>.unreadable-<n>` (kept
+    for inspection, no longer a step), so that the run can save those steps again: Orbax
+    declines to save a step at or below the newest it knows."""
+    if jax.process_index() == 0:
+      for folder in folders:
+        n = 0
+        while (target := folder.with_name(f"{folder.name}.unreadable-{n}")).exists():
+          n += 1
+        folder.rename(target)
+        logging.warning("moved the unreadable checkpoint %s to %s", folder, target)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices("checkpoints set aside")
+    self.manager.close()
+    self.manager = ocp.CheckpointManager(self.root, options=self._options)
 
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _bleu(metrics) -> float:
+  return metrics["bleu"]
+
+
+def _first_line(e: Exception) -> str:
+  text = str(e).splitlines()[0][:200] if str(e) else ""
+  return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+class _DropUnscoredSaveWarning:
+  """Orbax warns at every save without metrics once best_fn is set; here only evaluation steps
+  carry a BLEU, so the other saves are expected."""
+
+  def filter(self, record) -> bool:
+    return "did not provide metrics" not in record.getMessage()
+
+
+def _quiet_unscored_save_warning():
+  import logging as std_logging
+  absl_logger = std_logging.getLogger("absl")
+  if not any(isinstance(f, _DropUnscoredSaveWarning) for f in absl_logger.filters):
+    absl_logger.addFilter(_DropUnscoredSaveWarning())
 
 
 def restore(path: pathlib.Path, abstract_state=None):
@@ -263,7 +331,6 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
   checkpoint: 'latest', a step number, or 'average:<k>' (mean of the last k checkpoints'
   parameters, or the file `python -m training.average` wrote for them).
   """
-  from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_vocab
   workdir = pathlib.Path(workdir).absolute()
   steps = available_steps(workdir)
   if not steps:
@@ -306,11 +373,31 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
   config = config_from_meta(meta)
   if len(chosen) > 1:
     _report_average(chosen, config.get("checkpoint_every_steps"))
-  vocab_path = config.data.vocab_path or next(
-      (str(workdir / n) for n in (VOCAB_MODEL_NAME, VOCAB_JSON_NAME) if (workdir / n).exists()), "")
-  if not vocab_path:
-    raise FileNotFoundError(f"no vocabulary (vocab.model or vocab.json) in {_describe(workdir)}")
-  return Restored(config=config, params=params, step=chosen[-1], vocab=load_vocab(vocab_path))
+  return Restored(config=config, params=params, step=chosen[-1],
+                  vocab=_training_vocab(workdir, config, meta.get("vocab")))
+
+
+def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):
+  """The vocabulary the checkpoint was trained with: the workdir's vocab.model / vocab.json (train
+  copies data.vocab_path there), else data.vocab_path; the one whose fingerprint the checkpoint
+  recorded (older checkpoints record none: the first found)."""
+  from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_vocab
+  paths = [workdir / n for n in (VOCAB_MODEL_NAME, VOCAB_JSON_NAME) if (workdir / n).is_file()]
+  if config.data.get("vocab_path") and pathlib.Path(config.data.vocab_path).is_file():
+    paths.append(pathlib.Path(config.data.vocab_path))
+  if not paths:
+    raise FileNotFoundError(f"no vocabulary (vocab.model or vocab.json) in {_describe(workdir)}"
+                            + (f", and data.vocab_path={config.data.vocab_path} does not exist"
+                               if config.data.get("vocab_path") else ""))
+  found = []
+  for path in paths:
+    vocab = load_vocab(path)
+    if fingerprint is None or vocab.fingerprint == fingerprint:
+      return vocab
+    found.append(f"{path}: {vocab.fingerprint}")
+  raise ValueError(f"the checkpoints in {checkpoint_dir(workdir)} were trained with vocabulary "
+                   f"{fingerprint}, but {'; '.join(found)}: decoding with another vocabulary "
+                   f"would give wrong words; put the run's vocabulary file back")
 
 
 def _report_average(chosen: list[int], interval: int | None = None) -> None:

@@ -27,16 +27,29 @@ def check_workdir(workdir: pathlib.Path) -> None:
 
 class _Preemption:
   """Records SIGTERM/SIGINT so the loop can save and exit after the current step (with several
-  processes: after the next step that is a multiple of MULTIHOST_EVERY)."""
+  processes: after the next step that is a multiple of MULTIHOST_EVERY). A second signal stops at
+  once (KeyboardInterrupt) without saving; the last finished checkpoint stays as it was.
+  `close()` puts the previous handlers back."""
 
   def __init__(self):
     self.signal = None
-    for sig in (signal.SIGTERM, signal.SIGINT):
-      signal.signal(sig, self._handle)
+    self._previous = {sig: signal.signal(sig, self._handle)
+                      for sig in (signal.SIGTERM, signal.SIGINT)}
 
   def _handle(self, signum, frame):
     del frame
-    self.signal = signal.Signals(signum).name
+    name = signal.Signals(signum).name
+    if self.signal is not None:
+      self.close()
+      raise KeyboardInterrupt(f"second stop signal ({name}): stopped without saving")
+    self.signal = name
+    logging.warning("%s received: saving and stopping after this step (send it again to stop at "
+                    "once without saving)", name)
+
+  def close(self):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
 
   # Several processes must agree to stop at the same step, which takes a collective that waits
   # for the queued steps; it runs every this many steps so that it does not stall each one.
@@ -91,14 +104,13 @@ def build_steps(config):
 def train(config, workdir: pathlib.Path) -> dict:
   """The whole run; returns the last eval metrics."""
   import jax
-  from data import pipeline as data_pipeline
+  from data import pipeline as data_pipeline, tokenizer
   from training import checkpoint as ckpt
   from training import evaluate, parallel as par
   from training.metrics import MetricsWriter, Progress, quiet_library_logs
 
   quiet_library_logs()
   lead = jax.process_index() == 0
-  preemption = _Preemption()
   accum = int(config.optim.grad_accum_steps)
   if accum < 1:
     raise Stop(f"config error: optim.grad_accum_steps={accum} must be >= 1")
@@ -158,6 +170,8 @@ def train(config, workdir: pathlib.Path) -> dict:
   else:
     state = parallel.init_state(jax.random.fold_in(rng, 1))
     step0 = 0
+  if lead and config.data.vocab_path:  # the workdir alone must decode, here or elsewhere
+    tokenizer.save_in_workdir(vocab, workdir)
   if step0 >= config.num_train_steps:
     checkpointer.close()
     logging.warning("%s is already at step %d (num_train_steps=%d): nothing to train; raise "
@@ -180,8 +194,8 @@ def train(config, workdir: pathlib.Path) -> dict:
   def save(step, metrics=None, force=False):
     nonlocal saved_step
     to_save = parallel.host_state(state) if parallel.kind == "pmap" else state
-    checkpointer.save(step, to_save, meta(), metrics=metrics, force=force)
-    saved_step = step
+    if checkpointer.save(step, to_save, meta(), metrics=metrics, force=force):
+      saved_step = step
 
   eval_pairs = pipeline.pairs(config.data.eval_split)
   bleu_pairs = eval_pairs[:config.eval.bleu_sentences] if config.eval.bleu_sentences else []
@@ -205,6 +219,7 @@ def train(config, workdir: pathlib.Path) -> dict:
   window = None  # train metrics summed since the last log line (_accumulate)
   t_log, tokens_since = time.time(), 0.0
   t_start = time.time()
+  preemption = _Preemption()
   try:
     while step < config.num_train_steps:
       batch = next(train_iter)
@@ -250,6 +265,7 @@ def train(config, workdir: pathlib.Path) -> dict:
     last_eval = run_eval(step)
     save(step, {"bleu": last_eval.get("bleu", 0.0)}, force=True)
   finally:
+    preemption.close()
     checkpointer.close()
     progress.close()
     writer.close()
