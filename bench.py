@@ -679,12 +679,12 @@ def run_points(points, one, kind: str, mode: str, json_path: str | None) -> list
   If a point fails (an error, out of memory, Ctrl-C), the points done so far are written to
   `json_path` with the error (`complete` false, no plot) before the error goes on."""
   records = []
+  value = parallelism = None
   try:
     for value, parallelism, c in points:
       logging.info("sweep %s=%s (%s)", kind, value, parallelism)
       records.append({"sweep_value": value, **one(c)})
   except (Exception, KeyboardInterrupt) as e:
-    value, parallelism, _ = points[len(records)]
     if json_path:
       _write_json(pathlib.Path(json_path),
                   {"sweep": kind, "mode": mode, "config": records[0]["config"] if records else None,

@@ -22,8 +22,9 @@ and materialises only its contiguous block of rows `[p * R / P, (p + 1) * R / P)
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import math
-import pathlib
 from typing import Iterator
 
 from absl import logging
@@ -157,11 +158,19 @@ class Batcher:
             raise ValueError(f"{data.path} holds sequences of {self._lengths.max()} tokens, more than "
                              f"max_len={max_len}")
 
+    @functools.cached_property
+    def _corpus_key(self) -> str:
+        """The split's example lengths, hashed: all the plans read of the corpus (its cache
+        folder's name would change with the data files' paths and times)."""
+        digest = hashlib.sha256(np.asarray(self.data.source_lengths, np.int64).tobytes())
+        digest.update(np.asarray(self.data.target_lengths, np.int64).tobytes())
+        return digest.hexdigest()[:16]
+
     @property
     def plan_signature(self) -> dict:
         """What the epoch plans depend on: with all of it equal, a saved position (epoch, index)
         names the same batch again."""
-        return {"corpus": pathlib.Path(self.data.path).name, "examples": int(self.data.num_examples),
+        return {"corpus": self._corpus_key, "examples": int(self.data.num_examples),
                 "seed": int(self.seed), "tokens_per_batch": int(self.tokens_per_batch),
                 "max_len": int(self.max_len), "packing": bool(self.packing),
                 "row_multiple": int(self.multiple)}

@@ -281,6 +281,39 @@ def test_no_restorable_checkpoint_is_an_error_not_a_fresh_start(uninterrupted, t
   assert (work / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
 
 
+@pytest.mark.parametrize("error", [MemoryError("cannot allocate"),
+                                   ValueError("RESOURCE_EXHAUSTED: Out of memory allocating")])
+def test_a_machine_failure_on_restore_skips_and_moves_nothing(uninterrupted, tmp_path,
+                                                              monkeypatch, error):
+  """Out of memory (or an unavailable file system) says nothing about the checkpoint: no fallback
+  to an older step, no renaming, an error."""
+  _, full = uninterrupted
+  work = tmp_path / "w"
+  shutil.copytree(full, work)
+
+  def failing(path, abstract_state=None):
+    raise error
+  monkeypatch.setattr(ckpt, "restore", failing)
+  from training.loop import _restore_target
+  from tests.test_training import make_parallel
+  config = tiny_config(num_devices=1)
+  with pytest.raises(RuntimeError, match=r"checkpoint .*12 could not be restored .*a problem of "
+                                         r"this machine"):
+    ckpt.Checkpointer(work, async_save=False).restore_latest(_restore_target(make_parallel(config),
+                                                                             config))
+  assert sorted(p.name for p in ckpt.checkpoint_dir(work).iterdir()) == ["12", "4", "8"]
+
+
+def test_processes_that_found_different_checkpoints_stop_together(monkeypatch):
+  from jax.experimental import multihost_utils
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(multihost_utils, "process_allgather", lambda x: np.array([12, 8]))
+  with pytest.raises(RuntimeError, match=r"different newest readable checkpoints .*\[12, 8\]"):
+    ckpt._agree_across_processes(12, pathlib.Path("ckpts"))
+  monkeypatch.setattr(multihost_utils, "process_allgather", lambda x: np.array([8, 8]))
+  ckpt._agree_across_processes(8, pathlib.Path("ckpts"))
+
+
 def test_vocab_path_is_copied_into_the_workdir_and_decoding_checks_it(uninterrupted, tmp_path):
   """data.vocab_path: the workdir alone decodes once the original file is gone; a vocabulary
   other than the checkpoint's is refused by name instead of decoding wrong words."""
@@ -291,8 +324,10 @@ def test_vocab_path_is_copied_into_the_workdir_and_decoding_checks_it(uninterrup
   work = tmp_path / "w"
   _train(tiny_config(num_devices=1, num_train_steps=2, **{"data.vocab_path": str(outside)}), work)
   outside.unlink()
+  (work / "vocab.model").write_bytes(b"stale, not a SentencePiece model")  # tried first, skipped
   restored = ckpt.load_for_inference(work)
   assert restored.vocab.fingerprint == tokenizer.load_vocab(full / "vocab.json").fingerprint
+  (work / "vocab.model").unlink()
   words = restored.vocab.words
   tokenizer.WordVocab(list(reversed(words))).save(work / "vocab.json")  # same size, other ids
   with pytest.raises(ValueError, match=r"were trained with vocabulary word-\w+, but .*vocab.json: "

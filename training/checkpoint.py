@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 CHECKPOINT_DIR = "checkpoints"
+UNREADABLE_MARK = ".unreadable-"  # <step>.unreadable-<n>: set aside by a resume (_set_aside)
 AVERAGE_DIR = "averaged"
 # Model fields whose change makes a checkpoint's parameters unusable (or, pre_ln, meaningless).
 SHAPE_FIELDS = ("type", "vocab_size", "d_model", "d_ff", "num_heads", "num_layers",
@@ -97,14 +98,19 @@ class Checkpointer:
     be restored. Unreadable checkpoints newer than the one restored are set aside (`_set_aside`)."""
     steps, other = _step_dirs(self.root)
     for p in other:
-      logging.warning("skipping %s: not a finished checkpoint (an interrupted save?)", p)
+      if UNREADABLE_MARK in p.name:
+        logging.info("%s: a checkpoint set aside as unreadable by an earlier resume", p)
+      else:
+        logging.warning("skipping %s: not a finished checkpoint (an interrupted save?)", p)
     unreadable = []  # (folder, error) of newer checkpoints skipped
+    found = None
     for step in reversed(steps):
       folder = self.root / str(step)
       try:
         meta = json.loads((folder / "meta" / "metadata").read_text())
         diffs = state_differences(folder, abstract_state)
       except Exception as e:  # noqa: BLE001 - unreadable metadata: fall back to the one before
+        _raise_if_environmental(e, folder)
         unreadable.append((folder, _first_line(e)))
         logging.warning("skipping checkpoint %s: its metadata could not be read (%s)",
                         folder, unreadable[-1][1])
@@ -120,21 +126,23 @@ class Checkpointer:
       try:
         state, meta = restore(folder, abstract_state)
       except Exception as e:  # noqa: BLE001 - corrupt or truncated: fall back to the one before
+        _raise_if_environmental(e, folder)
         unreadable.append((folder, _first_line(e)))
         logging.warning("skipping checkpoint %s: it could not be read (%s)", folder,
                         unreadable[-1][1])
         continue
-      if unreadable:
-        self._set_aside([f for f, _ in unreadable])
-      return step, state, meta
-    if unreadable:
-      # Not a fresh start: a restore that fails everywhere (out of memory on fewer devices, a
-      # sharding error, an unreachable file system) must not silently discard the run.
+      found = (step, state, meta)
+      break
+    _agree_across_processes(found[0] if found else None, self.root)
+    if found is None and unreadable:
+      # Not a fresh start: checkpoints exist, and discarding the run silently would lose it.
       raise RuntimeError(
           f"none of the {len(unreadable)} checkpoints in {self.root} could be restored (newest "
           f"first: " + "; ".join(f"{f.name}: {err}" for f, err in unreadable[:3]) +
           "); fix the cause, or move them away to start afresh")
-    return None
+    if unreadable:
+      self._set_aside([f for f, _ in unreadable])
+    return found
 
   def _set_aside(self, folders: list[pathlib.Path]) -> None:
     """Renames unreadable checkpoints newer than the restored one to `<step>.unreadable-<n>` (kept
@@ -143,7 +151,7 @@ class Checkpointer:
     if jax.process_index() == 0:
       for folder in folders:
         n = 0
-        while (target := folder.with_name(f"{folder.name}.unreadable-{n}")).exists():
+        while (target := folder.with_name(f"{folder.name}{UNREADABLE_MARK}{n}")).exists():
           n += 1
         folder.rename(target)
         logging.warning("moved the unreadable checkpoint %s to %s", folder, target)
@@ -160,6 +168,34 @@ class Checkpointer:
 
 def _bleu(metrics) -> float:
   return metrics["bleu"]
+
+
+# Errors of the machine rather than the checkpoint: restoring elsewhere or later may succeed, so
+# the checkpoint is neither skipped nor set aside.
+_ENVIRONMENT_CODES = ("resource_exhausted", "unavailable", "deadline_exceeded", "out of memory")
+
+
+def _raise_if_environmental(e: Exception, folder: pathlib.Path) -> None:
+  if (isinstance(e, (MemoryError, PermissionError, TimeoutError, ConnectionError,
+                     jax.errors.JaxRuntimeError))
+      or any(code in str(e).lower() for code in _ENVIRONMENT_CODES)):
+    raise RuntimeError(f"checkpoint {folder} could not be restored ({_first_line(e)}): a problem "
+                       f"of this machine (memory, devices, file system), not a damaged checkpoint, "
+                       f"so nothing was skipped or moved; fix it and re-run") from e
+
+
+def _agree_across_processes(step: int | None, root: pathlib.Path) -> None:
+  """Several processes must resume the same step; one that could read less than another (a
+  damaged file only it reads) stops them all with an error instead of a hang or a split run."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils
+  steps = multihost_utils.process_allgather(np.int64(-1 if step is None else step))
+  steps = [int(s) for s in np.ravel(steps)]
+  if len(set(steps)) > 1:
+    raise RuntimeError(f"processes found different newest readable checkpoints in {root} "
+                       f"(by process: {steps}, -1 = none): a checkpoint is damaged for some of "
+                       f"them; move the damaged step folder away and re-run")
 
 
 def _first_line(e: Exception) -> str:
@@ -391,7 +427,11 @@ def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):
                                if config.data.get("vocab_path") else ""))
   found = []
   for path in paths:
-    vocab = load_vocab(path)
+    try:
+      vocab = load_vocab(path)
+    except Exception as e:  # noqa: BLE001 - a damaged or stale file: try the next one
+      found.append(f"{path}: unreadable ({_first_line(e)})")
+      continue
     if fingerprint is None or vocab.fingerprint == fingerprint:
       return vocab
     found.append(f"{path}: {vocab.fingerprint}")

@@ -27,9 +27,9 @@ def check_workdir(workdir: pathlib.Path) -> None:
 
 class _Preemption:
   """Records SIGTERM/SIGINT so the loop can save and exit after the current step (with several
-  processes: after the next step that is a multiple of MULTIHOST_EVERY). A second signal stops at
-  once (KeyboardInterrupt) without saving; the last finished checkpoint stays as it was.
-  `close()` puts the previous handlers back."""
+  processes: after the next step that is a multiple of MULTIHOST_EVERY). A second signal raises
+  KeyboardInterrupt: no new save (one already in flight is finished), the last finished checkpoint
+  stays as it was. `close()` puts the previous handlers back."""
 
   def __init__(self):
     self.signal = None
@@ -48,7 +48,8 @@ class _Preemption:
 
   def close(self):
     for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
+      if handler is not None:  # None: installed from C, cannot be put back from Python
+        signal.signal(sig, handler)
     self._previous = {}
 
   # Several processes must agree to stop at the same step, which takes a collective that waits
