@@ -22,7 +22,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, metrics, voc
 _COORD = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host).")
 _NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).")
 _PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-host).")
-_DIST_TIMEOUT = flags.DEFINE_integer("distributed_timeout", 60,
+_DIST_TIMEOUT = flags.DEFINE_integer("distributed_timeout", 300,
                                      "Seconds to wait for the coordinator before giving up.")
 flags.mark_flags_as_required(["config", "workdir"])
 

@@ -307,3 +307,35 @@ def test_train_py_bad_input_is_one_clear_line(tmp_path):
   out = _train_py(["--config=configs/tiny.py", f"--workdir={tmp_path}/w3",
                    "--config.data.name=no_such_tfds_dataset"], timeout=180)
   assert out.returncode == 1 and "no_such_tfds_dataset" in out.stderr
+
+
+def test_mesh_axes_that_divide_no_parameter_dimension_are_reported(caplog):
+  """tensor=8 with 4 heads: the attention kernels stay replicated (the vocabulary's 36 over 8 is
+  expected and not listed); fsdp=8 with d_model 32 divides, so nothing is reported for it."""
+  import logging
+  from training.loop import build_steps
+  with caplog.at_level(logging.WARNING):
+    build_steps(tiny_config(num_devices=8, **{"mesh.data": 1, "mesh.tensor": 8}))
+  text = caplog.text
+  assert "does not divide" in text and "heads=4 over tensor" in text and "vocab=" not in text
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    build_steps(tiny_config(num_devices=8, **{"mesh.data": 1, "mesh.fsdp": 8}))
+  assert "does not divide" not in caplog.text and "shards no parameter" not in caplog.text
+
+
+def test_distributed_arguments_are_checked_before_waiting(monkeypatch):
+  """An out-of-range process id is an error naming the flags at once (it used to wait for the
+  coordinator and then report a failure to join); a merely installed mpi4py is not a cluster."""
+  from training import parallel as par
+  with pytest.raises(ValueError, match=r"--process_id=2 must be in \[0, --num_processes=2\)"):
+    par.initialize_distributed("127.0.0.1:1", 2, 2, timeout_s=1)
+  from jax._src.clusters import ClusterEnv
+  opt_in = [env for env in ClusterEnv._cluster_types if getattr(env, "opt_in_only_method", False)]
+  assert opt_in, "no opt-in cluster type to check against"
+  for env in ClusterEnv._cluster_types:
+    monkeypatch.setattr(env, "is_env_present", classmethod(lambda cls: cls in opt_in))
+  called = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: called.append(kw))
+  par.initialize_distributed(None, None, None)
+  assert called == []

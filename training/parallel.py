@@ -40,24 +40,31 @@ LOGICAL_RULES = (
 
 # ----------------------------------------------------------------------------- multi-host
 def initialize_distributed(coordinator_address: str | None, num_processes: int | None,
-                           process_id: int | None, timeout_s: int = 60) -> None:
+                           process_id: int | None, timeout_s: int = 300) -> None:
   """Calls `jax.distributed.initialize` for a multi-process job.
 
   With explicit arguments they are used; otherwise JAX reads the cluster environment (SLURM,
   Open MPI, Kubernetes/TPU...) if one is detected; on a single machine without either nothing
-  happens. Raises a clear error if the coordinator cannot be reached within `timeout_s`.
+  happens. With explicit arguments JAX's cluster detection is switched off, so every process uses
+  all of its local devices (under SLURM or Open MPI, detection would otherwise pin each process
+  to one GPU by its local rank; set JAX_LOCAL_DEVICE_IDS to choose devices). Raises a clear
+  error if the coordinator cannot be reached within `timeout_s`.
   """
   explicit = coordinator_address or (num_processes and num_processes > 1)
   if not explicit:
     try:
       from jax._src.clusters import ClusterEnv  # the environments JAX auto-detects
-      if not any(env.is_env_present() for env in ClusterEnv._cluster_types):
+      # Opt-in environments (mpi4py: merely installed) are not a cluster JAX would detect.
+      if not any(not getattr(env, "opt_in_only_method", False) and env.is_env_present()
+                 for env in ClusterEnv._cluster_types):
         return
     except Exception:  # pragma: no cover - private API moved: do not guess a cluster
       return
   if explicit and (not coordinator_address or num_processes is None or process_id is None):
     raise ValueError("--coordinator_address, --num_processes and --process_id must be given "
                      f"together (got {coordinator_address!r}, {num_processes!r}, {process_id!r})")
+  if explicit and not 0 <= process_id < num_processes:
+    raise ValueError(f"--process_id={process_id} must be in [0, --num_processes={num_processes})")
   if explicit and process_id != 0:
     # JAX aborts the whole process (no exception) when the coordinator never answers, so wait for
     # its port here first and fail with a message instead.
@@ -65,7 +72,8 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
   try:
     jax.distributed.initialize(coordinator_address=coordinator_address or None,
                                num_processes=num_processes, process_id=process_id,
-                               initialization_timeout=timeout_s)
+                               initialization_timeout=timeout_s,
+                               **({"cluster_detection_method": "deactivate"} if explicit else {}))
   except Exception as e:
     raise RuntimeError(f"could not join the distributed job at coordinator "
                        f"{coordinator_address!r} within {timeout_s} s "
@@ -160,13 +168,48 @@ def _fit_spec(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
 
 
 def state_shardings(abstract_boxed_state, mesh: Mesh):
-  """NamedShardings for every leaf of the (unboxed) state, from the parameters' logical axes."""
+  """NamedShardings for every leaf of the (unboxed) state, from the parameters' logical axes.
+  A mesh axis that does not divide a dimension leaves it replicated; that is logged (except for
+  the vocabulary, whose size is rarely a multiple), as is an fsdp or tensor axis that shards no
+  parameter at all: its devices then hold and compute copies."""
   logical = nn.get_partition_spec(abstract_boxed_state)
   mesh_specs = nn.logical_to_mesh(logical, LOGICAL_RULES)
   unboxed = nn.unbox(abstract_boxed_state)
-  return jax.tree_util.tree_map(
-      lambda spec, leaf: NamedSharding(mesh, _fit_spec(spec, leaf.shape, mesh)),
-      mesh_specs, unboxed, is_leaf=lambda x: isinstance(x, P))
+  fitted = jax.tree_util.tree_map(lambda spec, leaf: _fit_spec(spec, leaf.shape, mesh),
+                                  mesh_specs, unboxed, is_leaf=lambda x: isinstance(x, P))
+  _report_unsharded(logical, mesh_specs, fitted, unboxed, mesh)
+  return jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), fitted,
+                                is_leaf=lambda x: isinstance(x, P))
+
+
+def _axes(entry) -> tuple:
+  return () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+
+
+def _report_unsharded(logical, wanted, fitted, leaves, mesh: Mesh) -> None:
+  """Warns about mesh axes the parameters' dimensions do not divide (see state_shardings)."""
+  is_spec = lambda x: isinstance(x, P)  # noqa: E731
+  dropped, used = [], set()
+  for (path, names), want, got, leaf in zip(
+      jax.tree_util.tree_flatten_with_path(logical, is_leaf=is_spec)[0],
+      jax.tree_util.tree_leaves(wanted, is_leaf=is_spec),
+      jax.tree_util.tree_leaves(fitted, is_leaf=is_spec),
+      jax.tree_util.tree_leaves(leaves)):
+    for dim, name, w, g in zip(leaf.shape, tuple(names) + (None,) * leaf.ndim, tuple(want) +
+                               (None,) * leaf.ndim, tuple(got) + (None,) * leaf.ndim):
+      used.update(a for a in _axes(g) if mesh.shape[a] > 1)
+      lost = [a for a in _axes(w) if mesh.shape[a] > 1 and a not in _axes(g)]
+      if lost and name != "vocab" and "params" in jax.tree_util.keystr(path):
+        dropped.append(f"{jax.tree_util.keystr(path)} {name}={dim} over {'×'.join(lost)}")
+  if dropped:
+    logging.warning("mesh %s does not divide %d parameter dimension(s), which stay replicated "
+                    "(no memory saved on them): %s%s", dict(mesh.shape), len(dropped),
+                    "; ".join(dropped[:4]), " ..." if len(dropped) > 4 else "")
+  for axis in ("fsdp", "tensor"):
+    if mesh.shape[axis] > 1 and axis not in used:
+      logging.warning("mesh.%s=%d shards no parameter (model.num_heads, d_ff or d_model not "
+                      "divisible by it?): its devices hold and compute copies", axis,
+                      mesh.shape[axis])
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
