@@ -121,11 +121,13 @@ def test_parallel_schemes_equal_one_device(reference_run, kind, mesh):
     assert mu.addressable_shards[0].data.size * 4 == mu.size  # Adam's moments sharded like wi
 
 
-@pytest.mark.parametrize("devices,accum", [(1, 4), (8, 2)])
-def test_gradient_accumulation_equals_one_big_step(reference_run, devices, accum):
+@pytest.mark.parametrize("devices,accum,parallelism", [(1, 4, "mesh"), (8, 2, "mesh"),
+                                                     (2, 2, "pmap")])
+def test_gradient_accumulation_equals_one_big_step(reference_run, devices, accum, parallelism):
   batches, ref_losses, ref_state = reference_run
   losses, state, _, _ = run_losses(
-      tiny_config(num_devices=devices, **{"optim.grad_accum_steps": accum}), batches)
+      tiny_config(num_devices=devices, parallelism=parallelism,
+                  **{"optim.grad_accum_steps": accum}), batches)
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5 if devices == 1 else 1e-4)
   atol = adam_atol(tiny_config(), len(batches))
   for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)):
@@ -187,6 +189,9 @@ def test_nonfinite_update_is_skipped_and_counted(reference_run):
   assert int(m["nonfinite"]) == 1 and int(after.nonfinite_streak) == 1
   assert int(after.step) == 1
   for a, b in zip(jax.tree_util.tree_leaves(before.params), jax.tree_util.tree_leaves(after.params)):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(jax.tree_util.tree_leaves(before.opt_state),  # Adam's moments and count too
+                  jax.tree_util.tree_leaves(after.opt_state)):
     np.testing.assert_array_equal(a, b)
   # The skipped step did not advance the schedule: the next good step uses (and logs) its first rate.
   from training.state import make_optimizer
