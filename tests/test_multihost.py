@@ -13,7 +13,7 @@ import pytest
 from tests.test_training import REPO
 
 ARGS = ["--config=configs/tiny.py", "--config.num_train_steps=5", "--config.log_every_steps=1",
-        "--config.eval.bleu_sentences=0", "--config.model.num_layers=1",
+        "--config.eval.bleu_sentences=4", "--config.model.num_layers=1",
         "--config.model.d_model=32", "--config.model.d_ff=64", "--config.data.tokens_per_batch=256",
         "--config.data.max_len=16", "--config.data.synthetic_max_len=6",
         "--config.checkpoint.async_save=false"]
@@ -52,6 +52,8 @@ def test_two_process_job_agrees_and_only_process_0_writes(tmp_path, parallelism)
   # Only process 0 writes metrics (5 train records + 1 eval) and the summary line.
   lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
   assert len(lines) == 6
+  # The final eval translated with the parameters spread over both processes' devices.
+  assert json.loads(lines[-1])["split"] == "eval" and "bleu" in json.loads(lines[-1])
   assert "final:" in outs[0][0] and "final:" not in outs[1][0]
   assert (tmp_path / "checkpoints" / "5").is_dir()
   # The same 4 devices in one process see the same global batches: the losses match, so the two
