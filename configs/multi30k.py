@@ -16,7 +16,7 @@ def get_config():
   c.model.update(d_model=256, d_ff=1024, num_heads=4, num_layers=3, dropout_rate=0.1,
                  attention_dropout_rate=0.1, max_len=128)
   c.data.update(name="files", dir="../shared/data/multi30k", source_lang="en", target_lang="de",
-                train_split="train", eval_split="val", test_split="test_2016_flickr",
+                train_split="train", eval_split="val",
                 vocab_size=8000, tokens_per_batch=4096, max_len=64)
   c.optim.update(warmup_steps=800, learning_rate=1.0, label_smoothing=0.1)
   c.num_train_steps = 20_000

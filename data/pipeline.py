@@ -29,7 +29,6 @@ def default_data_config() -> ml_collections.ConfigDict:
         target_lang="de",
         train_split="train",
         eval_split="validation",
-        test_split="test",
         vocab_size=8000,         # SentencePiece pieces, specials included
         vocab_path="",           # an existing .model/.json; '' = <workdir>/vocab.{model,json}
         tokens_per_batch=4096,   # padded target tokens per global batch

@@ -162,16 +162,22 @@ def test_shape_mismatch_and_missing_checkpoints_are_clear(uninterrupted, tmp_pat
 
 @pytest.mark.parametrize("change", [{"optim.clip_norm": 1.0}, {"optim.weight_decay": 0.01},
                                     {"optim.schedule": "cosine", "optim.learning_rate": 1e-3}])
-def test_resume_with_optimizer_settings_changed(uninterrupted, tmp_path, change):
+def test_resume_with_optimizer_settings_changed(uninterrupted, tmp_path, change, caplog):
   """The loop's non-finite error suggests optim.clip_norm, and the README allows weight decay or
   the schedule to change on resume: the run must continue (the optimizer state keeps its
-  layout), not start again from step 0."""
+  layout), not start again from step 0; what changed is logged."""
+  import logging
   config, full = uninterrupted
   work = tmp_path / "w"
   shutil.copytree(full, work)
   changed = tiny_config(num_devices=1, num_train_steps=14, log_every_steps=1,
                         checkpoint_every_steps=4, **{"model.dropout_rate": 0.1, **change})
-  _train(changed, work)
+  with caplog.at_level(logging.WARNING):
+    _train(changed, work)
+  key = next(iter(change))
+  assert "resuming with the checkpoint's config differs in optim." in caplog.text
+  assert f"{key}: checkpoint" in caplog.text
+  assert "num_train_steps: checkpoint 12 != config 14" in caplog.text
   steps = [json.loads(l)["step"] for l in (work / "metrics.jsonl").read_text().splitlines()
            if json.loads(l)["split"] == "train"]
   assert steps == list(range(1, 15)), steps  # 13 and 14 appended; nothing re-trained from 1

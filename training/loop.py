@@ -168,6 +168,7 @@ def train(config, workdir: pathlib.Path) -> dict:
     state = parallel.place_state(state) if parallel.kind == "pmap" else state
     train_iter.restore(meta["data_state"])
     logging.info("resumed from %s at step %d", checkpointer.root / str(step0), step0)
+    _log_changed_recipe(ckpt.config_from_meta(meta), config)
   else:
     state = parallel.init_state(jax.random.fold_in(rng, 1))
     step0 = 0
@@ -276,6 +277,21 @@ def train(config, workdir: pathlib.Path) -> dict:
     print("final: " + json.dumps({k: (round(v, 4) if isinstance(v, float) else v)
                                   for k, v in summary.items()}), flush=True)
   return last_eval
+
+
+def _log_changed_recipe(saved, config) -> None:
+  """Resuming with other optimizer settings or step count is allowed; it is logged, since under a
+  cosine schedule num_train_steps reshapes the rest of the decay."""
+  from training import checkpoint as ckpt
+  changed = ckpt.config_differences(saved, config, sections=("optim",))
+  if saved.get("num_train_steps") != config.num_train_steps:
+    changed += ("; " if changed else "the checkpoint's config differs in ") + (
+        f"num_train_steps: checkpoint {saved.get('num_train_steps')!r} != config "
+        f"{config.num_train_steps!r}")
+  if changed:
+    logging.warning("resuming with %s%s", changed,
+                    " (the cosine decay now ends at num_train_steps)"
+                    if config.optim.schedule == "cosine" else "")
 
 
 def _accumulate(window, metrics):
