@@ -55,7 +55,6 @@ class Checkpointer:
 
   def __init__(self, workdir, *, keep: int = 5, keep_best: int = 0, async_save: bool = True):
     self.root = checkpoint_dir(workdir)
-    self._async = async_save
     policies = [pp.LatestN(n=max(int(keep), 1))]
     best = {}
     if keep_best:

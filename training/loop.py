@@ -43,8 +43,8 @@ class _Preemption:
       self.close()
       raise KeyboardInterrupt(f"second stop signal ({name}): stopped without saving")
     self.signal = name
-    logging.warning("%s received: saving and stopping after this step (send it again to stop at "
-                    "once without saving)", name)
+    logging.warning("%s received: saving and stopping after this step (send it again to stop "
+                    "without a new save)", name)
 
   def close(self):
     for sig, handler in self._previous.items():

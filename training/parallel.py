@@ -157,12 +157,16 @@ def make_mesh(mesh_cfg, devices=None) -> Mesh:
   return Mesh(grid, MESH_AXES)
 
 
+def _axes(entry) -> tuple:
+  """A PartitionSpec entry as a tuple of mesh axis names (None -> ())."""
+  return () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+
+
 def _fit_spec(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
   """Drops mesh axes from dimensions they do not divide (e.g. a vocabulary of 8003 over 2)."""
   out = []
   for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-    names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
-    size = math.prod(mesh.shape[a] for a in names)
+    size = math.prod(mesh.shape[a] for a in _axes(axes))
     out.append(axes if dim % size == 0 else None)
   return P(*out)
 
@@ -175,32 +179,21 @@ def state_shardings(abstract_boxed_state, mesh: Mesh):
   logical = nn.get_partition_spec(abstract_boxed_state)
   mesh_specs = nn.logical_to_mesh(logical, LOGICAL_RULES)
   unboxed = nn.unbox(abstract_boxed_state)
-  fitted = jax.tree_util.tree_map(lambda spec, leaf: _fit_spec(spec, leaf.shape, mesh),
-                                  mesh_specs, unboxed, is_leaf=lambda x: isinstance(x, P))
-  _report_unsharded(logical, mesh_specs, fitted, unboxed, mesh)
-  return jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec), fitted,
-                                is_leaf=lambda x: isinstance(x, P))
-
-
-def _axes(entry) -> tuple:
-  return () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
-
-
-def _report_unsharded(logical, wanted, fitted, leaves, mesh: Mesh) -> None:
-  """Warns about mesh axes the parameters' dimensions do not divide (see state_shardings)."""
-  is_spec = lambda x: isinstance(x, P)  # noqa: E731
   dropped, used = [], set()
-  for (path, names), want, got, leaf in zip(
-      jax.tree_util.tree_flatten_with_path(logical, is_leaf=is_spec)[0],
-      jax.tree_util.tree_leaves(wanted, is_leaf=is_spec),
-      jax.tree_util.tree_leaves(fitted, is_leaf=is_spec),
-      jax.tree_util.tree_leaves(leaves)):
-    for dim, name, w, g in zip(leaf.shape, tuple(names) + (None,) * leaf.ndim, tuple(want) +
-                               (None,) * leaf.ndim, tuple(got) + (None,) * leaf.ndim):
-      used.update(a for a in _axes(g) if mesh.shape[a] > 1)
-      lost = [a for a in _axes(w) if mesh.shape[a] > 1 and a not in _axes(g)]
+
+  def fit(path, names, spec, leaf):
+    fitted = _fit_spec(spec, leaf.shape, mesh)
+    pad = (None,) * leaf.ndim
+    for dim, name, want, got in zip(leaf.shape, tuple(names) + pad, tuple(spec) + pad,
+                                    tuple(fitted) + pad):
+      used.update(a for a in _axes(got) if mesh.shape[a] > 1)
+      lost = [a for a in _axes(want) if mesh.shape[a] > 1 and a not in _axes(got)]
       if lost and name != "vocab" and "params" in jax.tree_util.keystr(path):
         dropped.append(f"{jax.tree_util.keystr(path)} {name}={dim} over {'×'.join(lost)}")
+    return NamedSharding(mesh, fitted)
+
+  shardings = jax.tree_util.tree_map_with_path(fit, logical, mesh_specs, unboxed,
+                                               is_leaf=lambda x: isinstance(x, P))
   if dropped:
     logging.warning("mesh %s does not divide %d parameter dimension(s), which stay replicated "
                     "(no memory saved on them): %s%s", dict(mesh.shape), len(dropped),
@@ -210,6 +203,7 @@ def _report_unsharded(logical, wanted, fitted, leaves, mesh: Mesh) -> None:
       logging.warning("mesh.%s=%d shards no parameter (model.num_heads, d_ff or d_model not "
                       "divisible by it?): its devices hold and compute copies", axis,
                       mesh.shape[axis])
+  return shardings
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
