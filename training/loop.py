@@ -16,11 +16,13 @@ class Stop(Exception):
 
 
 def check_workdir(workdir: pathlib.Path) -> None:
+  import tempfile
   try:
     workdir.mkdir(parents=True, exist_ok=True)
-    probe = workdir / ".write_test"
-    probe.write_text("ok")
-    probe.unlink()
+    # A probe of its own per process: with one shared name, processes of a multi-host job raced
+    # (one deleted the file another was about to delete: FileNotFoundError, seen in CI).
+    with tempfile.NamedTemporaryFile(dir=workdir, prefix=".write_test-"):
+      pass
   except OSError as e:
     raise Stop(f"--workdir={workdir}: not writable ({e.strerror or e})") from None
 
