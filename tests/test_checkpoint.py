@@ -175,7 +175,7 @@ def test_resume_with_optimizer_settings_changed(uninterrupted, tmp_path, change,
   with caplog.at_level(logging.WARNING):
     _train(changed, work)
   key = next(iter(change))
-  assert "resuming with the checkpoint's config differs in optim." in caplog.text
+  assert "resuming with a changed recipe: the checkpoint's config differs in optim." in caplog.text
   assert f"{key}: checkpoint" in caplog.text
   assert "num_train_steps: checkpoint 12 != config 14" in caplog.text
   steps = [json.loads(l)["step"] for l in (work / "metrics.jsonl").read_text().splitlines()

@@ -225,6 +225,23 @@ def test_bad_loop_settings_are_config_errors(tmp_path):
     train(tiny_config(num_devices=1, eval_every_steps=0), tmp_path)
 
 
+def test_model_vocab_size_is_fitted_to_the_vocabulary(caplog):
+  """0 takes the vocabulary's size; fewer ids than the vocabulary is an error; more is a warning
+  (those ids never occur but get logits and label-smoothing mass)."""
+  import logging
+  from training.loop import Stop, fit_model_vocab
+  config = tiny_config(num_devices=1, **{"model.vocab_size": 0})
+  fit_model_vocab(config, 40)
+  assert config.model.vocab_size == 40
+  with pytest.raises(Stop, match=r"model.vocab_size=40 is smaller than the vocabulary \(41 ids\)"):
+    fit_model_vocab(config, 41)
+  with caplog.at_level(logging.WARNING):
+    fit_model_vocab(config, 40)
+    assert not caplog.records
+    fit_model_vocab(config, 32)
+  assert "model.vocab_size=40 is larger than the vocabulary (32 ids)" in caplog.text
+
+
 def test_logged_train_metrics_are_token_weighted_window_means():
   from training.loop import _accumulate, _window_means
   def step(loss, acc, tokens, grad_norm, nonfinite=0, lr=0.5):

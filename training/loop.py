@@ -70,6 +70,22 @@ class _Preemption:
     return bool(np.max(flags_))
 
 
+def fit_model_vocab(config, vocab_size: int) -> None:
+  """Sets model.vocab_size 0 to the vocabulary's `vocab_size`; a smaller one is a config error, a
+  larger one a warning (the extra ids never occur, yet get logits and label-smoothing mass)."""
+  with config.unlocked():
+    if config.model.vocab_size <= 0:
+      config.model.vocab_size = vocab_size
+  if vocab_size > config.model.vocab_size:
+    raise Stop(f"config error: model.vocab_size={config.model.vocab_size} is smaller than the "
+               f"vocabulary ({vocab_size} ids)")
+  if vocab_size < config.model.vocab_size:
+    logging.warning("model.vocab_size=%d is larger than the vocabulary (%d ids): ids %d and up "
+                    "never occur but still get logits and label-smoothing mass; set "
+                    "model.vocab_size=0 to use the vocabulary's size", config.model.vocab_size,
+                    vocab_size, vocab_size)
+
+
 def build_steps(config):
   """The model and the train/eval steps wrapped for `config.parallelism`: (model, Parallel).
   train.py, bench.py and the tests all build the step here, so they time and test the same one."""
@@ -136,12 +152,7 @@ def train(config, workdir: pathlib.Path) -> dict:
   else:
     pipeline = build_data()
   vocab = pipeline.vocab
-  with config.unlocked():
-    if config.model.vocab_size <= 0:
-      config.model.vocab_size = vocab.vocab_size
-  if vocab.vocab_size > config.model.vocab_size:
-    raise Stop(f"config error: model.vocab_size={config.model.vocab_size} is smaller than the "
-               f"vocabulary ({vocab.vocab_size} ids)")
+  fit_model_vocab(config, vocab.vocab_size)
   logging.info("train batch shapes %s: the step compiles at most %d time(s)",
                pipeline.batch_shapes, len(pipeline.batch_shapes))
 
@@ -291,7 +302,7 @@ def _log_changed_recipe(saved, config) -> None:
         f"num_train_steps: checkpoint {saved.get('num_train_steps')!r} != config "
         f"{config.num_train_steps!r}")
   if changed:
-    logging.warning("resuming with %s%s", changed,
+    logging.warning("resuming with a changed recipe: %s%s", changed,
                     " (the cosine decay now ends at num_train_steps)"
                     if config.optim.schedule == "cosine" else "")
 
