@@ -1,5 +1,6 @@
 """Checkpoints: exact resume, preemption, other topologies, averaging, faults."""
 import json
+import logging
 import pathlib
 import shutil
 import signal
@@ -97,7 +98,6 @@ def test_restore_on_other_topologies(tmp_path, caplog):
     _assert_trees_equal(p.host_state(state).params, saved)
     # ... and train on from there under that topology, writing a checkpoint it can read back.
   cfg = tiny_config(num_devices=4, parallelism="pmap", num_train_steps=3)
-  import logging
   with caplog.at_level(logging.INFO):
     _train(cfg, tmp_path)
   assert f"resumed from {ckpt.checkpoint_dir(tmp_path) / '2'} at step 2" in caplog.text
@@ -136,7 +136,6 @@ def test_unfinished_and_corrupt_checkpoints_are_skipped(uninterrupted, tmp_path,
   from tests.test_training import make_parallel
   config = tiny_config(num_devices=1)
   p = make_parallel(config)
-  import logging
   with caplog.at_level(logging.WARNING):
     step, state, meta = ckpt.Checkpointer(work, async_save=False).restore_latest(
         _restore_target(p, config))
@@ -166,7 +165,6 @@ def test_resume_with_optimizer_settings_changed(uninterrupted, tmp_path, change,
   """The loop's non-finite error suggests optim.clip_norm, and the README allows weight decay or
   the schedule to change on resume: the run must continue (the optimizer state keeps its
   layout), not start again from step 0; what changed is logged."""
-  import logging
   config, full = uninterrupted
   work = tmp_path / "w"
   shutil.copytree(full, work)
@@ -253,6 +251,27 @@ def test_keep_best_survives_a_restart(tmp_path):
     c.save(step, {"x": np.full((2,), step, np.float32)}, {"step": step})
   c.close()
   assert ckpt.available_steps(tmp_path) == [2, 5]
+
+
+def test_a_damaged_metrics_file_is_set_aside_and_the_run_resumes(tmp_path, caplog):
+  """A truncated `<step>/metrics/metrics` made Orbax's manager fail to start (a JSON traceback):
+  it is renamed, that checkpoint counts as unscored, and its state still restores."""
+  c = ckpt.Checkpointer(tmp_path, keep=2, keep_best=1, async_save=False)
+  for step, bleu in ((1, 30.0), (2, 10.0)):
+    c.save(step, {"x": np.full((2,), step, np.float32)}, {"step": step}, metrics={"bleu": bleu})
+  c.close()
+  metrics = ckpt.checkpoint_dir(tmp_path) / "1" / "metrics" / "metrics"
+  metrics.write_text(metrics.read_text()[:5])
+  with caplog.at_level(logging.WARNING):
+    c = ckpt.Checkpointer(tmp_path, keep=2, keep_best=1, async_save=False)
+  assert "its metrics file could not be read" in caplog.text and str(metrics) in caplog.text
+  assert not metrics.exists() and metrics.with_name("metrics.unreadable").exists()
+  abstract = {"x": jax.ShapeDtypeStruct((2,), np.float32)}
+  step, state, _ = c.restore_latest(abstract)
+  assert step == 2 and np.all(np.asarray(state["x"]) == 2)
+  c.save(3, {"x": np.full((2,), 3, np.float32)}, {"step": 3}, metrics={"bleu": 20.0})
+  c.close()
+  assert ckpt.available_steps(tmp_path) == [2, 3]  # step 1, now unscored, is no longer kept
 
 
 def _damage(folder):
@@ -348,7 +367,6 @@ def test_stop_signal_handlers_are_put_back_after_training(tmp_path):
 
 
 def test_averaging_unevenly_spaced_steps_warns(caplog):
-  import logging
   with caplog.at_level(logging.INFO):
     ckpt._report_average([4, 8, 12, 14], interval=4)  # the last step may be off the interval
     ckpt._report_average([4, 8, 12, 14])

@@ -65,6 +65,7 @@ class Checkpointer:
       # memory and, after a restart, every older checkpoint looks unscored and the best is deleted.
       best = dict(best_fn=_bleu, best_mode="max")
       _quiet_unscored_save_warning()
+      _set_aside_unreadable_metrics(self.root)
     self._options = ocp.CheckpointManagerOptions(
         preservation_policy=pp.AnyPreservationPolicy(policies),
         enable_async_checkpointing=async_save, create=True, **best)
@@ -167,6 +168,28 @@ class Checkpointer:
 
 def _bleu(metrics) -> float:
   return metrics["bleu"]
+
+
+def _set_aside_unreadable_metrics(root: pathlib.Path) -> None:
+  """Renames a damaged `<step>/metrics/metrics` (the BLEU that `keep_best` ranks by) to
+  `metrics.unreadable`: Orbax's manager reads every step's metrics when it starts and fails on one
+  that is not JSON, where a missing one only makes that checkpoint unscored. Its state is kept."""
+  if jax.process_index() == 0:
+    for step in _step_dirs(root)[0]:
+      f = root / str(step) / "metrics" / "metrics"
+      try:
+        if f.is_file():
+          json.loads(f.read_text())
+      except (ValueError, UnicodeDecodeError) as e:
+        target = f.with_name("metrics.unreadable")
+        f.replace(target)
+        logging.warning("checkpoint %s: its metrics file could not be read (%s); moved it to %s, "
+                        "so this checkpoint counts as unscored (keep_best will not keep it for its "
+                        "BLEU; its training state is untouched)", f.parent.parent, _first_line(e),
+                        target)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("checkpoint metrics checked")
 
 
 # Errors of the machine rather than the checkpoint: restoring elsewhere or later may succeed, so
