@@ -11,8 +11,9 @@ The model is `configs/multi30k.py`'s; the recipe is sized for a fixed 2-hour CPU
 target tokens per step (more, smaller updates, as in the de->en row) and the learning rate decayed
 to zero by `num_train_steps`, set a little under what two hours on the 2-core development machine
 reach (steps of this size ran at 1,896 an hour for de->en), so the budget ends on a decayed model.
-Two hours on the idle 2-core machine: 3,600 steps in 111 minutes; the last checkpoint, beam 5 and
-length penalty 1.5 (chosen on val, 40.27 / 40.39) give test_2016_flickr 39.20 cased / 39.59
+Decoupled weight decay 0.1 speeds up fitting (greedy val BLEU 41.9 against 39.7 without it at the
+end). On the idle 2-core machine: 3,600 steps in 103 minutes; the last checkpoint, beam 5 and
+length penalty 1.5 (chosen on val, 41.23 / 41.37) give test_2016_flickr 39.21 cased / 39.65
 lowercased (README).
 """
 from configs import multi30k
@@ -21,7 +22,8 @@ from configs import multi30k
 def get_config():
   c = multi30k.get_config()
   c.data.update(tokens_per_batch=2048)
-  c.optim.update(schedule="cosine", learning_rate=2e-3, warmup_steps=400, clip_norm=1.0)
+  c.optim.update(schedule="cosine", learning_rate=2e-3, warmup_steps=400, clip_norm=1.0,
+                 weight_decay=0.1)
   c.num_train_steps = 3_600
   c.eval_every_steps = 1_000
   return c
