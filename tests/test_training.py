@@ -1,5 +1,6 @@
 """Training: the schedule, the step's invariants, parallel equivalence, train.py end to end."""
 import json
+import logging
 import pathlib
 import subprocess
 import sys
@@ -245,7 +246,6 @@ def test_bad_loop_settings_are_config_errors(tmp_path):
 def test_model_vocab_size_is_fitted_to_the_vocabulary(caplog):
   """0 takes the vocabulary's size; fewer ids than the vocabulary is an error; more is a warning
   (those ids never occur but get logits and label-smoothing mass)."""
-  import logging
   from training.loop import Stop, fit_model_vocab
   config = tiny_config(num_devices=1, **{"model.vocab_size": 0})
   fit_model_vocab(config, 40)
@@ -351,7 +351,6 @@ def test_train_py_bad_input_is_one_clear_line(tmp_path):
 def test_mesh_axes_that_divide_no_parameter_dimension_are_reported(caplog):
   """tensor=8 with 4 heads: the attention kernels stay replicated (the vocabulary's 36 over 8 is
   expected and not listed); fsdp=8 with d_model 32 divides, so nothing is reported for it."""
-  import logging
   from training.loop import build_steps
   with caplog.at_level(logging.WARNING):
     build_steps(tiny_config(num_devices=8, **{"mesh.data": 1, "mesh.tensor": 8}))

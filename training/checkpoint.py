@@ -180,7 +180,7 @@ def _set_aside_unreadable_metrics(root: pathlib.Path) -> None:
       try:
         if f.is_file():
           json.loads(f.read_text())
-      except (ValueError, UnicodeDecodeError) as e:
+      except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         target = f.with_name("metrics.unreadable")
         f.replace(target)
         logging.warning("checkpoint %s: its metrics file could not be read (%s); moved it to %s, "
