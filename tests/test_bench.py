@@ -375,6 +375,27 @@ def test_datasheet_peaks_follow_the_matmul_precision(monkeypatch):
   assert bench.resolve_peak(None, "float32") == (2e12, "given")
 
 
+def test_the_measured_peak_is_measured_once_per_device_kind_and_dtype(monkeypatch):
+  """A sweep's points share one measured yardstick, and the matmul runs (and allocates) once."""
+  import types
+  import bench
+  calls = []
+
+  def fake_measure(device, dtype, size):
+    calls.append((device.device_kind, dtype, size))
+    return 1e11 * len(calls)
+
+  monkeypatch.setattr(bench, "measured_peak", fake_measure)
+  monkeypatch.setattr(bench, "_MEASURED_PEAKS", {})
+  monkeypatch.setattr(bench, "_PEAK", types.SimpleNamespace(value="measured"))
+  monkeypatch.setattr(bench, "_MATMUL_SIZE", types.SimpleNamespace(value=512))
+  cpu = types.SimpleNamespace(device_kind="cpu")
+  assert bench.resolve_peak(cpu, "float32") == (1e11, "measured")
+  assert bench.resolve_peak(cpu, "float32") == (1e11, "measured")
+  assert bench.resolve_peak(cpu, "bfloat16") == (2e11, "measured")
+  assert calls == [("cpu", "float32", 512), ("cpu", "bfloat16", 512)]
+
+
 def test_peak_memory_is_only_reported_when_this_run_set_it(monkeypatch):
   import jax
   import bench

@@ -316,21 +316,27 @@ def config_from_meta(meta: dict) -> ml_collections.ConfigDict:
 
 def _differences(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict,
                  fields) -> list[str]:
-  """'section.key: checkpoint a != config b' for each dotted field whose values differ."""
+  """'field: checkpoint a != config b' for each field ('section.key' or a top-level key) whose
+  values differ."""
   out = []
   for field in fields:
-    section, key = field.split(".", 1)
-    a, b = (saved.get(section) or {}).get(key), (current.get(section) or {}).get(key)
+    if "." in field:
+      section, key = field.split(".", 1)
+      a, b = (saved.get(section) or {}).get(key), (current.get(section) or {}).get(key)
+    else:
+      a, b = saved.get(field), current.get(field)
     if a != b:
       out.append(f"{field}: checkpoint {a!r} != config {b!r}")
   return out
 
 
 def config_differences(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict,
-                       sections=("model", "optim")) -> str:
-  """'model.x: checkpoint a != config b; ...' over `sections` ('' when they agree)."""
+                       sections=("model", "optim"), top_level=()) -> str:
+  """'model.x: checkpoint a != config b; ...' over every field of `sections` and the top-level
+  keys `top_level` ('' when they agree)."""
   fields = [f"{sec}.{k}" for sec in sections
             for k in sorted(set((saved.get(sec) or {}).keys()) | set((current.get(sec) or {}).keys()))]
+  fields += list(top_level)
   diffs = _differences(saved, current, fields)
   return ("the checkpoint's config differs in " + "; ".join(diffs)) if diffs else ""
 

@@ -296,11 +296,8 @@ def _log_changed_recipe(saved, config) -> None:
   """Resuming with other optimizer settings or step count is allowed; it is logged, since under a
   cosine schedule num_train_steps reshapes the rest of the decay."""
   from training import checkpoint as ckpt
-  changed = ckpt.config_differences(saved, config, sections=("optim",))
-  if saved.get("num_train_steps") != config.num_train_steps:
-    changed += ("; " if changed else "the checkpoint's config differs in ") + (
-        f"num_train_steps: checkpoint {saved.get('num_train_steps')!r} != config "
-        f"{config.num_train_steps!r}")
+  changed = ckpt.config_differences(saved, config, sections=("optim",),
+                                    top_level=("num_train_steps",))
   if changed:
     logging.warning("resuming with a changed recipe: %s%s", changed,
                     " (the cosine decay now ends at num_train_steps)"
