@@ -280,15 +280,22 @@ def _build_pmap(abstract, init_fn, train_step, eval_step, devices, all_devices) 
     _check_rows(batch, n, "pmap")
     return {k: v.reshape(n, v.shape[0] // n, *v.shape[1:]) for k, v in batch.items()}
 
+  def first(x):
+    """One replica, read from this process's first device: `x[0]` on an array spread over
+    several processes is a computation every process must join, and the processes' differing
+    host work (only process 0 writes) let them join such computations in different orders and
+    deadlock (seen at the final checkpoint of a two-process run)."""
+    return x.addressable_shards[0].data[0]
+
   def host_state(state):
-    return jax.device_get(jax.tree_util.tree_map(lambda x: x[0], state))
+    return jax.device_get(jax.tree_util.tree_map(first, state))
 
   def train(state, batch, rng):
     state, metrics = p_train(state, place_batch(batch), rng)
-    return state, jax.tree_util.tree_map(lambda x: x[0], metrics)
+    return state, jax.tree_util.tree_map(first, metrics)
 
   def evaluate(params, batch):
-    return jax.tree_util.tree_map(lambda x: x[0], p_eval(params, place_batch(batch)))
+    return jax.tree_util.tree_map(first, p_eval(params, place_batch(batch)))
 
   def init(rng):
     return place_state(jax.jit(init_fn)(rng))
