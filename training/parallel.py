@@ -281,10 +281,10 @@ def _build_pmap(abstract, init_fn, train_step, eval_step, devices, all_devices) 
     return {k: v.reshape(n, v.shape[0] // n, *v.shape[1:]) for k, v in batch.items()}
 
   def first(x):
-    """One replica, read from this process's first device: `x[0]` on an array spread over
-    several processes is a computation every process must join, and the processes' differing
-    host work (only process 0 writes) let them join such computations in different orders and
-    deadlock (seen at the final checkpoint of a two-process run)."""
+    """One replica, read from this process's first device. `x[0]` on an array spread over
+    several processes is a computation every process must join: a two-process pmap job hung
+    there at its final checkpoint (process 1 inside `x[0]`, process 0 already in Orbax's
+    barrier). The replicas are equal, so any local one will do."""
     return x.addressable_shards[0].data[0]
 
   def host_state(state):
