@@ -16,6 +16,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.log_every_steps = 100
   c.eval_every_steps = 1_000
   c.checkpoint_every_steps = 1_000
+  # After SIGTERM/SIGINT the loop saves and exits; if it is still running this many seconds later
+  # (hung), the process exits with status 128 + signal without a new save. 0 = wait forever.
+  c.stop_timeout_s = 600.0
   # 'pmap' (data parallel, replicated state) or 'mesh' (jit over a Mesh with sharded state).
   c.parallelism = "mesh"
   c.num_devices = 0  # use the first N devices of each process; 0 = all

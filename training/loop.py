@@ -31,12 +31,25 @@ class _Preemption:
   """Records SIGTERM/SIGINT so the loop can save and exit after the current step (with several
   processes: after the next step that is a multiple of MULTIHOST_EVERY). A second signal raises
   KeyboardInterrupt: no new save (one already in flight is finished), the last finished checkpoint
-  stays as it was. `close()` puts the previous handlers back."""
+  stays as it was. `close()` puts the previous handlers back.
 
-  def __init__(self):
+  Python runs signal handlers only between bytecodes of the main thread, so a process stuck in a
+  C++ call (a collective another process never joins) would ignore both signals. A watchdog thread
+  therefore hears every signal through `signal.set_wakeup_fd`, which the C-level handler writes to
+  at once: if the process is still training `timeout_s` seconds after the first stop signal (at
+  most 30 s after a second one), it writes a line to stderr and exits with status 128 + signal
+  number, as the default action would. Checkpoint writes are atomic, so the last finished
+  checkpoint survives. `timeout_s=0` disables the watchdog."""
+
+  SECOND_SIGNAL_TIMEOUT_S = 30.0
+
+  def __init__(self, timeout_s: float = 0.0):
     self.signal = None
     self._previous = {sig: signal.signal(sig, self._handle)
                       for sig in (signal.SIGTERM, signal.SIGINT)}
+    self._watchdog = None
+    if timeout_s > 0:
+      self._watchdog = _StopWatchdog(timeout_s, self.SECOND_SIGNAL_TIMEOUT_S)
 
   def _handle(self, signum, frame):
     del frame
@@ -49,6 +62,9 @@ class _Preemption:
                     "without a new save)", name)
 
   def close(self):
+    if self._watchdog is not None:
+      self._watchdog.close()
+      self._watchdog = None
     for sig, handler in self._previous.items():
       if handler is not None:  # None: installed from C, cannot be put back from Python
         signal.signal(sig, handler)
@@ -68,6 +84,59 @@ class _Preemption:
     import numpy as np
     flags_ = multihost_utils.process_allgather(np.int32(self.signal is not None))
     return bool(np.max(flags_))
+
+
+class _StopWatchdog:
+  """The thread behind `_Preemption`'s timeout: reads signal numbers from a wakeup socket and
+  ends the process with `os._exit` when a stop signal has gone unanswered for too long."""
+
+  def __init__(self, timeout_s: float, second_timeout_s: float):
+    import socket
+    import threading
+    self._timeout_s, self._second_timeout_s = timeout_s, second_timeout_s
+    self._reader, self._writer = socket.socketpair()
+    self._writer.setblocking(False)
+    self._closed = threading.Event()
+    self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+    self._thread = threading.Thread(target=self._watch, name="stop-watchdog", daemon=True)
+    self._thread.start()
+
+  def _watch(self):
+    import os
+    stops, deadline, signum = (signal.SIGTERM, signal.SIGINT), None, 0
+    while True:
+      self._reader.settimeout(None if deadline is None
+                              else max(0.0, deadline - time.monotonic()))
+      try:
+        data = self._reader.recv(64)
+      except TimeoutError:
+        data = None
+      except OSError:
+        return
+      if self._closed.is_set() or data == b"":
+        return
+      if data is None:
+        name = signal.Signals(signum).name
+        os.write(2, (f"{name} received {deadline - self._started:.0f} s ago and the process "
+                     f"has not stopped (stuck in a collective or a save?): exiting with status "
+                     f"{128 + signum} without a new checkpoint; the last finished one is "
+                     f"intact\n").encode())
+        os._exit(128 + signum)
+      for number in data:
+        if number not in stops:
+          continue
+        now = time.monotonic()
+        if deadline is None:
+          self._started, deadline, signum = now, now + self._timeout_s, number
+        else:
+          deadline = min(deadline, now + self._second_timeout_s)
+
+  def close(self):
+    self._closed.set()
+    signal.set_wakeup_fd(self._previous_fd)
+    self._writer.close()   # wakes the thread: recv returns b""
+    self._thread.join(timeout=5)
+    self._reader.close()
 
 
 def fit_model_vocab(config, vocab_size: int) -> None:
@@ -234,7 +303,7 @@ def train(config, workdir: pathlib.Path) -> dict:
   window = None  # train metrics summed since the last log line (_accumulate)
   t_log, tokens_since = time.time(), 0.0
   t_start = time.time()
-  preemption = _Preemption()
+  preemption = _Preemption(config.stop_timeout_s)
   try:
     while step < config.num_train_steps:
       batch = next(train_iter)
