@@ -9,6 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from model.dropout import keep_mask
+
 
 def split_heads(x: jax.Array, num_heads: int) -> jax.Array:
   """[batch, length, d_model] -> [batch, length, heads, d_model / heads]."""
@@ -97,7 +99,7 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   weights = attention_weights(query, key, mask)
   used = weights
   if dropout_rng is not None and dropout_rate > 0.0:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    keep = keep_mask(dropout_rng, dropout_rate, weights.shape)
     used = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
   out = jnp.einsum("bhqk,bkhd->bqhd", used.astype(value.dtype), value)
   return (out, weights) if return_weights else out

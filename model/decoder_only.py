@@ -32,6 +32,7 @@ import flax.linen as nn
 from jax import lax
 
 from model.config import TransformerConfig
+from model.dropout import Dropout
 from model.layers import DecoderLayer, Embed, layer_norm, maybe_remat, sinusoidal_encoding
 from model.transformer import check_tokens, shift_right
 
@@ -55,7 +56,7 @@ class CausalStack(nn.Module):
     cfg = self.config
     embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name="embed")
     y = embed(tokens) + sinusoidal_encoding(positions, cfg.d_model).astype(cfg.compute_dtype)
-    y = nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+    y = Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
     layer = maybe_remat(DecoderLayer, cfg, static_argnums=(5, 6, 7))
     for i in range(cfg.num_layers):
       y = layer(cfg, cross_attention=False, name=f"layer_{i}")(

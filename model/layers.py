@@ -14,6 +14,7 @@ import flax.linen as nn
 from flax.linen import initializers
 
 from model import attention as attn
+from model.dropout import Dropout
 from model.config import TransformerConfig
 
 _dense_init = initializers.xavier_uniform()
@@ -246,7 +247,7 @@ class Residual(nn.Module):
     cfg = self.config
     norm = layer_norm("norm", cfg)
     y = sublayer(norm(x) if cfg.pre_ln else x)
-    y = nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+    y = Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
     return x + y if cfg.pre_ln else norm(x + y)
 
 

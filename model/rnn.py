@@ -34,6 +34,7 @@ from flax.linen import initializers
 from jax import lax
 
 from model.config import _DTYPES
+from model.dropout import Dropout, keep_mask
 from model.layers import Embed
 from model.transformer import check_tokens, shift_right
 
@@ -243,10 +244,10 @@ class RNNEncoder(nn.Module):
     """inputs: [batch, src_len] ids; segments: [batch, src_len] ids (1 everywhere when unpacked).
     Returns the top layer's states [batch, src_len, C] ([forward; backward] when bidirectional)."""
     cfg = self.config
-    x = nn.Dropout(cfg.dropout_rate)(self.embed(inputs), deterministic=deterministic)
+    x = Dropout(cfg.dropout_rate)(self.embed(inputs), deterministic=deterministic)
     for i in range(cfg.num_layers):
       if i:
-        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        x = Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
       x = RNNLayer(cfg.rnn_cell, cfg.d_model, cfg.rnn_bidirectional, cfg.compute_dtype,
                    name=f"layer_{i}")(x, segments, inputs > 0)
     return x
@@ -300,7 +301,7 @@ class RNNDecoder(nn.Module):
                              kernel_init=_kernel_init(("embed", "vocab")),
                              bias_init=nn.with_logical_partitioning(initializers.zeros, ("vocab",)),
                              name="logits")
-    self.dropout = nn.Dropout(cfg.dropout_rate)
+    self.dropout = Dropout(cfg.dropout_rate)
 
   def initial_carry(self, context):
     """context: [..., C] -> the decoder state s_0 = tanh(W c): (h,) or (h, c), each
@@ -389,8 +390,8 @@ class RNNDecoder(nn.Module):
     batch, length = decoder_inputs.shape
     drop = None
     if not deterministic and cfg.dropout_rate > 0 and cfg.num_layers > 1:
-      keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - cfg.dropout_rate,
-                                  (batch, length, cfg.num_layers - 1, cfg.d_model))
+      keep = keep_mask(self.make_rng("dropout"), cfg.dropout_rate,
+                       (batch, length, cfg.num_layers - 1, cfg.d_model))
       drop = keep.astype(jnp.float32) / (1.0 - cfg.dropout_rate)
     xs = {"x": x, "reset": _run_starts(tgt_seg), "init": self.initial_carry(context), "drop": drop}
     if memory is None:

@@ -14,6 +14,7 @@ import flax.linen as nn
 
 from model import masks
 from model.config import TransformerConfig
+from model.dropout import Dropout
 from model.layers import (DecoderLayer, Embed, EncoderLayer, layer_norm, maybe_remat,
                           sinusoidal_encoding)
 
@@ -55,7 +56,7 @@ class Encoder(nn.Module):
     """inputs: [batch, src_len] ids -> [batch, src_len, d_model]."""
     cfg = self.config
     x = self.embed(inputs) + sinusoidal_encoding(positions, cfg.d_model).astype(cfg.compute_dtype)
-    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    x = Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
     mask = masks.encoder_self_mask(inputs, segmentation)
     layer = maybe_remat(EncoderLayer, cfg, static_argnums=(3,))
     for i in range(cfg.num_layers):
@@ -84,7 +85,7 @@ class Decoder(nn.Module):
         position.value = position.value + 1
     y = self.embed(decoder_inputs) + sinusoidal_encoding(positions, cfg.d_model).astype(
         cfg.compute_dtype)
-    y = nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+    y = Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
     layer = maybe_remat(DecoderLayer, cfg, static_argnums=(5, 6, 7))
     for i in range(cfg.num_layers):
       y = layer(cfg, self.cross_attention, name=f"layer_{i}")(

@@ -223,6 +223,42 @@ def test_forward_backward_finite(pre_ln, dtype):
   assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
 
 
+# ----------------------------------------------------------------------------- dropout
+@pytest.mark.parametrize("rate", [0.1, 0.3])
+def test_dropout_masks_keep_the_rate_independently_of_position_and_key(rate):
+  from model.dropout import keep_mask
+  shape = (64, 128, 128)  # 1M elements: the standard error of a fraction is <= 0.0005
+  a = np.asarray(keep_mask(jax.random.key(0), rate, shape))
+  b = np.asarray(keep_mask(jax.random.key(1), rate, shape))
+  p, tol = 1.0 - rate, 0.003
+  assert abs(a.mean() - p) < tol and abs(b.mean() - p) < tol
+  # Independent across keys and between neighbours along every axis: P(both kept) = p².
+  assert abs((a & b).mean() - p * p) < tol
+  for axis in range(3):
+    x, y = np.moveaxis(a, axis, 0)[:-1], np.moveaxis(a, axis, 0)[1:]
+    assert abs((x & y).mean() - p * p) < tol, axis
+  # No row, column or element is fixed by its position: every slice keeps about p.
+  for axis in range(3):
+    per_slice = a.mean(axis=tuple(i for i in range(3) if i != axis))
+    assert np.all(np.abs(per_slice - p) < 0.03), axis
+  # A pure function of (key, shape).
+  np.testing.assert_array_equal(a, np.asarray(keep_mask(jax.random.key(0), rate, shape)))
+
+
+def test_dropout_scales_kept_values_and_rejects_a_bad_rate():
+  from model.dropout import Dropout, dropout
+  x = jnp.arange(1.0, 1001.0, dtype=jnp.bfloat16).reshape(10, 100)
+  y = dropout(x, 0.2, jax.random.key(3))
+  assert y.dtype == x.dtype and y.shape == x.shape
+  kept = np.asarray(y != 0)
+  np.testing.assert_array_equal(np.asarray(y)[kept],
+                                np.asarray(x / jnp.asarray(0.8, jnp.bfloat16))[kept])
+  assert dropout(x, 0.0, jax.random.key(3)) is x
+  assert Dropout(0.5).apply({}, x, deterministic=True) is x
+  with pytest.raises(ValueError, match=r"dropout: rate must be in \[0, 1\), got 1.0"):
+    dropout(x, 1.0, jax.random.key(3))
+
+
 def np_transformer_one_layer(params, inputs, targets, d_model):
   """A float64 NumPy forward pass of a one-layer, post-LN, tied-embedding Transformer, written
   from the paper (sections 3.1-3.5): logits [batch, tgt_len, vocab]."""
