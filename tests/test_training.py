@@ -124,8 +124,9 @@ def test_parallel_schemes_equal_one_device(reference_run, kind, mesh):
 
 def test_dropout_on_a_mesh_equals_dropout_on_one_device(reference_run):
   """With dropout on, a data- and tensor-sharded step draws the same masks as one device
-  (threefry random bits do not depend on the sharding), so the runs match; the first loss differs
-  from the same batch's without dropout, so the masks are really applied."""
+  (model/dropout.py hashes each element's global index, whatever the sharding), so the runs
+  match; the first loss differs from the same batch's without dropout, so the masks are really
+  applied."""
   batches = fixed_batches(n=3)
   drop = {"model.dropout_rate": 0.3, "model.attention_dropout_rate": 0.3}
   ref, ref_state, _, _ = run_losses(tiny_config(num_devices=1, **drop), batches)
