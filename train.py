@@ -6,7 +6,8 @@
 Re-running the same command resumes from the newest checkpoint in `<workdir>/checkpoints`.
 SIGTERM / SIGINT finish the current step, save, and exit 0; a process still running
 `stop_timeout_s` (600) seconds later is hung and exits with status 128 + signal, without a new
-save. Several hosts: run one process per host with --coordinator_address=host:port --num_processes=N --process_id=i.
+save. Several hosts: run one process per host with --coordinator_address=host:port
+--num_processes=N --process_id=i.
 """
 from __future__ import annotations
 
