@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from model.dropout import keep_mask
+from model.dropout import dropout
 
 
 def split_heads(x: jax.Array, num_heads: int) -> jax.Array:
@@ -98,9 +98,8 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   _check_shapes(query, key, value, mask)
   weights = attention_weights(query, key, mask)
   used = weights
-  if dropout_rng is not None and dropout_rate > 0.0:
-    keep = keep_mask(dropout_rng, dropout_rate, weights.shape)
-    used = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+  if dropout_rng is not None:
+    used = dropout(weights, dropout_rate, dropout_rng)
   out = jnp.einsum("bhqk,bkhd->bqhd", used.astype(value.dtype), value)
   return (out, weights) if return_weights else out
 

@@ -103,7 +103,7 @@ class _StopWatchdog:
 
   def _watch(self):
     import os
-    stops, deadline, signum = (signal.SIGTERM, signal.SIGINT), None, 0
+    stops, deadline, started, signum = (signal.SIGTERM, signal.SIGINT), None, 0.0, 0
     while True:
       self._reader.settimeout(None if deadline is None
                               else max(0.0, deadline - time.monotonic()))
@@ -117,7 +117,7 @@ class _StopWatchdog:
         return
       if data is None:
         name = signal.Signals(signum).name
-        os.write(2, (f"{name} received {deadline - self._started:.0f} s ago and the process "
+        os.write(2, (f"{name} received {deadline - started:.0f} s ago and the process "
                      f"has not stopped (stuck in a collective or a save?): exiting with status "
                      f"{128 + signum} without a new checkpoint; the last finished one is "
                      f"intact\n").encode())
@@ -127,7 +127,7 @@ class _StopWatchdog:
           continue
         now = time.monotonic()
         if deadline is None:
-          self._started, deadline, signum = now, now + self._timeout_s, number
+          started, deadline, signum = now, now + self._timeout_s, number
         else:
           deadline = min(deadline, now + self._second_timeout_s)
 
