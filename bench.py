@@ -342,7 +342,12 @@ def _maybe_trace(name: str):
   _TRACES.append(name)
   path = pathlib.Path(_TRACE.value) / f"{len(_TRACES):02d}_{name}"
   logging.info("writing a profiler trace to %s", path)
-  return jax.profiler.trace(str(path), create_perfetto_trace=True)
+  # Without Python frames: tracing and compiling the first call would otherwise fill the
+  # trace's event buffer before the timed steps' XLA ops (set
+  # XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true for those on CPU).
+  options = jax.profiler.ProfileOptions()
+  options.python_tracer_level = 0
+  return jax.profiler.trace(str(path), create_perfetto_trace=True, profiler_options=options)
 
 
 # ----------------------------------------------------------------------------- training

@@ -1,6 +1,7 @@
 """bench.py and training/flops.py: the FLOP formulas by hand and against the models' own matrix
 products, each mode's JSON, a device sweep and the checks made before any work."""
 import concurrent.futures
+import gzip
 import json
 import os
 import pathlib
@@ -151,7 +152,7 @@ def runs(tmp_path_factory):
              JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   lanes = [
-      [("train", ["--config.num_devices=1", "--json={dir}/train.json"]),
+      [("train", ["--config.num_devices=1", "--json={dir}/train.json", "--trace={dir}/trace"]),
        ("sweep", ["--sweep=devices", "--sweep_values=1,2", "--sweep_parallelism=mesh",
                   "--json={dir}/sweep.json"])],
       [("decode", ["--mode=decode", "--config.bench.decode_len=5", "--config.bench.beam_size=2",
@@ -471,6 +472,14 @@ def test_train_json_has_every_field(runs):
   assert record["peak_memory_bytes"] is None or record["peak_memory_bytes"] > 0
   assert "tokens_per_s" in proc.stdout and "mfu" in proc.stdout
   assert "(one device)" in proc.stdout and "(all devices)" in proc.stdout
+  # --trace: one perfetto trace of the step, without Python frames (those would fill the
+  # trace's event buffer while the first call compiles, before the timed steps' XLA ops).
+  trace, = (folder / "trace").glob("01_train_mesh_1dev_b4_l8/plugins/profile/*/"
+                                   "perfetto_trace.json.gz")
+  names = {e.get("name", "") for e in json.loads(gzip.decompress(trace.read_bytes()))
+           ["traceEvents"]}
+  assert "PjitFunction(train_step)" in names
+  assert not [n for n in names if n.startswith("$")], "Python frames in the trace"
 
 
 def test_decode_json(runs):
