@@ -8,6 +8,8 @@ import jax
 import pytest
 
 from model.build import abstract_params
+from model.summary import parameter_table
+from training.loop import fit_model_vocab
 from training.state import make_optimizer
 
 CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py")
@@ -25,12 +27,11 @@ README_PARAMS = {
 
 def _config(name):
   config = importlib.import_module(f"configs.{name}").get_config()
-  if config.model.vocab_size <= 0:  # train.py sets it from the vocabulary it builds
-    config.model.vocab_size = config.data.vocab_size
+  fit_model_vocab(config, config.data.vocab_size)  # as train.py does with the vocabulary it builds
   return config
 
 
-def test_every_config_is_listed():
+def test_readme_rows_have_configs():
   assert set(README_PARAMS) <= set(CONFIGS)
   assert "multi30k" in CONFIGS and "wmt14_ende_base" in CONFIGS
 
@@ -39,13 +40,13 @@ def test_every_config_is_listed():
 def test_config_builds_model_and_optimizer(name):
   config = _config(name)
   params = abstract_params(config.model)
-  n = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+  n = sum(size for _, _, size in parameter_table(params))
   assert n > 0
   if name in README_PARAMS:
     assert n == README_PARAMS[name], (name, n)
   tx, schedule = make_optimizer(config)
   opt_state = jax.eval_shape(tx.init, params)
   assert jax.tree.leaves(opt_state)
-  # The schedule starts from warm-up and stays finite over the configured run.
+  # The learning rate is finite over the whole configured run.
   for step in (0, config.num_train_steps // 2, config.num_train_steps):
     assert math.isfinite(float(schedule(step)))
