@@ -4,6 +4,7 @@
     python decode.py --workdir=/tmp/tiny --split=test --json=test.json
     python decode.py --workdir=runs/base --input=newstest2014.en --reference=newstest2014.de \
         --checkpoint=average:5 --beam_size=4 --alpha=0.6
+    python decode.py --workdir=runs/base --split=test --checkpoint=ensemble:3   # 3 models at once
 
 Everything (parameters, config, vocabulary) comes from the workdir. Translations are written one
 per line in input order; an empty input line gives an empty output line. With references the
@@ -32,8 +33,10 @@ _ALPHA = flags.DEFINE_float("alpha", 0.6, "Length penalty exponent of beam searc
 _EXTRA = flags.DEFINE_integer("max_extra_len", None, "Output length limit = source length + this "
                               "(default: config.eval.max_decode_extra).", lower_bound=0)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "latest",
-                                  "'latest', a step number, or 'average:<k>' (the mean of the "
-                                  "last k checkpoints' parameters).")
+                                  "'latest', a step number, 'average:<k>' (the mean of the "
+                                  "last k checkpoints' parameters) or 'ensemble:<k>' (the last k "
+                                  "checkpoints decoded together: the mean of their next-token "
+                                  "probabilities, k times the decoding work).")
 _JSON = flags.DEFINE_string("json", None, "Write scores and speed to this JSON file.")
 _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
                            "Computation dtype (default: the training config's model.dtype).")
@@ -263,16 +266,18 @@ def decode() -> None:
     how = f"beam search (beam {_BEAM.value}, alpha {_ALPHA.value:g})"
   else:
     how = "greedy search"
-  logging.info("Translating %d sentences (%d empty) with %s, checkpoint step %d, %s, dtype %s "
-               "on %s", len(present), len(src_ids) - len(present), model_cfg.type,
-               restored.step, how, model_cfg.dtype, jax.devices()[0].platform)
+  which = (f"an ensemble of the checkpoints of steps {', '.join(map(str, restored.steps))}"
+           if restored.members else f"checkpoint step {restored.step}")
+  logging.info("Translating %d sentences (%d empty) with %s, %s, %s, dtype %s on %s",
+               len(present), len(src_ids) - len(present), model_cfg.type, which, how,
+               model_cfg.dtype, jax.devices()[0].platform)
   params = jax.device_put(restored.params)
   start = time.perf_counter()
   outputs = generate.translate_all(
       model, params, [src_ids[i] for i in present], tokens_per_batch=_TOKENS.value,
       beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_len=max_extra,
       temperature=_TEMPERATURE.value, top_k=_TOP_K.value, rng=jax.random.key(_SEED.value),
-      num_ids=vocab.vocab_size)
+      num_ids=vocab.vocab_size, ensemble=restored.members > 0)
   seconds = max(time.perf_counter() - start, 1e-9)
   out_ids: list = [None] * len(src_ids)
   for i, ids in zip(present, outputs):
@@ -295,7 +300,8 @@ def decode() -> None:
   if _JSON.value:
     summary = dict(scores, sentences=len(present), sent_per_s=len(present) / seconds,
                    tokens_per_s=tokens / seconds, beam_size=_BEAM.value, alpha=_ALPHA.value,
-                   checkpoint_step=int(restored.step))
+                   checkpoint_step=int(restored.step), checkpoint=_CHECKPOINT.value,
+                   checkpoint_steps=[int(s) for s in restored.steps])
     try:
       pathlib.Path(_JSON.value).write_text(json.dumps(summary, indent=2) + "\n")
     except OSError as e:
@@ -303,6 +309,8 @@ def decode() -> None:
 
   if _PLOT.value:
     n = _PLOT_SENTENCE.value
+    if restored.members:  # the plot shows one model: the ensemble's newest member
+      params = jax.tree_util.tree_map(lambda x: x[-1], params)
     weights = generate.attention_weights(model, params, src_ids[n], out_ids[n])
     tgt = list(out_ids[n]) + [generate.EOS_ID]
     plot_attention(_PLOT.value, weights, token_labels(vocab, src_ids[n]), token_labels(vocab, tgt),

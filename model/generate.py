@@ -2,6 +2,7 @@
 
     ids = translate(model, params, inputs, beam_size=4)   # [batch, max_decode_len]
     outs = translate_all(model, params, token_lists)      # any number of sentences, input order
+    ids = translate(model, stacked, inputs, ensemble=True)  # members' params on a leading axis
 
 `model` is any module made by `model.build.build_model` (it offers `encode`, `init_cache`,
 `decode_step`). Source rows are token ids ending in EOS, padded with 0. Output rows hold the
@@ -87,6 +88,26 @@ def _grow(cache, extra: int):
       for k, v in flat.items()})
 
 
+def _initial_cache(model, params, inputs, length: int) -> dict:
+  """Encodes `inputs` and returns the model's decoding cache for `length` target positions, as a
+  flat {path: array} dict."""
+  encoded = model.apply({"params": params}, inputs, method="encode")
+  _, state = model.apply({"params": params}, encoded, inputs, length, method="init_cache",
+                         mutable=["cache"])
+  return traverse_util.flatten_dict(state["cache"])
+
+
+def _cache_length(model, params, inputs, max_decode_len: int, segment: int | None):
+  """(positions the cache starts with, whether its self-attention buffers grow): `segment`
+  positions when the cache has buffers to grow, else `max_decode_len` (recurrent state)."""
+  first = max_decode_len if not segment or segment >= max_decode_len else int(segment)
+  if first < max_decode_len:
+    shapes = jax.eval_shape(lambda p: _initial_cache(model, p, inputs, first), params)
+    if any(k[-1] in _GROWN for k in shapes):
+      return first, True
+  return max_decode_len, False
+
+
 def decoder_state(model, params, inputs, max_decode_len: int, use_cache: bool = True,
                   segment: int | None = DECODE_SEGMENT) -> DecoderState:
   """The search's step function and cache for source rows `inputs` [batch, src_len]: with the
@@ -100,22 +121,52 @@ def decoder_state(model, params, inputs, max_decode_len: int, use_cache: bool = 
     cache = {"inputs": inputs, "targets": jnp.full((inputs.shape[0], max_decode_len), EOS_ID,
                                                    jnp.int32), "t": jnp.int32(0)}
     return DecoderState(_uncached_step(model, params), cache)
-  first = max_decode_len if not segment or segment >= max_decode_len else int(segment)
-  encoded = model.apply({"params": params}, inputs, method="encode")
-
-  def init_cache(length):
-    _, state = model.apply({"params": params}, encoded, inputs, length, method="init_cache",
-                           mutable=["cache"])
-    return traverse_util.flatten_dict(state["cache"])
-
-  flat = init_cache(first)
-  grows = first < max_decode_len and any(k[-1] in _GROWN for k in flat)
-  if first < max_decode_len and not grows:  # nothing to grow (recurrent state): one loop
-    flat = init_cache(max_decode_len)
+  length, grows = _cache_length(model, params, inputs, max_decode_len, segment)
+  flat = _initial_cache(model, params, inputs, length)
   shared = {k: v for k, v in flat.items() if _is_per_sentence(k)}
   carried = traverse_util.unflatten_dict({k: v for k, v in flat.items() if k not in shared})
   return DecoderState(_cached_step(model, params, shared), carried,
-                      _grow if grows else None, first if grows else None)
+                      _grow if grows else None, length if grows else None)
+
+
+def ensemble_decoder_state(model, params, inputs, max_decode_len: int,
+                           segment: int | None = DECODE_SEGMENT) -> DecoderState:
+  """`decoder_state` of an ensemble: `params` holds the members' parameter trees stacked on a
+  leading axis ([members, ...] every leaf, same architecture). Each step runs every member
+  (`vmap`) and returns the log of the members' mean next-token probability,
+  log(1/M * sum_m p_m(y | prefix)), the ensemble fairseq decodes with; the search treats it as
+  one model's logits.
+
+  The carried cache holds each per-position entry as [n, members, ...] (the search's leading
+  axis stays the row axis, so beams expand and reorder as for one model); scalar entries (the
+  decode index) are the same for every member and kept once.
+  """
+  members = {leaf.shape[0] for leaf in jax.tree_util.tree_leaves(params)}
+  if len(members) != 1:
+    raise ValueError(f"ensemble: every parameter needs the same leading (member) axis, got "
+                     f"sizes {sorted(members)}")
+  (num,) = members
+  first = jax.tree_util.tree_map(lambda x: x[0], params)
+  length, grows = _cache_length(model, first, inputs, max_decode_len, segment)
+  flat = jax.vmap(lambda p: _initial_cache(model, p, inputs, length))(params)  # [members, ...]
+  shared = {k: v for k, v in flat.items() if _is_per_sentence(k)}
+  scalar = {k for k, v in flat.items() if v.ndim == 1 and k not in shared}
+  carried = {k: (v[0] if k in scalar else jnp.moveaxis(v, 0, 1))
+             for k, v in flat.items() if k not in shared}
+  axes = {k: (None if k in scalar else 1) for k in carried}
+
+  def member(p, per_sentence, cache, ids):
+    logits, cache = _cached_step(model, p, per_sentence)(ids, traverse_util.unflatten_dict(cache))
+    return jax.nn.log_softmax(logits), traverse_util.flatten_dict(cache)
+
+  def step(ids, cache):
+    logp, cache = jax.vmap(member, in_axes=(0, 0, axes, None), out_axes=(0, axes))(
+        params, shared, traverse_util.flatten_dict(cache), ids)
+    mixed = jax.nn.logsumexp(logp, axis=0) - jnp.log(jnp.float32(num))
+    return mixed, traverse_util.unflatten_dict(cache)
+
+  return DecoderState(step, traverse_util.unflatten_dict(carried), _grow if grows else None,
+                      length if grows else None)
 
 
 def _uncached_step(model, params):
@@ -148,23 +199,27 @@ def _only_ids_below(step, num_ids: int):
 
 def _translate_fn(model, beam_size: int, alpha: float, max_extra_len: int, max_decode_len: int,
                   temperature: float, top_k: int, use_cache: bool, segment: int | None,
-                  num_ids: int | None):
+                  num_ids: int | None, ensemble: bool):
   """The jitted `(params, inputs, rng) -> ids` for one set of static settings (made once)."""
   key = (model, beam_size, alpha, max_extra_len, max_decode_len, temperature, top_k, use_cache,
-         segment, num_ids)
+         segment, num_ids, ensemble)
   if key not in _COMPILED:
     _COMPILED[key] = jax.jit(_make_run(*key))
   return _COMPILED[key]
 
 
 def _make_run(model, beam_size, alpha, max_extra_len, max_decode_len, temperature, top_k,
-              use_cache, segment, num_ids):
+              use_cache, segment, num_ids, ensemble):
 
   def run(params, inputs, rng):
     batch = inputs.shape[0]
     max_lens = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32) + max_extra_len
-    step, cache, grow, seg = decoder_state(model, params, inputs, max_decode_len, use_cache,
-                                           segment)
+    if ensemble:
+      step, cache, grow, seg = ensemble_decoder_state(model, params, inputs, max_decode_len,
+                                                      segment)
+    else:
+      step, cache, grow, seg = decoder_state(model, params, inputs, max_decode_len, use_cache,
+                                             segment)
     if num_ids is not None:
       step = _only_ids_below(step, num_ids)
     if temperature > 0:
@@ -183,11 +238,15 @@ def _make_run(model, beam_size, alpha, max_extra_len, max_decode_len, temperatur
 def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
               max_extra_len: int = 50, max_decode_len: int | None = None, rng=None,
               temperature: float = 0.0, top_k: int = 0, use_cache: bool = True,
-              segment: int | None = DECODE_SEGMENT, num_ids: int | None = None) -> jax.Array:
+              segment: int | None = DECODE_SEGMENT, num_ids: int | None = None,
+              ensemble: bool = False) -> jax.Array:
   """Best translation of each source row.
 
   Args:
-    model: a module from `model.build.build_model`; params: its (unboxed) parameters.
+    model: a module from `model.build.build_model`; params: its (unboxed) parameters, or with
+      `ensemble` several members' parameters stacked on a leading axis (same architecture),
+      decoded as one model by the mean of their next-token probabilities
+      (`ensemble_decoder_state`); an ensemble needs `use_cache`.
     inputs: [batch, src_len] source ids ending in EOS, 0 on padding.
     beam_size: 1 = greedy search; more = beam search with length penalty exponent `alpha`.
     max_extra_len: a sentence's output has at most (its source tokens + this) tokens, EOS
@@ -222,6 +281,9 @@ def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
     raise ValueError(f"translate: num_ids must exceed the EOS id {EOS_ID}, got {num_ids}")
   if segment is not None and segment < 1:
     raise ValueError(f"translate: segment must be positive or None, got {segment}")
+  if ensemble and not use_cache:
+    raise ValueError("translate: an ensemble decodes with the key/value cache; use_cache=False "
+                     "is for single models")
   sampling = temperature > 0
   # Settings that do not change the computation are normalised so they share one compilation.
   fn = _translate_fn(model, 1 if sampling else int(beam_size),
@@ -230,7 +292,7 @@ def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
                      bool(use_cache), None if not use_cache or segment is None
                      or segment >= max_decode_len else int(segment),
                      None if num_ids is None or num_ids >= model.config.vocab_size
-                     else int(num_ids))
+                     else int(num_ids), bool(ensemble))
   if rng is None:
     rng = jax.random.key(0)
   return fn(params, inputs, rng)

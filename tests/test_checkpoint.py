@@ -110,7 +110,7 @@ def test_restore_on_other_topologies(tmp_path, caplog):
   assert any(changed)  # step 3 trained on from step 2's parameters and saved the result
 
 
-def test_average_is_elementwise_mean(uninterrupted):
+def test_average_is_elementwise_mean_and_ensemble_stacks(uninterrupted):
   _, workdir = uninterrupted
   steps = ckpt.available_steps(workdir)
   assert steps[-3:] == [4, 8, 12]
@@ -121,6 +121,11 @@ def test_average_is_elementwise_mean(uninterrupted):
   trees = [_params(workdir, s) for s in (4, 8, 12)]
   for got, *xs in zip(jax.tree_util.tree_leaves(avg), *map(jax.tree_util.tree_leaves, trees)):
     np.testing.assert_allclose(got, np.mean(np.stack(xs).astype(np.float64), 0), rtol=1e-6, atol=1e-7)
+  ensemble = ckpt.load_for_inference(workdir, "ensemble:3")
+  assert (ensemble.members, ensemble.steps, ensemble.step) == (3, (4, 8, 12), 12)
+  for got, *xs in zip(jax.tree_util.tree_leaves(ensemble.params),
+                      *map(jax.tree_util.tree_leaves, trees)):
+    np.testing.assert_array_equal(got, np.stack(xs))
   out = subprocess.run([sys.executable, "-m", "training.average", f"--workdir={workdir}", "--last=99"],
                        cwd=REPO, capture_output=True, text=True)
   assert out.returncode == 2 and "only 3 checkpoints" in out.stderr

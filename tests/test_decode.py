@@ -89,7 +89,9 @@ def test_split_scores_json_and_attention_plot(workdir, tmp_path):
   result = json.loads(summary.read_text())
   assert "BLEU|nrefs:1|case:lc|" in stdout, stdout
   assert set(result) == {"bleu", "bleu_lowercase", "chrf", "sentences", "sent_per_s",
-                         "tokens_per_s", "beam_size", "alpha", "checkpoint_step"}
+                         "tokens_per_s", "beam_size", "alpha", "checkpoint_step", "checkpoint",
+                         "checkpoint_steps"}
+  assert result["checkpoint"] == "2" and result["checkpoint_steps"] == [2]
   assert isinstance(result["bleu"], float) and 0 <= result["bleu"] <= 100
   # Lowercasing can only merge n-grams, so matches (and BLEU) never go down.
   assert result["bleu_lowercase"] >= result["bleu"] - 1e-9
@@ -159,3 +161,22 @@ def test_score_cased_lowercased_and_chrf():
                                                           [["the cat sat on the mat ."]]).score)
   assert out["chrf"] == pytest.approx(CHRF().corpus_score(["The cat sat on the mat ."],
                                                           [["the cat sat on the mat ."]]).score)
+
+
+def test_ensemble_of_checkpoints(workdir, tmp_path):
+  """`--checkpoint=ensemble:<k>`: an ensemble of one checkpoint translates as that checkpoint
+  does; two decode together and are named in the JSON; a bad count is a one-line error."""
+  text = b"w1 w2 w3\nw4 w5\n"
+  latest = decode(workdir, "--beam_size=1", stdin=text).stdout
+  assert decode(workdir, "--beam_size=1", "--checkpoint=ensemble:1", stdin=text).stdout == latest
+  summary = tmp_path / "e.json"
+  proc = decode(workdir, "--split=test", "--beam_size=2", "--checkpoint=ensemble:2",
+                f"--json={summary}", f"--output={tmp_path / 'hyp.txt'}")
+  assert "an ensemble of the checkpoints of steps 2, 4" in proc.stderr.decode()
+  result = json.loads(summary.read_text())
+  assert result["checkpoint_steps"] == [2, 4] and result["checkpoint_step"] == 4
+  assert result["sentences"] == 16 and 0 <= result["bleu"] <= 100
+  for bad, message in (("ensemble:3", "2 checkpoints available"),
+                       ("ensemble:x", "expected ensemble:<k> with k an integer")):
+    proc = decode(workdir, f"--checkpoint={bad}", stdin=text, check=False)
+    assert proc.returncode == 2 and message in proc.stderr.decode(), proc.stderr.decode()[-500:]

@@ -6,6 +6,7 @@ length limit while others are cut there. Compilations dominate the run time on C
 tests share few shapes.
 """
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
@@ -259,3 +260,47 @@ def test_cache_follows_reordered_hypotheses(tiny):
     rows = (parents + np.arange(batch)[:, None] * beams).reshape(-1)
     ids = rng.integers(3, 24, (batch * beams, 1)).astype(np.int32)
     prefixes = np.concatenate([prefixes[rows], ids], axis=1)
+
+
+def stack(*trees):
+  return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees)
+
+
+def test_ensemble_of_copies_decodes_as_the_model(tiny, reference):
+  """An ensemble of two copies of one model is that model: the same greedy and beam outputs."""
+  model, params = tiny
+  inputs = padded(SOURCES)
+  both = stack(params, params)
+  ids = generate.translate(model, both, inputs, beam_size=1, max_extra_len=EXTRA, ensemble=True)
+  assert rows(ids) == reference
+  beam = generate.translate(model, params, inputs, beam_size=2, max_extra_len=EXTRA)
+  np.testing.assert_array_equal(
+      generate.translate(model, both, inputs, beam_size=2, max_extra_len=EXTRA, ensemble=True,
+                         segment=3), beam)
+  with pytest.raises(ValueError, match="use_cache"):
+    generate.translate(model, both, inputs, ensemble=True, use_cache=False)
+
+
+def test_ensemble_step_is_the_log_of_the_mean_probability(tiny):
+  """Each step of two different models' ensemble scores log((p_a + p_b) / 2), with each member
+  reading its own cache: checked for three steps of forced tokens."""
+  model, params_a = tiny
+  _, params_b = random_model(num_layers=1, seed=5, eos_bias=0.0)
+  inputs = jnp.asarray(padded(SOURCES[:3]))
+  singles = [generate.decoder_state(model, p, inputs, 8) for p in (params_a, params_b)]
+  ens = generate.ensemble_decoder_state(model, stack(params_a, params_b), inputs, 8)
+  caches = [s.cache for s in singles]
+  cache = ens.cache
+  for token in (0, 7, 12):
+    ids = jnp.full((3, 1), token, jnp.int32)
+    outs = [s.step(ids, c) for s, c in zip(singles, caches)]
+    caches = [c for _, c in outs]
+    mixed, cache = ens.step(ids, cache)
+    logp = [np.asarray(jax.nn.log_softmax(logits), np.float64) for logits, _ in outs]
+    want = np.logaddexp(logp[0], logp[1]) - np.log(2)  # log((p_a + p_b) / 2)
+    np.testing.assert_allclose(np.asarray(mixed), want, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(np.exp(logp[0]), np.exp(logp[1]), atol=1e-3)
+  with pytest.raises(ValueError, match="leading"):
+    bad = stack(params_a, params_b)
+    bad["decoder"]["logits"]["bias"] = bad["decoder"]["logits"]["bias"][:1]
+    generate.ensemble_decoder_state(model, bad, inputs, 8)

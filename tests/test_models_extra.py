@@ -115,6 +115,12 @@ def _run(model, full, rng):
   out["beams_grown"], _ = search.beam_search(grown.step, grown.cache, batch, MAX_DECODE,
                                              beam_size=3, max_lens=MAX_LENS, grow=grown.grow,
                                              segment=grown.segment)
+  # An ensemble of two copies of the model (members on a leading axis) searches as the model.
+  copies = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), params)
+  ens = generate.ensemble_decoder_state(model, copies, INPUTS, MAX_DECODE, segment=2)
+  out["beams_ensemble"], _ = search.beam_search(ens.step, ens.cache, batch, MAX_DECODE,
+                                                beam_size=3, max_lens=MAX_LENS, grow=ens.grow,
+                                                segment=ens.segment)
   # One teacher-forced batch: the targets, the changed targets and the greedy outputs.
   rows = apply(jnp.tile(INPUTS, (3, 1)), jnp.concatenate([TARGETS, CHANGED, out["greedy"]]))
   out["logits"], out["changed"], out["greedy_tf"] = jnp.split(rows, 3)
@@ -235,6 +241,13 @@ def test_growing_cache_changes_nothing(name):
   r = results(name)
   assert bool(r["grows"]) == name.startswith("decoder_only")
   np.testing.assert_array_equal(r["beams_grown"], r["beams"])
+
+
+@full_models
+def test_ensemble_of_copies_searches_as_the_model(name):
+  """`generate.ensemble_decoder_state` over every model type's cache (recurrent states, the
+  decoder-only rows and positions): two copies of a model find its beam hypotheses."""
+  np.testing.assert_array_equal(results(name)["beams_ensemble"], results(name)["beams"])
 
 
 @pytest.mark.parametrize("name", [n for n in FULL if n.startswith("decoder_only")])

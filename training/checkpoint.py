@@ -356,11 +356,15 @@ def check_compatible(saved: ml_collections.ConfigDict, current: ml_collections.C
 # ----------------------------------------------------------------------------- inference
 @dataclasses.dataclass
 class Restored:
-  """What decoding needs from a workdir."""
+  """What decoding needs from a workdir. With `members` > 0 the params are an ensemble: that
+  many checkpoints' trees stacked on a leading axis (`model.generate.translate(...,
+  ensemble=True)`); `steps` lists the checkpoints used, `step` is the newest."""
   config: ml_collections.ConfigDict
   params: Any
   step: int
   vocab: Any
+  members: int = 0
+  steps: tuple[int, ...] = ()
 
 
 def _describe(workdir: pathlib.Path) -> str:
@@ -392,8 +396,9 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
   """Config, parameters (host numpy; put them on any devices), step and vocabulary from a
   workdir alone.
 
-  checkpoint: 'latest', a step number, or 'average:<k>' (mean of the last k checkpoints'
-  parameters, or the file `python -m training.average` wrote for them).
+  checkpoint: 'latest', a step number, 'average:<k>' (mean of the last k checkpoints'
+  parameters, or the file `python -m training.average` wrote for them), or 'ensemble:<k>' (the
+  last k checkpoints' parameters stacked, decoded as an ensemble).
   """
   workdir = pathlib.Path(workdir).absolute()
   steps = available_steps(workdir)
@@ -402,11 +407,12 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
   checkpoint = str(checkpoint)
   if checkpoint == "latest":
     chosen = [steps[-1]]
-  elif checkpoint.startswith("average:"):
+  elif checkpoint.startswith(("average:", "ensemble:")):
+    how, _, count = checkpoint.partition(":")
     try:
-      k = int(checkpoint.split(":", 1)[1])
+      k = int(count)
     except ValueError:
-      raise ValueError(f"--checkpoint={checkpoint!r}: expected average:<k> with k an integer") from None
+      raise ValueError(f"--checkpoint={checkpoint!r}: expected {how}:<k> with k an integer") from None
     if k < 1 or k > len(steps):
       raise ValueError(f"--checkpoint={checkpoint}: {len(steps)} checkpoints available "
                        f"(steps {', '.join(map(str, steps))})")
@@ -417,8 +423,19 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
                        f"steps: {', '.join(map(str, steps))}")
     chosen = [int(checkpoint)]
   else:
-    raise ValueError(f"--checkpoint={checkpoint!r}: expected latest, a step number or average:<k>")
+    raise ValueError(f"--checkpoint={checkpoint!r}: expected latest, a step number, "
+                     f"average:<k> or ensemble:<k>")
 
+  if checkpoint.startswith("ensemble:"):
+    trees = []
+    for s in chosen:
+      p, meta = _load_params(checkpoint_dir(workdir) / str(s))
+      trees.append(p)
+    config = config_from_meta(meta)
+    logging.info("Ensemble of %d checkpoints: steps %s", len(chosen), ", ".join(map(str, chosen)))
+    return Restored(config=config, params=jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees),
+                    step=chosen[-1], vocab=_training_vocab(workdir, config, meta.get("vocab")),
+                    members=len(chosen), steps=tuple(chosen))
   avg_file = workdir / AVERAGE_DIR / f"last{len(chosen)}"
   if len(chosen) > 1 and (avg_file / "state").exists():
     state, meta = restore(avg_file)
@@ -438,7 +455,7 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
   if len(chosen) > 1:
     _report_average(chosen, config.get("checkpoint_every_steps"))
   return Restored(config=config, params=params, step=chosen[-1],
-                  vocab=_training_vocab(workdir, config, meta.get("vocab")))
+                  vocab=_training_vocab(workdir, config, meta.get("vocab")), steps=tuple(chosen))
 
 
 def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):
