@@ -41,8 +41,15 @@ def _simulate_cpu_devices(argv: list[str]) -> None:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" {flag}=8").strip()
 
 
+# training/host_memory.py: whether this process keeps freed host memory (reported as
+# `host_memory`); run as a script it does, before JAX starts its threads, unless the environment
+# sets its own malloc options.
+HOST_MEMORY = "process default"
 if __name__ == "__main__":
   _simulate_cpu_devices(sys.argv)
+  from training.host_memory import keep_freed_memory
+  if keep_freed_memory():
+    HOST_MEMORY = "kept"
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -107,11 +114,13 @@ TRAIN_FIELDS = ("mode", "implementation", "config", "model_type", "compile_s", "
                 "step_time_p90_s", "tokens_per_s", "params", "model_flops_per_step",
                 "achieved_flops_per_s", "peak_flops_per_s", "peak_flops_per_s_total",
                 "peak_source", "mfu", "peak_memory_bytes", "num_devices", "parallelism", "dtype",
-                "batch_size", "seq_len", "device_kind", "jax_version", "jaxlib_version")
+                "batch_size", "seq_len", "device_kind", "jax_version", "jaxlib_version",
+                "host_memory")
 DECODE_FIELDS = ("mode", "implementation", "config", "model_type", "compile_s", "step_time_s", "step_time_p10_s",
                  "step_time_p90_s", "sent_per_s", "out_tokens_per_s", "params", "decode_len",
                  "beam_size", "decode_cache", "peak_memory_bytes", "num_devices", "dtype",
-                 "batch_size", "seq_len", "device_kind", "jax_version", "jaxlib_version")
+                 "batch_size", "seq_len", "device_kind", "jax_version", "jaxlib_version",
+                 "host_memory")
 
 
 class Stop(Exception):
@@ -265,7 +274,7 @@ def _environment(config, devices) -> dict:
           "dtype": config.model.dtype,
           "batch_size": int(config.bench.batch_size), "seq_len": int(config.bench.seq_len),
           "device_kind": devices[0].device_kind, "jax_version": jax.__version__,
-          "jaxlib_version": jaxlib.__version__}
+          "jaxlib_version": jaxlib.__version__, "host_memory": HOST_MEMORY}
 
 
 def _check_lengths(config):

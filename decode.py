@@ -20,7 +20,11 @@ import sys
 import time
 import zlib
 
-from absl import app, flags, logging
+if __name__ == "__main__":  # first, before JAX starts its threads: see training/host_memory.py
+  from training.host_memory import keep_freed_memory
+  keep_freed_memory()
+
+from absl import app, flags, logging  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir: checkpoints, config, vocab.")
 _INPUT = flags.DEFINE_string("input", None, "Source sentences, one per line; '-' or unset = stdin.")

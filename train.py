@@ -15,8 +15,12 @@ import os
 import pathlib
 import sys
 
-from absl import app, flags
-from ml_collections import config_flags
+if __name__ == "__main__":  # first, before JAX starts its threads: see training/host_memory.py
+  from training.host_memory import keep_freed_memory
+  keep_freed_memory()
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
                                           lock_config=True)
