@@ -170,9 +170,12 @@ def test_ensemble_of_checkpoints(workdir, tmp_path):
   latest = decode(workdir, "--beam_size=1", stdin=text).stdout
   assert decode(workdir, "--beam_size=1", "--checkpoint=ensemble:1", stdin=text).stdout == latest
   summary = tmp_path / "e.json"
+  png = tmp_path / "a.png"
   proc = decode(workdir, "--split=test", "--beam_size=2", "--checkpoint=ensemble:2",
-                f"--json={summary}", f"--output={tmp_path / 'hyp.txt'}")
+                f"--json={summary}", f"--output={tmp_path / 'hyp.txt'}",
+                f"--plot_attention={png}")  # the plot shows the newest member's attention
   assert "an ensemble of the checkpoints of steps 2, 4" in proc.stderr.decode()
+  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   result = json.loads(summary.read_text())
   assert result["checkpoint_steps"] == [2, 4] and result["checkpoint_step"] == 4
   assert result["sentences"] == 16 and 0 <= result["bleu"] <= 100
