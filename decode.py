@@ -271,7 +271,7 @@ def decode() -> None:
   else:
     how = "greedy search"
   which = (f"an ensemble of the checkpoints of steps {', '.join(map(str, restored.steps))}"
-           if restored.members else f"checkpoint step {restored.step}")
+           if restored.ensemble else f"checkpoint step {restored.step}")
   logging.info("Translating %d sentences (%d empty) with %s, %s, %s, dtype %s on %s",
                len(present), len(src_ids) - len(present), model_cfg.type, which, how,
                model_cfg.dtype, jax.devices()[0].platform)
@@ -281,7 +281,7 @@ def decode() -> None:
       model, params, [src_ids[i] for i in present], tokens_per_batch=_TOKENS.value,
       beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_len=max_extra,
       temperature=_TEMPERATURE.value, top_k=_TOP_K.value, rng=jax.random.key(_SEED.value),
-      num_ids=vocab.vocab_size, ensemble=restored.members > 0)
+      num_ids=vocab.vocab_size, ensemble=restored.ensemble)
   seconds = max(time.perf_counter() - start, 1e-9)
   out_ids: list = [None] * len(src_ids)
   for i, ids in zip(present, outputs):
@@ -313,7 +313,7 @@ def decode() -> None:
 
   if _PLOT.value:
     n = _PLOT_SENTENCE.value
-    if restored.members:  # the plot shows one model: the ensemble's newest member
+    if restored.ensemble:  # the plot shows one model: the ensemble's newest member
       params = jax.tree_util.tree_map(lambda x: x[-1], params)
     weights = generate.attention_weights(model, params, src_ids[n], out_ids[n])
     tgt = list(out_ids[n]) + [generate.EOS_ID]

@@ -122,7 +122,7 @@ def test_average_is_elementwise_mean_and_ensemble_stacks(uninterrupted):
   for got, *xs in zip(jax.tree_util.tree_leaves(avg), *map(jax.tree_util.tree_leaves, trees)):
     np.testing.assert_allclose(got, np.mean(np.stack(xs).astype(np.float64), 0), rtol=1e-6, atol=1e-7)
   ensemble = ckpt.load_for_inference(workdir, "ensemble:3")
-  assert (ensemble.members, ensemble.steps, ensemble.step) == (3, (4, 8, 12), 12)
+  assert (ensemble.ensemble, ensemble.steps, ensemble.step) == (True, (4, 8, 12), 12)
   for got, *xs in zip(jax.tree_util.tree_leaves(ensemble.params),
                       *map(jax.tree_util.tree_leaves, trees)):
     np.testing.assert_array_equal(got, np.stack(xs))

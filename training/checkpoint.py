@@ -356,15 +356,15 @@ def check_compatible(saved: ml_collections.ConfigDict, current: ml_collections.C
 # ----------------------------------------------------------------------------- inference
 @dataclasses.dataclass
 class Restored:
-  """What decoding needs from a workdir. With `members` > 0 the params are an ensemble: that
-  many checkpoints' trees stacked on a leading axis (`model.generate.translate(...,
-  ensemble=True)`); `steps` lists the checkpoints used, `step` is the newest."""
+  """What decoding needs from a workdir: `steps` lists the checkpoints used, `step` is the newest.
+  With `ensemble` the params are their trees stacked on a leading axis
+  (`model.generate.translate(..., ensemble=True)`), else one tree (their mean when several)."""
   config: ml_collections.ConfigDict
   params: Any
   step: int
   vocab: Any
-  members: int = 0
   steps: tuple[int, ...] = ()
+  ensemble: bool = False
 
 
 def _describe(workdir: pathlib.Path) -> str:
@@ -426,36 +426,30 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
     raise ValueError(f"--checkpoint={checkpoint!r}: expected latest, a step number, "
                      f"average:<k> or ensemble:<k>")
 
-  if checkpoint.startswith("ensemble:"):
-    trees = []
-    for s in chosen:
-      p, meta = _load_params(checkpoint_dir(workdir) / str(s))
-      trees.append(p)
-    config = config_from_meta(meta)
-    logging.info("Ensemble of %d checkpoints: steps %s", len(chosen), ", ".join(map(str, chosen)))
-    return Restored(config=config, params=jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees),
-                    step=chosen[-1], vocab=_training_vocab(workdir, config, meta.get("vocab")),
-                    members=len(chosen), steps=tuple(chosen))
+  ensemble = checkpoint.startswith("ensemble:")
+  params = None
   avg_file = workdir / AVERAGE_DIR / f"last{len(chosen)}"
-  if len(chosen) > 1 and (avg_file / "state").exists():
+  if not ensemble and len(chosen) > 1 and (avg_file / "state").exists():
     state, meta = restore(avg_file)
     if meta.get("averaged_steps") == chosen:
       params = state["params"]
-    else:
-      params = None
-  else:
-    params = None
   if params is None:
     trees = []
     for s in chosen:
       p, meta = _load_params(checkpoint_dir(workdir) / str(s))
       trees.append(p)
-    params = trees[0] if len(trees) == 1 else average_params(trees)
+    if ensemble:
+      params = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees)
+    else:
+      params = trees[0] if len(trees) == 1 else average_params(trees)
   config = config_from_meta(meta)
-  if len(chosen) > 1:
+  if ensemble:
+    logging.info("Ensemble of %d checkpoints: steps %s", len(chosen), ", ".join(map(str, chosen)))
+  elif len(chosen) > 1:
     _report_average(chosen, config.get("checkpoint_every_steps"))
   return Restored(config=config, params=params, step=chosen[-1],
-                  vocab=_training_vocab(workdir, config, meta.get("vocab")), steps=tuple(chosen))
+                  vocab=_training_vocab(workdir, config, meta.get("vocab")), steps=tuple(chosen),
+                  ensemble=ensemble)
 
 
 def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):

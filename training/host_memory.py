@@ -9,7 +9,7 @@ zeroes and page-faults ~230k pages again: a third of that step's CPU time went t
 never `mmap` (`M_MMAP_MAX` 0) and keep up to 2 GiB of freed memory (`M_TRIM_THRESHOLD`), so
 the same pages are reused step after step. Measured with `bench.py` on 2 cores of an AMD EPYC
 (README, "Step time"): the tiny en->de step 0.98-1.00 s -> 0.67-0.71 s, the tiny benchmark
-0.46 -> 0.38-0.42 s; the numbers computed do not change.
+0.46-0.48 -> 0.35-0.42 s; the numbers computed do not change.
 
 The cost: the process keeps its peak host memory until it exits, as jemalloc or tcmalloc would.
 train.py, decode.py and bench.py call this first thing; it does nothing off glibc, nor when the
