@@ -113,9 +113,9 @@ DATASHEET_PEAKS = (
 TRAIN_FIELDS = ("mode", "implementation", "config", "model_type", "compile_s", "step_time_s", "step_time_p10_s",
                 "step_time_p90_s", "tokens_per_s", "params", "model_flops_per_step",
                 "achieved_flops_per_s", "peak_flops_per_s", "peak_flops_per_s_total",
-                "peak_source", "peak_samples_flops_per_s", "mfu", "peak_memory_bytes", "num_devices", "parallelism", "dtype",
-                "batch_size", "seq_len", "device_kind", "jax_version", "jaxlib_version",
-                "host_memory")
+                "peak_source", "peak_samples_flops_per_s", "mfu", "peak_memory_bytes",
+                "num_devices", "parallelism", "dtype", "batch_size", "seq_len", "device_kind",
+                "jax_version", "jaxlib_version", "host_memory")
 DECODE_FIELDS = ("mode", "implementation", "config", "model_type", "compile_s", "step_time_s", "step_time_p10_s",
                  "step_time_p90_s", "sent_per_s", "out_tokens_per_s", "params", "decode_len",
                  "beam_size", "decode_cache", "peak_memory_bytes", "num_devices", "dtype",
@@ -228,7 +228,7 @@ def resolve_peak(device, dtype: str) -> tuple[float, str]:
     peak = datasheet_peak(device.device_kind, dtype)
     if peak is not None:
       return peak, "datasheet"
-  samples = _MEASURED_PEAKS.setdefault((device.device_kind, dtype, _MATMUL_SIZE.value), [])
+  samples = _MEASURED_PEAKS.setdefault(_peak_key(device, dtype), [])
   if len(samples) < PEAK_SAMPLES:
     samples.append(measured_peak(device, dtype, _MATMUL_SIZE.value))
     logging.info("measured peak of %s (%s, %d-wide matmul), sample %d: %.3g FLOP/s",
@@ -242,7 +242,11 @@ def resolve_peak(device, dtype: str) -> tuple[float, str]:
 
 def peak_samples(device, dtype: str) -> list[float] | None:
   """The measured peak's samples (FLOP/s) for `device` and `dtype`, or None if not measured."""
-  return _MEASURED_PEAKS.get((device.device_kind, dtype, _MATMUL_SIZE.value))
+  return _MEASURED_PEAKS.get(_peak_key(device, dtype))
+
+
+def _peak_key(device, dtype: str) -> tuple[str, str, int]:
+  return device.device_kind, dtype, _MATMUL_SIZE.value
 
 
 # Measured peaks of this process by (device kind, dtype, matmul size): PEAK_SAMPLES samples, one
