@@ -20,15 +20,23 @@ device and `peak_flops_per_s_total` is that × num_devices, so mfu = achieved / 
 On a CPU, --sweep=devices simulates 8 devices (they share the host's cores). Every sweep point's
 config is checked before the first runs; a sweep that fails part-way still writes the points done
 (and the error) to --json.
+
+--flax_wmt=<dir> times google/flax examples/wmt's step or beam search instead of ours;
+--paired with it times both in one process, alternately (--rounds rounds of --steps each), and
+reports both records and `speedup` = flax's median step time / ours:
+
+    python bench.py --config=configs/bench_tiny.py --flax_wmt=flax-0.12.8/examples/wmt --paired
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import pathlib
 import sys
 import time
+from typing import Any, Callable
 
 
 def _simulate_cpu_devices(argv: list[str]) -> None:
@@ -87,6 +95,13 @@ _TRACE = flags.DEFINE_string("trace", None, "Write a jax.profiler trace of the t
 _FLAX_WMT = flags.DEFINE_string("flax_wmt", None, "Time google/flax examples/wmt's own train step "
                                 "or beam search (its directory, e.g. from the flax sdist) on the "
                                 "same model shape and batch instead of ours (analysis/flax_wmt.py).")
+_PAIRED = flags.DEFINE_bool("paired", False, "With --flax_wmt: time this repository's step (or "
+                            "decoding) and flax's alternately in one process, --rounds rounds of "
+                            "--steps each, and report both and their speed ratio. Both meet the "
+                            "machine's slow and fast moments alike, so the ratio is steadier than "
+                            "that of two separate runs.")
+_ROUNDS = flags.DEFINE_integer("rounds", 6, "--paired: rounds of --steps timed calls per "
+                               "implementation; the order swaps every round.", lower_bound=1)
 flags.mark_flag_as_required("config")
 
 DEFAULT_VOCAB = 8000
@@ -149,21 +164,33 @@ def synthetic_batch(rng, rows: int, length: int, vocab: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- measuring
-def _timed(call, steps: int, warmup: int):
-  """Runs `call` (which must block until its work is done) 1 + warmup + steps times; returns the
-  first call's seconds and the last `steps` calls' seconds."""
-  import numpy as np
+def _first_and_warmup(call, warmup: int) -> float:
+  """Runs `call` (which must block until its work is done) 1 + warmup times; returns the first
+  call's seconds (compilation + one step)."""
   start = time.perf_counter()
   call()
   first = time.perf_counter() - start
   for _ in range(warmup):
     call()
+  return first
+
+
+def _time_calls(call, steps: int) -> list[float]:
+  """Seconds of each of `steps` calls of `call`."""
   times = []
   for _ in range(steps):
     start = time.perf_counter()
     call()
     times.append(time.perf_counter() - start)
-  return first, np.asarray(times)
+  return times
+
+
+def _timed(call, steps: int, warmup: int):
+  """Runs `call` 1 + warmup + steps times; returns the first call's seconds and the last `steps`
+  calls' seconds."""
+  import numpy as np
+  first = _first_and_warmup(call, warmup)
+  return first, np.asarray(_time_calls(call, steps))
 
 
 def _time_stats(first: float, times) -> dict:
@@ -282,10 +309,17 @@ def peak_memory(devices) -> int | None:
   return max(peaks) if peaks else None
 
 
+def _config_path() -> str | None:
+  """The --config file, or None when bench's functions run without its command line."""
+  if not flags.FLAGS.is_parsed():
+    return None
+  return config_flags.get_config_filename(flags.FLAGS["config"])
+
+
 def _environment(config, devices) -> dict:
   import jax
   import jaxlib
-  return {"config": config_flags.get_config_filename(flags.FLAGS["config"]),
+  return {"config": _config_path(),
           "model_type": config.model.type, "num_devices": len(devices),
           "dtype": config.model.dtype,
           "batch_size": int(config.bench.batch_size), "seq_len": int(config.bench.seq_len),
@@ -376,23 +410,30 @@ def _maybe_trace(name: str):
 
 
 # ----------------------------------------------------------------------------- training
-def bench_train(config, steps: int, warmup: int) -> dict:
-  """Times train.py's step on synthetic batches; returns the record (TRAIN_FIELDS)."""
+@dataclasses.dataclass
+class Runner:
+  """One implementation's benchmark, built and ready to time: `call()` runs one train step (or
+  decodes one batch) and waits for it; `record(first, times)` turns the first call's seconds and
+  the timed calls' seconds into the benchmark's record; `name` names its --trace folder."""
+  name: str
+  call: Callable[[], None]
+  record: Callable[[float, Any], dict]
+
+
+def train_runner(config, flax: bool = False) -> Runner:
+  """train.py's step (or, with `flax`, flax examples/wmt's from --flax_wmt) on a synthetic
+  [bench.batch_size, bench.seq_len] batch. The record has TRAIN_FIELDS."""
   import jax
   import numpy as np
   from training import parallel as par
   from training.loop import build_steps
 
-  check_config(config, "train")
   rows, length = int(config.bench.batch_size), int(config.bench.seq_len)
-  # The measured peak's first sample, before the timed steps (utilization takes the second).
-  resolve_peak(jax.local_devices()[0], config.model.dtype)
   memory_before = peak_memory(jax.local_devices())
-
   batch = synthetic_batch(np.random.default_rng(config.seed), rows, length,
                           int(config.model.vocab_size))
   holder = []
-  if _FLAX_WMT.value:
+  if flax:
     from analysis import flax_wmt
     devices = flax_wmt.pmap_devices(config, rows)  # config.num_devices, as our pmap takes them
     call, flax_params = flax_wmt.train_call(_load_flax_wmt(), config, batch, devices)
@@ -411,15 +452,30 @@ def bench_train(config, steps: int, warmup: int) -> dict:
       holder[0], metrics = parallel.train_step(holder[0], batch, rng)
       jax.block_until_ready((holder[0], metrics))
 
-  with _maybe_trace(f"train_{parallelism}_{len(devices)}dev_b{rows}_l{length}"):
-    first, times = _timed(call, steps, warmup)
-  record = {"mode": "train", "implementation": implementation, **_time_stats(first, times)}
-  record["tokens_per_s"] = 2 * rows * length / record["step_time_s"]
-  record["params"] = n_params
-  record.update(utilization(config, devices, record["step_time_s"], memory_before),
-                parallelism=parallelism, **_environment(config, devices))
-  holder.clear()
-  return record
+  def record(first, times):
+    rec = {"mode": "train", "implementation": implementation, **_time_stats(first, times)}
+    rec["tokens_per_s"] = 2 * rows * length / rec["step_time_s"]
+    rec["params"] = n_params
+    rec.update(utilization(config, devices, rec["step_time_s"], memory_before),
+               parallelism=parallelism, **_environment(config, devices))
+    holder.clear()  # the state's buffers go before the next benchmark builds its own
+    return rec
+
+  return Runner(f"train_{parallelism}_{len(devices)}dev_b{rows}_l{length}", call,
+                record)
+
+
+def bench_train(config, steps: int, warmup: int) -> dict:
+  """Times train.py's step (or flax's, with --flax_wmt) on synthetic batches; returns the record
+  (TRAIN_FIELDS)."""
+  import jax
+  check_config(config, "train")
+  # The measured peak's first sample, before the timed steps (utilization takes the second).
+  resolve_peak(jax.local_devices()[0], config.model.dtype)
+  runner = train_runner(config, flax=bool(_FLAX_WMT.value))
+  with _maybe_trace(runner.name):
+    first, times = _timed(runner.call, steps, warmup)
+  return runner.record(first, times)
 
 
 def utilization(config, devices, step_time_s: float, memory_before: int | None) -> dict:
@@ -490,16 +546,16 @@ def fixed_length_decoder(model, beam_size: int, decode_len: int, use_cache: bool
   return jax.jit(run)
 
 
-def bench_decode(config, steps: int, warmup: int, use_cache: bool) -> dict:
-  """Times fixed-length decoding of random source sentences on one device; returns the record
-  (DECODE_FIELDS)."""
+def decode_runner(config, use_cache: bool, flax: bool = False) -> Runner:
+  """Fixed-length decoding of random source sentences on one device with model/search.py (or,
+  with `flax`, flax examples/wmt's cached beam search from --flax_wmt). The record has
+  DECODE_FIELDS, and building it checks that every sentence got bench.decode_len tokens."""
   import jax
   import numpy as np
   import flax.linen as nn
   from model.build import build_model, init_variables
   from model.search import EOS_ID, PAD_ID
 
-  check_config(config, "decode")
   memory_before = peak_memory(jax.local_devices())
   rows, length = int(config.bench.batch_size), int(config.bench.seq_len)
   decode_len, beam = int(config.bench.decode_len), int(config.bench.beam_size)
@@ -509,7 +565,7 @@ def bench_decode(config, steps: int, warmup: int, use_cache: bool) -> dict:
       source_ids(np.random.default_rng(config.seed), rows, length, int(config.model.vocab_size)),
       device)
   out = []
-  if _FLAX_WMT.value:
+  if flax:
     from analysis import flax_wmt
     if not use_cache:
       raise Stop("--flax_wmt decodes only with its cache (--decode_cache=true)")
@@ -533,21 +589,95 @@ def bench_decode(config, steps: int, warmup: int, use_cache: bool) -> dict:
     def call():
       out[:] = [decode(params, inputs).block_until_ready()]
 
-  with _maybe_trace(f"decode_{'cache' if use_cache else 'nocache'}_b{rows}_l{length}"):
-    first, times = _timed(call, steps, warmup)
-  ids = np.asarray(out[0])
-  # (flax's search has no EOS here at all, so any id may appear in its rows)
-  if ids.shape != (rows, decode_len) or (
-      not _FLAX_WMT.value and np.any((ids == EOS_ID) | (ids == PAD_ID))):
-    raise RuntimeError(f"fixed-length decoding produced short rows (shape {ids.shape}); "
-                       f"the timing would not be comparable")
-  record = {"mode": "decode", "implementation": implementation, **_time_stats(first, times)}
-  record["sent_per_s"] = rows / record["step_time_s"]
-  record["out_tokens_per_s"] = rows * decode_len / record["step_time_s"]
-  record.update(params=n_params, decode_len=decode_len, beam_size=beam,
-                decode_cache=use_cache, peak_memory_bytes=own_peak_memory(memory_before),
-                **_environment(config, [device]))
-  return record
+  def record(first, times):
+    ids = np.asarray(out[0])
+    # (flax's search has no EOS here at all, so any id may appear in its rows)
+    if ids.shape != (rows, decode_len) or (
+        not flax and np.any((ids == EOS_ID) | (ids == PAD_ID))):
+      raise RuntimeError(f"fixed-length decoding produced short rows (shape {ids.shape}); "
+                         f"the timing would not be comparable")
+    rec = {"mode": "decode", "implementation": implementation, **_time_stats(first, times)}
+    rec["sent_per_s"] = rows / rec["step_time_s"]
+    rec["out_tokens_per_s"] = rows * decode_len / rec["step_time_s"]
+    rec.update(params=n_params, decode_len=decode_len, beam_size=beam,
+               decode_cache=use_cache, peak_memory_bytes=own_peak_memory(memory_before),
+               **_environment(config, [device]))
+    return rec
+
+  return Runner(f"decode_{'cache' if use_cache else 'nocache'}_b{rows}_l{length}",
+                call, record)
+
+
+def bench_decode(config, steps: int, warmup: int, use_cache: bool) -> dict:
+  """Times fixed-length decoding (ours, or flax's with --flax_wmt) on one device; returns the
+  record (DECODE_FIELDS)."""
+  check_config(config, "decode")
+  runner = decode_runner(config, use_cache, flax=bool(_FLAX_WMT.value))
+  with _maybe_trace(runner.name):
+    first, times = _timed(runner.call, steps, warmup)
+  return runner.record(first, times)
+
+
+# ----------------------------------------------------------------------------- paired
+def time_paired(runners: list[Runner], steps: int, warmup: int, rounds: int):
+  """Times two runners alternately: each one's first (compiling) call and `warmup` calls, then
+  `rounds` rounds of `steps` timed calls of each, A B in even rounds and B A in odd ones, so a
+  slow spell of the machine or a drift over the run falls on both alike.
+
+  Returns (first call seconds per runner, timed seconds per runner, per-round ratio of B's
+  median step to A's: above 1 when A is faster)."""
+  import numpy as np
+  firsts = [_first_and_warmup(r.call, warmup) for r in runners]
+  times: list[list[float]] = [[] for _ in runners]
+  ratios = []
+  for i in range(rounds):
+    this_round = {}
+    for j in ((0, 1) if i % 2 == 0 else (1, 0)):
+      this_round[j] = _time_calls(runners[j].call, steps)
+      times[j] += this_round[j]
+    ratios.append(float(np.median(this_round[1]) / np.median(this_round[0])))
+  return firsts, [np.asarray(t) for t in times], ratios
+
+
+PAIRED_FIELDS = ("mode", "paired", "rounds", "steps_per_round", "speedup", "speedup_min",
+                 "speedup_max", "speedup_per_round", "records")
+
+
+def bench_paired(config, mode: str, steps: int, warmup: int, rounds: int,
+                 make_runner=None) -> dict:
+  """This repository against flax examples/wmt (--flax_wmt) in one process (`time_paired`).
+  `make_runner(config, flax)` builds each side (default: train_runner or decode_runner).
+
+  Returns PAIRED_FIELDS: `speedup` = flax's median step time / ours over all rounds (= our
+  tokens/s or sentences/s over flax's: same batch), its range over the rounds, and both records
+  (whose peak_memory_bytes is null: the two share the process, and its allocator's peak)."""
+  import jax
+  check_config(config, mode)
+  if make_runner is None:
+    make_runner = (train_runner if mode == "train" else
+                   lambda c, flax: decode_runner(c, _DECODE_CACHE.value, flax=flax))
+  if mode == "train":  # the measured peak's first sample, before the timed steps
+    resolve_peak(jax.local_devices()[0], config.model.dtype)
+  runners = [make_runner(config, flax=False), make_runner(config, flax=True)]
+  firsts, times, ratios = time_paired(runners, steps, warmup, rounds)
+  records = [dict(r.record(first, t), peak_memory_bytes=None)
+             for r, first, t in zip(runners, firsts, times)]
+  return {"mode": mode, "paired": True, "rounds": rounds, "steps_per_round": steps,
+          "speedup": records[1]["step_time_s"] / records[0]["step_time_s"],
+          "speedup_min": min(ratios), "speedup_max": max(ratios), "speedup_per_round": ratios,
+          "records": records}
+
+
+def print_paired(result: dict) -> None:
+  rate = "tokens_per_s" if result["mode"] == "train" else "sent_per_s"
+  columns = ["implementation", "step_time_s", "step_time_p10_s", "step_time_p90_s", rate]
+  columns += ["mfu"] if result["mode"] == "train" else []
+  print(f"paired: {result['rounds']} rounds of {result['steps_per_round']} steps each, "
+        f"{result['mode']}, {result['records'][0]['device_kind']}, "
+        f"{result['records'][0]['dtype']}")
+  _print_table(columns, result["records"])
+  print(f"speedup (flax's step time / ours) {_fmt(result['speedup'])}, per round "
+        f"{_fmt(result['speedup_min'])}-{_fmt(result['speedup_max'])}")
 
 
 # ----------------------------------------------------------------------------- sweeps
@@ -672,9 +802,14 @@ def print_sweep(records: list[dict], kind: str) -> None:
   columns += ["tokens_per_s", "mfu"] if train else ["sent_per_s", "out_tokens_per_s"]
   if not train:
     columns.remove("parallelism")
+  print(f"sweep: {kind}")
+  _print_table(columns, records)
+
+
+def _print_table(columns: list[str], records: list[dict]) -> None:
+  """One right-aligned row per record, under a header of the column names."""
   cells = [[_fmt(r.get(c)) for c in columns] for r in records]
   widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-  print(f"sweep: {kind}")
   print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
   for row in cells:
     print("  ".join(v.rjust(w) for v, w in zip(row, widths)))
@@ -756,6 +891,17 @@ def run(config) -> None:
     if mode == "train":
       return bench_train(c, steps, warmup)
     return bench_decode(c, steps, warmup, _DECODE_CACHE.value)
+
+  if _PAIRED.value:
+    if not _FLAX_WMT.value:
+      raise Stop("--paired times ours against flax examples/wmt: give --flax_wmt=<its directory>")
+    if _SWEEP.value or _TRACE.value:
+      raise Stop("--paired runs one benchmark without a trace: drop --sweep / --trace")
+    result = bench_paired(config, mode, steps, warmup, _ROUNDS.value)
+    print_paired(result)
+    if _JSON.value:
+      _write_json(pathlib.Path(_JSON.value), result)
+    return
 
   if _SWEEP.value is None:
     if _SWEEP_VALUES.value or _PLOT.value:

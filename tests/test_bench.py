@@ -297,6 +297,82 @@ def test_failed_sweep_writes_the_points_done(tmp_path):
                                                      None)] == [8, 16]
 
 
+def test_paired_timing_swaps_the_order_every_round(monkeypatch):
+  """--paired: both sides compile and warm up, then alternate A B, B A, ...; the per-round
+  ratio is B's median step over A's."""
+  import types
+  import bench
+  clock, log = [0.0], []
+  monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+  def runner(name, first, step):
+    calls = []
+
+    def call():
+      clock[0] += first if not calls else step
+      calls.append(1)
+      log.append(name)
+    return bench.Runner(name, call, None)
+
+  a, b = runner("A", 5.0, 1.0), runner("B", 7.0, 2.0)
+  firsts, times, ratios = bench.time_paired([a, b], steps=2, warmup=1, rounds=3)
+  assert firsts == [5.0, 7.0]
+  assert log == ["A", "A", "B", "B"] + ["A", "A", "B", "B"] + ["B", "B", "A", "A"] + [
+      "A", "A", "B", "B"]
+  assert times[0].tolist() == [1.0] * 6 and times[1].tolist() == [2.0] * 6
+  assert ratios == [2.0, 2.0, 2.0]
+
+
+def test_paired_result_holds_both_records_and_their_ratio(monkeypatch, tmp_path):
+  """bench_paired on real runners (ours on both sides here: flax's example is not installed in
+  the tests): both train records, the ratio of their median steps, no per-run memory peak."""
+  import types
+  import bench
+  monkeypatch.setattr(bench, "_PEAK", types.SimpleNamespace(value="1e15"))
+  c = tiny.get_config()
+  c.model.update(vocab_size=64, num_layers=1)
+  c.bench.update(batch_size=4, seq_len=8)
+  c.num_devices = 1
+  sides = []
+
+  def make(config, flax):
+    sides.append(flax)
+    return bench.train_runner(config)
+
+  result = bench.bench_paired(c, "train", steps=2, warmup=1, rounds=3, make_runner=make)
+  assert sides == [False, True]
+  assert set(result) == set(bench.PAIRED_FIELDS)
+  assert (result["mode"], result["paired"], result["rounds"], result["steps_per_round"]) == (
+      "train", True, 3, 2)
+  ours, theirs = result["records"]
+  for record in (ours, theirs):
+    assert set(bench.TRAIN_FIELDS) <= set(record)
+    assert record["peak_memory_bytes"] is None and record["peak_source"] == "given"
+    assert record["config"] is None  # no --config command line in this process
+  assert result["speedup"] == pytest.approx(theirs["step_time_s"] / ours["step_time_s"])
+  assert len(result["speedup_per_round"]) == 3
+  assert result["speedup_min"] == min(result["speedup_per_round"])
+  assert result["speedup_max"] == max(result["speedup_per_round"])
+  json.dumps(result)  # --json writes it as it is
+
+
+def test_paired_needs_flax_and_one_plain_benchmark(monkeypatch):
+  import types
+  import bench
+  values = dict(_PLOT_FROM=None, _MODE="train", _STEPS=2, _WARMUP=1, _PAIRED=True,
+                _FLAX_WMT=None, _SWEEP=None, _TRACE=None)
+  for name, value in values.items():
+    monkeypatch.setattr(bench, name, types.SimpleNamespace(value=value))
+  c = tiny.get_config()
+  c.model.vocab_size = 64
+  with pytest.raises(bench.Stop, match="give --flax_wmt=<its directory>"):
+    bench.run(c)
+  monkeypatch.setattr(bench, "_FLAX_WMT", types.SimpleNamespace(value="flax-0.12.8/examples/wmt"))
+  monkeypatch.setattr(bench, "_SWEEP", types.SimpleNamespace(value="batch"))
+  with pytest.raises(bench.Stop, match="drop --sweep / --trace"):
+    bench.run(c)
+
+
 def test_cudnn_needs_an_even_train_length_and_a_gpu():
   import bench
   c = tiny.get_config()
