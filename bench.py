@@ -23,7 +23,9 @@ config is checked before the first runs; a sweep that fails part-way still write
 
 --flax_wmt=<dir> times google/flax examples/wmt's step or beam search instead of ours;
 --paired with it times both in one process, alternately (--rounds rounds of --steps each), and
-reports both records and `speedup` = flax's median step time / ours:
+reports both records and `speedup` = flax's median step time / ours; --paired
+--separate_processes alternates whole runs instead, each side in its own process with its own
+out-of-the-box host-memory setting:
 
     python bench.py --config=configs/bench_tiny.py --flax_wmt=flax-0.12.8/examples/wmt --paired
 """
@@ -34,7 +36,9 @@ import json
 import math
 import os
 import pathlib
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -102,6 +106,11 @@ _PAIRED = flags.DEFINE_bool("paired", False, "With --flax_wmt: time this reposit
                             "that of two separate runs.")
 _ROUNDS = flags.DEFINE_integer("rounds", 6, "--paired: rounds of --steps timed calls per "
                                "implementation; the order swaps every round.", lower_bound=1)
+_SEPARATE = flags.DEFINE_bool("separate_processes", False, "With --paired: run each side in a "
+                              "fresh `python bench.py` process every round, each as it runs by "
+                              "itself: ours keeps freed host memory (training/host_memory.py), "
+                              "flax's gets glibc's defaults, as its own main.py runs. Each round "
+                              "compiles again.")
 flags.mark_flag_as_required("config")
 
 DEFAULT_VOCAB = 8000
@@ -639,8 +648,8 @@ def time_paired(runners: list[Runner], steps: int, warmup: int, rounds: int):
   return firsts, [np.asarray(t) for t in times], ratios
 
 
-PAIRED_FIELDS = ("mode", "paired", "rounds", "steps_per_round", "speedup", "speedup_min",
-                 "speedup_max", "speedup_per_round", "records")
+PAIRED_FIELDS = ("mode", "paired", "separate_processes", "rounds", "steps_per_round", "speedup",
+                 "speedup_min", "speedup_max", "speedup_per_round", "records")
 
 
 def bench_paired(config, mode: str, steps: int, warmup: int, rounds: int,
@@ -662,20 +671,104 @@ def bench_paired(config, mode: str, steps: int, warmup: int, rounds: int,
   firsts, times, ratios = time_paired(runners, steps, warmup, rounds)
   records = [dict(r.record(first, t), peak_memory_bytes=None)
              for r, first, t in zip(runners, firsts, times)]
-  return {"mode": mode, "paired": True, "rounds": rounds, "steps_per_round": steps,
+  return {"mode": mode, "paired": True, "separate_processes": False, "rounds": rounds,
+          "steps_per_round": steps,
           "speedup": records[1]["step_time_s"] / records[0]["step_time_s"],
           "speedup_min": min(ratios), "speedup_max": max(ratios), "speedup_per_round": ratios,
           "records": records}
+
+
+# Flags the parent of --separate_processes keeps to itself; each child gets the rest of its
+# command line, its own --json and, on flax's side, --flax_wmt.
+_PARENT_ONLY_FLAGS = ("paired", "separate_processes", "rounds", "json", "flax_wmt")
+
+
+def child_argv(argv: list[str], drop=_PARENT_ONLY_FLAGS) -> list[str]:
+  """`argv` (flags only, no program name) without the flags named in `drop`, in any of absl's
+  forms: --name=value, --name value, --name, --noname."""
+  out, i = [], 0
+  while i < len(argv):
+    arg = argv[i]
+    name = arg.lstrip("-").split("=", 1)[0] if arg.startswith("-") else None
+    base = name[2:] if name and name.startswith("no") and name[2:] in drop else name
+    if base in drop:
+      takes_value = base not in ("paired", "separate_processes")
+      i += 2 if takes_value and "=" not in arg and not name.startswith("no") else 1
+      continue
+    out.append(arg)
+    i += 1
+  return out
+
+
+def flax_environment(environ=os.environ) -> dict:
+  """The environment of flax's process under --separate_processes: glibc's default malloc, as
+  flax examples/wmt's main.py runs. MALLOC_ARENA_MAX at glibc's own default for 64-bit hosts (8
+  per core) changes nothing in glibc but makes training/host_memory.py stand aside. When the
+  environment has its own malloc settings, both sides keep those."""
+  from training.host_memory import user_settings
+  env = dict(environ)
+  if not user_settings(env):
+    env["MALLOC_ARENA_MAX"] = str(8 * (os.cpu_count() or 1))
+  return env
+
+
+def run_child(argv: list[str], env: dict) -> dict:
+  """Runs `python bench.py <argv>` with --json to a temporary file; returns its record. A
+  failed run is a Stop with the end of its stderr."""
+  with tempfile.TemporaryDirectory() as tmp:
+    path = pathlib.Path(tmp) / "record.json"
+    command = [sys.executable, str(pathlib.Path(__file__).resolve()), *argv, f"--json={path}"]
+    logging.info("running %s", " ".join(command))
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0 or not path.exists():
+      tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+      raise Stop(f"--separate_processes: `{' '.join(command)}` failed (exit status "
+                 f"{done.returncode}):\n{tail}")
+    return json.loads(path.read_text())
+
+
+def bench_paired_processes(argv: list[str], flax_wmt: str, mode: str, steps: int, rounds: int,
+                           run=run_child) -> dict:
+  """This repository against flax examples/wmt, each side in its own process every round (ours
+  first in even rounds, flax's first in odd ones), each with its own host-memory setting:
+  ours as bench.py sets it, flax's with glibc's defaults (`flax_environment`). `argv`: this
+  command line's flags; `run(argv, env)` runs one child and returns its record.
+
+  Returns PAIRED_FIELDS, `separate_processes` true, and `round_records` (each side's record of
+  every round): `speedup` = flax's median step time over the rounds / ours, `records` each
+  side's record of its median round (the lower middle one for an even count)."""
+  import numpy as np
+  base = child_argv(argv)
+  sides = [(base, dict(os.environ)),
+           (base + [f"--flax_wmt={flax_wmt}"], flax_environment())]
+  round_records: list[list[dict]] = [[], []]
+  for i in range(rounds):
+    for j in ((0, 1) if i % 2 == 0 else (1, 0)):
+      record = run(*sides[j])
+      round_records[j].append(record)
+      print(f"round {i + 1}/{rounds}: {record.get('implementation')} "
+            f"{_fmt(record.get('step_time_s'))} s/step (host memory "
+            f"{record.get('host_memory')})", flush=True)
+  medians = [np.asarray([r["step_time_s"] for r in rs]) for rs in round_records]
+  ratios = [float(f / o) for o, f in zip(*medians)]
+  middle = [rs[int(np.argsort(t)[(len(t) - 1) // 2])] for rs, t in zip(round_records, medians)]
+  return {"mode": mode, "paired": True, "separate_processes": True, "rounds": rounds,
+          "steps_per_round": steps,
+          "speedup": float(np.median(medians[1]) / np.median(medians[0])),
+          "speedup_min": min(ratios), "speedup_max": max(ratios), "speedup_per_round": ratios,
+          "records": middle, "round_records": round_records}
 
 
 def print_paired(result: dict) -> None:
   rate = "tokens_per_s" if result["mode"] == "train" else "sent_per_s"
   columns = ["implementation", "step_time_s", "step_time_p10_s", "step_time_p90_s", rate]
   columns += ["mfu"] if result["mode"] == "train" else []
-  print(f"paired: {result['rounds']} rounds of {result['steps_per_round']} steps each, "
+  where = "a process per side and round" if result["separate_processes"] else "one process"
+  print(f"paired: {result['rounds']} rounds of {result['steps_per_round']} steps each ({where}), "
         f"{result['mode']}, {result['records'][0]['device_kind']}, "
         f"{result['records'][0]['dtype']}")
-  _print_table(columns, result["records"])
+  _print_table(columns + (["host_memory"] if result["separate_processes"] else []),
+               result["records"])
   print(f"speedup (flax's step time / ours) {_fmt(result['speedup'])}, per round "
         f"{_fmt(result['speedup_min'])}-{_fmt(result['speedup_max'])}")
 
@@ -897,12 +990,17 @@ def run(config) -> None:
       raise Stop("--paired times ours against flax examples/wmt: give --flax_wmt=<its directory>")
     if _SWEEP.value or _TRACE.value:
       raise Stop("--paired runs one benchmark without a trace: drop --sweep / --trace")
-    result = bench_paired(config, mode, steps, warmup, _ROUNDS.value)
+    if _SEPARATE.value:
+      result = bench_paired_processes(sys.argv[1:], _FLAX_WMT.value, mode, steps, _ROUNDS.value)
+    else:
+      result = bench_paired(config, mode, steps, warmup, _ROUNDS.value)
     print_paired(result)
     if _JSON.value:
       _write_json(pathlib.Path(_JSON.value), result)
     return
 
+  if _SEPARATE.value:
+    raise Stop("--separate_processes is a way of running --paired: add --paired and --flax_wmt")
   if _SWEEP.value is None:
     if _SWEEP_VALUES.value or _PLOT.value:
       raise Stop("--sweep_values and --plot need --sweep")

@@ -356,11 +356,82 @@ def test_paired_result_holds_both_records_and_their_ratio(monkeypatch, tmp_path)
   json.dumps(result)  # --json writes it as it is
 
 
+def test_child_argv_drops_the_parents_flags():
+  """--separate_processes: each child gets the command line without --paired, --rounds, --json
+  and --flax_wmt, in any of absl's spellings; everything else is passed on as it was."""
+  import bench
+  argv = ["--config=configs/bench_tiny.py", "--config.bench.seq_len=32", "--paired",
+          "--separate_processes", "--rounds=4", "--json", "out.json", "--flax_wmt", "/f/wmt",
+          "--steps=5", "--nopaired", "--rounds", "2", "--json=x.json", "--flax_wmt=/g",
+          "--noseparate_processes", "--mode", "decode", "--decode_cache=false"]
+  assert bench.child_argv(argv) == ["--config=configs/bench_tiny.py",
+                                    "--config.bench.seq_len=32", "--steps=5", "--mode",
+                                    "decode", "--decode_cache=false"]
+
+
+def test_paired_processes_alternate_and_give_flax_glibc_defaults(monkeypatch):
+  """bench_paired_processes with a fake child: ours first in even rounds, flax's first in odd
+  ones; flax's child gets --flax_wmt and glibc's default malloc (MALLOC_ARENA_MAX = 8 per core,
+  which makes training/host_memory.py stand aside), ours the environment as it is; the speed-up
+  is the ratio of the per-round medians, the records those of each side's median round."""
+  import bench
+  from training.host_memory import user_settings
+  for name in user_settings():
+    monkeypatch.delenv(name)
+  steps = {False: iter([1.0, 1.2, 0.9, 1.1]), True: iter([1.5, 1.2, 1.8, 1.4])}
+  calls = []
+
+  def run(argv, env):
+    flax = any(a.startswith("--flax_wmt=") for a in argv)
+    calls.append((flax, argv, env))
+    return {"implementation": "flax" if flax else "ours", "step_time_s": next(steps[flax]),
+            "host_memory": "process default" if user_settings(env) else "kept",
+            "device_kind": "cpu", "dtype": "float32"}
+
+  argv = ["--config=configs/bench_tiny.py", "--steps=3", "--paired", "--separate_processes",
+          "--flax_wmt=/f/wmt", "--rounds=4", "--json=out.json"]
+  result = bench.bench_paired_processes(argv, "/f/wmt", "train", 3, 4, run=run)
+  assert [flax for flax, _, _ in calls] == [False, True, True, False, False, True, True, False]
+  ours_argv = ["--config=configs/bench_tiny.py", "--steps=3"]
+  for flax, child, env in calls:
+    assert child == (ours_argv + ["--flax_wmt=/f/wmt"] if flax else ours_argv)
+    assert (env.get("MALLOC_ARENA_MAX") == str(8 * os.cpu_count())) if flax else (
+        not user_settings(env))
+  assert set(result) == set(bench.PAIRED_FIELDS) | {"round_records"}
+  assert result["separate_processes"] is True and result["steps_per_round"] == 3
+  assert result["speedup_per_round"] == pytest.approx([1.5, 1.0, 2.0, 1.4 / 1.1])
+  assert result["speedup"] == pytest.approx(1.45 / 1.05)  # medians of the rounds
+  assert (result["speedup_min"], result["speedup_max"]) == pytest.approx((1.0, 2.0))
+  ours, theirs = result["records"]  # each side's lower-middle round
+  assert (ours["step_time_s"], theirs["step_time_s"]) == (1.0, 1.4)
+  assert [r["host_memory"] for r in result["records"]] == ["kept", "process default"]
+  assert [len(r) for r in result["round_records"]] == [4, 4]
+  bench.print_paired(result)  # prints, with the host-memory column
+
+  monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # the user's own setting: both sides keep it
+  assert bench.flax_environment()["MALLOC_ARENA_MAX"] == "2"
+
+
+def test_a_separate_process_reports_its_record_or_its_error(tmp_path):
+  """run_child runs bench.py for real: flax's environment (without flax's example, not installed
+  in the tests) gives a record with glibc's default host memory; a bad flag is one Stop that
+  quotes the child's error."""
+  import bench
+  env = bench.flax_environment(dict(
+      os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_backend_optimization_level=0"))
+  record = bench.run_child(SMALL + ["--config.num_devices=1"], env)
+  assert record["host_memory"] == "process default"
+  assert record["config"] == "configs/tiny.py" and record["implementation"] == "this repository"
+  assert record["step_time_s"] > 0
+  with pytest.raises(bench.Stop, match="(?s)exit status.*config.model.no_such_field"):
+    bench.run_child(SMALL + ["--config.model.no_such_field=1"], env)
+
+
 def test_paired_needs_flax_and_one_plain_benchmark(monkeypatch):
   import types
   import bench
   values = dict(_PLOT_FROM=None, _MODE="train", _STEPS=2, _WARMUP=1, _PAIRED=True,
-                _FLAX_WMT=None, _SWEEP=None, _TRACE=None)
+                _FLAX_WMT=None, _SWEEP=None, _TRACE=None, _SEPARATE=False)
   for name, value in values.items():
     monkeypatch.setattr(bench, name, types.SimpleNamespace(value=value))
   c = tiny.get_config()
@@ -370,6 +441,10 @@ def test_paired_needs_flax_and_one_plain_benchmark(monkeypatch):
   monkeypatch.setattr(bench, "_FLAX_WMT", types.SimpleNamespace(value="flax-0.12.8/examples/wmt"))
   monkeypatch.setattr(bench, "_SWEEP", types.SimpleNamespace(value="batch"))
   with pytest.raises(bench.Stop, match="drop --sweep / --trace"):
+    bench.run(c)
+  monkeypatch.setattr(bench, "_PAIRED", types.SimpleNamespace(value=False))
+  monkeypatch.setattr(bench, "_SEPARATE", types.SimpleNamespace(value=True))
+  with pytest.raises(bench.Stop, match="add --paired and --flax_wmt"):
     bench.run(c)
 
 
@@ -563,6 +638,8 @@ def test_train_json_has_every_field(runs):
       record["model_flops_per_step"] / record["step_time_s"] / record["peak_flops_per_s"])
   assert record["peak_flops_per_s_total"] == record["peak_flops_per_s"]  # one device
   assert record["peak_memory_bytes"] is None or record["peak_memory_bytes"] > 0
+  from training.host_memory import user_settings  # bench.py keeps freed memory by default
+  assert record["host_memory"] == ("process default" if user_settings() else "kept")
   assert "tokens_per_s" in proc.stdout and "mfu" in proc.stdout
   assert "(one device)" in proc.stdout and "(all devices)" in proc.stdout
   # --trace: one perfetto trace of the step, without Python frames (those would fill the
