@@ -628,6 +628,11 @@ def bench_decode(config, steps: int, warmup: int, use_cache: bool) -> dict:
 
 
 # ----------------------------------------------------------------------------- paired
+def _round_order(i: int) -> tuple[int, int]:
+  """Which side goes first in round `i` of a paired benchmark: ours (0) in even rounds."""
+  return (0, 1) if i % 2 == 0 else (1, 0)
+
+
 def time_paired(runners: list[Runner], steps: int, warmup: int, rounds: int):
   """Times two runners alternately: each one's first (compiling) call and `warmup` calls, then
   `rounds` rounds of `steps` timed calls of each, A B in even rounds and B A in odd ones, so a
@@ -641,7 +646,7 @@ def time_paired(runners: list[Runner], steps: int, warmup: int, rounds: int):
   ratios = []
   for i in range(rounds):
     this_round = {}
-    for j in ((0, 1) if i % 2 == 0 else (1, 0)):
+    for j in _round_order(i):
       this_round[j] = _time_calls(runners[j].call, steps)
       times[j] += this_round[j]
     ratios.append(float(np.median(this_round[1]) / np.median(this_round[0])))
@@ -683,17 +688,17 @@ def bench_paired(config, mode: str, steps: int, warmup: int, rounds: int,
 _PARENT_ONLY_FLAGS = ("paired", "separate_processes", "rounds", "json", "flax_wmt")
 
 
-def child_argv(argv: list[str], drop=_PARENT_ONLY_FLAGS) -> list[str]:
-  """`argv` (flags only, no program name) without the flags named in `drop`, in any of absl's
-  forms: --name=value, --name value, --name, --noname."""
+def child_argv(argv: list[str]) -> list[str]:
+  """`argv` (flags only, no program name) without _PARENT_ONLY_FLAGS, in any of absl's forms:
+  --name=value, --name value, and for a boolean --name, --noname."""
   out, i = [], 0
   while i < len(argv):
     arg = argv[i]
     name = arg.lstrip("-").split("=", 1)[0] if arg.startswith("-") else None
-    base = name[2:] if name and name.startswith("no") and name[2:] in drop else name
-    if base in drop:
-      takes_value = base not in ("paired", "separate_processes")
-      i += 2 if takes_value and "=" not in arg and not name.startswith("no") else 1
+    if name and name.startswith("no") and name[2:] in _PARENT_ONLY_FLAGS:
+      name = name[2:]
+    if name in _PARENT_ONLY_FLAGS:
+      i += 2 if not flags.FLAGS[name].boolean and "=" not in arg else 1
       continue
     out.append(arg)
     i += 1
@@ -732,7 +737,8 @@ def bench_paired_processes(argv: list[str], flax_wmt: str, mode: str, steps: int
   """This repository against flax examples/wmt, each side in its own process every round (ours
   first in even rounds, flax's first in odd ones), each with its own host-memory setting:
   ours as bench.py sets it, flax's with glibc's defaults (`flax_environment`). `argv`: this
-  command line's flags; `run(argv, env)` runs one child and returns its record.
+  command line's flags (`steps`: its --steps, each child's timed steps); `run(argv, env)` runs
+  one child and returns its record.
 
   Returns PAIRED_FIELDS, `separate_processes` true, and `round_records` (each side's record of
   every round): `speedup` = flax's median step time over the rounds / ours, `records` each
@@ -743,7 +749,7 @@ def bench_paired_processes(argv: list[str], flax_wmt: str, mode: str, steps: int
            (base + [f"--flax_wmt={flax_wmt}"], flax_environment())]
   round_records: list[list[dict]] = [[], []]
   for i in range(rounds):
-    for j in ((0, 1) if i % 2 == 0 else (1, 0)):
+    for j in _round_order(i):
       record = run(*sides[j])
       round_records[j].append(record)
       print(f"round {i + 1}/{rounds}: {record.get('implementation')} "
