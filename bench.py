@@ -29,6 +29,7 @@ out-of-the-box host-memory setting:
 
     python bench.py --config=configs/bench_tiny.py --flax_wmt=flax-0.12.8/examples/wmt --paired
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,14 +41,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def _simulate_cpu_devices(argv: list[str]) -> None:
   """--sweep=devices on a CPU needs several devices; XLA makes them only if told before JAX is
   imported. (The flag changes nothing on GPUs and TPUs.)"""
   wants = "--sweep=devices" in argv or any(
-      a == "--sweep" and b == "devices" for a, b in zip(argv, argv[1:]))
+    a == "--sweep" and b == "devices" for a, b in zip(argv, argv[1:])
+  )
   flag = "--xla_force_host_platform_device_count"
   if wants and flag not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" {flag}=8").strip()
@@ -60,62 +63,108 @@ HOST_MEMORY = "process default"
 if __name__ == "__main__":
   _simulate_cpu_devices(sys.argv)
   from training.host_memory import keep_freed_memory
+
   if keep_freed_memory():
     HOST_MEMORY = "kept"
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Config file (configs/*.py).", lock_config=True
+)
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "decode"], "What to time.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (decode: timed batches).", lower_bound=1)
-_WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after the first (compiling) one.",
-                               lower_bound=0)
+_WARMUP = flags.DEFINE_integer(
+  "warmup", 3, "Untimed steps after the first (compiling) one.", lower_bound=0
+)
 _JSON = flags.DEFINE_string("json", None, "Write the results to this JSON file.")
-_SWEEP = flags.DEFINE_enum("sweep", None, ["devices", "seq_len", "batch"],
-                           "Repeat the benchmark over device counts (pmap and mesh), sequence "
-                           "lengths or batch sizes, and plot it.")
-_SWEEP_VALUES = flags.DEFINE_list("sweep_values", None,
-                                  "The swept values (default: devices 1,2,4,8; seq_len "
-                                  "16,32,64,128,256 up to model.max_len; batch 4,8,16,32).")
-_PLOT_FROM = flags.DEFINE_list("plot_from", None,
-                               "Plot these saved --sweep JSON files together into --plot (no "
-                               "benchmark runs), e.g. the seq_len sweeps of two model types.")
-_SWEEP_PARALLELISM = flags.DEFINE_list("sweep_parallelism", ["pmap", "mesh"],
-                                       "--sweep=devices: the parallelism modes to run.")
-_PLOT = flags.DEFINE_string("plot", None, "Sweep plot PNG (default: the --json path with .png, "
-                            "else bench_<sweep>.png).")
-_DECODE_CACHE = flags.DEFINE_bool("decode_cache", True,
-                                  "--mode=decode: use the key/value cache (false re-runs the "
-                                  "whole decoder on the prefix every step).")
-_PEAK = flags.DEFINE_string("peak", "auto", "Peak FLOP/s per device: 'auto' (datasheet if the "
-                            "device and dtype are known, else measured), 'measured', or a number.")
-_MATMUL_SIZE = flags.DEFINE_integer("matmul_size", 2048, "Side of the square matrices of the "
-                                    "measured peak.", lower_bound=64)
-_TRACE = flags.DEFINE_string("trace", None, "Write a jax.profiler trace of the timed steps to this "
-                             "directory (TensorBoard's profiler, or perfetto_trace.json.gz in "
-                             "ui.perfetto.dev).")
-_FLAX_WMT = flags.DEFINE_string("flax_wmt", None, "Time google/flax examples/wmt's own train step "
-                                "or beam search (its directory, e.g. from the flax sdist) on the "
-                                "same model shape and batch instead of ours (analysis/flax_wmt.py).")
-_PAIRED = flags.DEFINE_bool("paired", False, "With --flax_wmt: time this repository's step (or "
-                            "decoding) and flax's alternately in one process, --rounds rounds of "
-                            "--steps each, and report both and their speed ratio. Both meet the "
-                            "machine's slow and fast moments alike, so the ratio is steadier than "
-                            "that of two separate runs.")
-_ROUNDS = flags.DEFINE_integer("rounds", 6, "--paired: rounds of --steps timed calls per "
-                               "implementation; the order swaps every round.", lower_bound=1)
-_SEPARATE = flags.DEFINE_bool("separate_processes", False, "With --paired: run each side in a "
-                              "fresh `python bench.py` process every round, each as it runs by "
-                              "itself: ours keeps freed host memory (training/host_memory.py), "
-                              "flax's gets glibc's defaults, as its own main.py runs. Each round "
-                              "compiles again.")
+_SWEEP = flags.DEFINE_enum(
+  "sweep",
+  None,
+  ["devices", "seq_len", "batch"],
+  "Repeat the benchmark over device counts (pmap and mesh), sequence "
+  "lengths or batch sizes, and plot it.",
+)
+_SWEEP_VALUES = flags.DEFINE_list(
+  "sweep_values",
+  None,
+  "The swept values (default: devices 1,2,4,8; seq_len "
+  "16,32,64,128,256 up to model.max_len; batch 4,8,16,32).",
+)
+_PLOT_FROM = flags.DEFINE_list(
+  "plot_from",
+  None,
+  "Plot these saved --sweep JSON files together into --plot (no "
+  "benchmark runs), e.g. the seq_len sweeps of two model types.",
+)
+_SWEEP_PARALLELISM = flags.DEFINE_list(
+  "sweep_parallelism", ["pmap", "mesh"], "--sweep=devices: the parallelism modes to run."
+)
+_PLOT = flags.DEFINE_string(
+  "plot", None, "Sweep plot PNG (default: the --json path with .png, else bench_<sweep>.png)."
+)
+_DECODE_CACHE = flags.DEFINE_bool(
+  "decode_cache",
+  True,
+  "--mode=decode: use the key/value cache (false re-runs the "
+  "whole decoder on the prefix every step).",
+)
+_PEAK = flags.DEFINE_string(
+  "peak",
+  "auto",
+  "Peak FLOP/s per device: 'auto' (datasheet if the "
+  "device and dtype are known, else measured), 'measured', or a number.",
+)
+_MATMUL_SIZE = flags.DEFINE_integer(
+  "matmul_size", 2048, "Side of the square matrices of the measured peak.", lower_bound=64
+)
+_TRACE = flags.DEFINE_string(
+  "trace",
+  None,
+  "Write a jax.profiler trace of the timed steps to this "
+  "directory (TensorBoard's profiler, or perfetto_trace.json.gz in "
+  "ui.perfetto.dev).",
+)
+_FLAX_WMT = flags.DEFINE_string(
+  "flax_wmt",
+  None,
+  "Time google/flax examples/wmt's own train step "
+  "or beam search (its directory, e.g. from the flax sdist) on the "
+  "same model shape and batch instead of ours (analysis/flax_wmt.py).",
+)
+_PAIRED = flags.DEFINE_bool(
+  "paired",
+  False,
+  "With --flax_wmt: time this repository's step (or "
+  "decoding) and flax's alternately in one process, --rounds rounds of "
+  "--steps each, and report both and their speed ratio. Both meet the "
+  "machine's slow and fast moments alike, so the ratio is steadier than "
+  "that of two separate runs.",
+)
+_ROUNDS = flags.DEFINE_integer(
+  "rounds",
+  6,
+  "--paired: rounds of --steps timed calls per implementation; the order swaps every round.",
+  lower_bound=1,
+)
+_SEPARATE = flags.DEFINE_bool(
+  "separate_processes",
+  False,
+  "With --paired: run each side in a "
+  "fresh `python bench.py` process every round, each as it runs by "
+  "itself: ours keeps freed host memory (training/host_memory.py), "
+  "flax's gets glibc's defaults, as its own main.py runs. Each round "
+  "compiles again.",
+)
 flags.mark_flag_as_required("config")
 
 DEFAULT_VOCAB = 8000
-SWEEP_DEFAULTS = {"devices": [1, 2, 4, 8], "seq_len": [16, 32, 64, 128, 256],
-                  "batch": [4, 8, 16, 32]}
+SWEEP_DEFAULTS = {
+  "devices": [1, 2, 4, 8],
+  "seq_len": [16, 32, 64, 128, 256],
+  "batch": [4, 8, 16, 32],
+}
 
 # Dense (no sparsity) peak FLOP/s per device from the vendors' datasheets: NVIDIA H100 Tensor
 # Core GPU datasheet (SXM: BF16/FP16 989.4, TF32 494.7, FP32 66.9 TFLOPS; the H200 has the same
@@ -126,25 +175,71 @@ SWEEP_DEFAULTS = {"devices": [1, 2, 4, 8], "seq_len": [16, 32, 64, 128, 256],
 # ('highest' / 'float32'), which gets the FP32 rate. Names are matched against
 # `device.device_kind`, lowercased: (names, excluded names, {dtype: peak}).
 DATASHEET_PEAKS = (
-    (("h100", "h200"), ("pcie", "nvl"), {"bfloat16": 989.4e12, "float16": 989.4e12,
-                                         "tf32": 494.7e12, "float32": 66.9e12}),
-    (("a100",), (), {"bfloat16": 312e12, "float16": 312e12, "tf32": 156e12, "float32": 19.5e12}),
-    (("tpu v4",), (), {"bfloat16": 275e12}),
-    (("tpu v5 lite", "tpu v5e"), (), {"bfloat16": 197e12}),
-    (("tpu v5p", "tpu v5"), ("lite", "v5e"), {"bfloat16": 459e12}),
+  (
+    ("h100", "h200"),
+    ("pcie", "nvl"),
+    {"bfloat16": 989.4e12, "float16": 989.4e12, "tf32": 494.7e12, "float32": 66.9e12},
+  ),
+  (("a100",), (), {"bfloat16": 312e12, "float16": 312e12, "tf32": 156e12, "float32": 19.5e12}),
+  (("tpu v4",), (), {"bfloat16": 275e12}),
+  (("tpu v5 lite", "tpu v5e"), (), {"bfloat16": 197e12}),
+  (("tpu v5p", "tpu v5"), ("lite", "v5e"), {"bfloat16": 459e12}),
 )
 
-TRAIN_FIELDS = ("mode", "implementation", "config", "model_type", "compile_s", "step_time_s", "step_time_p10_s",
-                "step_time_p90_s", "tokens_per_s", "params", "model_flops_per_step",
-                "achieved_flops_per_s", "peak_flops_per_s", "peak_flops_per_s_total",
-                "peak_source", "peak_samples_flops_per_s", "mfu", "peak_memory_bytes",
-                "num_devices", "parallelism", "dtype", "batch_size", "seq_len", "device_kind",
-                "jax_version", "jaxlib_version", "host_memory")
-DECODE_FIELDS = ("mode", "implementation", "config", "model_type", "compile_s", "step_time_s", "step_time_p10_s",
-                 "step_time_p90_s", "sent_per_s", "out_tokens_per_s", "params", "decode_len",
-                 "beam_size", "decode_cache", "peak_memory_bytes", "num_devices", "dtype",
-                 "batch_size", "seq_len", "device_kind", "jax_version", "jaxlib_version",
-                 "host_memory")
+TRAIN_FIELDS = (
+  "mode",
+  "implementation",
+  "config",
+  "model_type",
+  "compile_s",
+  "step_time_s",
+  "step_time_p10_s",
+  "step_time_p90_s",
+  "tokens_per_s",
+  "params",
+  "model_flops_per_step",
+  "achieved_flops_per_s",
+  "peak_flops_per_s",
+  "peak_flops_per_s_total",
+  "peak_source",
+  "peak_samples_flops_per_s",
+  "mfu",
+  "peak_memory_bytes",
+  "num_devices",
+  "parallelism",
+  "dtype",
+  "batch_size",
+  "seq_len",
+  "device_kind",
+  "jax_version",
+  "jaxlib_version",
+  "host_memory",
+)
+DECODE_FIELDS = (
+  "mode",
+  "implementation",
+  "config",
+  "model_type",
+  "compile_s",
+  "step_time_s",
+  "step_time_p10_s",
+  "step_time_p90_s",
+  "sent_per_s",
+  "out_tokens_per_s",
+  "params",
+  "decode_len",
+  "beam_size",
+  "decode_cache",
+  "peak_memory_bytes",
+  "num_devices",
+  "dtype",
+  "batch_size",
+  "seq_len",
+  "device_kind",
+  "jax_version",
+  "jaxlib_version",
+  "host_memory",
+)
 
 
 class Stop(Exception):
@@ -155,7 +250,9 @@ class Stop(Exception):
 def source_ids(rng, rows: int, length: int, vocab: int):
   """[rows, length] int32 random ids in [4, vocab) (no special tokens), the last one EOS."""
   import numpy as np
+
   from model.search import EOS_ID
+
   ids = rng.integers(4, vocab, size=(rows, length), dtype=np.int32)
   ids[:, -1] = EOS_ID
   return ids
@@ -164,12 +261,17 @@ def source_ids(rng, rows: int, length: int, vocab: int):
 def synthetic_batch(rng, rows: int, length: int, vocab: int) -> dict:
   """A training batch (training.step.BATCH_KEYS) without padding or packing."""
   import numpy as np
+
   positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy()
   ones = np.ones((rows, length), np.int32)
-  return {"inputs": source_ids(rng, rows, length, vocab),
-          "targets": source_ids(rng, rows, length, vocab),
-          "inputs_position": positions, "targets_position": positions.copy(),
-          "inputs_segmentation": ones, "targets_segmentation": ones.copy()}
+  return {
+    "inputs": source_ids(rng, rows, length, vocab),
+    "targets": source_ids(rng, rows, length, vocab),
+    "inputs_position": positions,
+    "targets_position": positions.copy(),
+    "inputs_segmentation": ones,
+    "targets_segmentation": ones.copy(),
+  }
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -198,22 +300,27 @@ def _timed(call, steps: int, warmup: int):
   """Runs `call` 1 + warmup + steps times; returns the first call's seconds and the last `steps`
   calls' seconds."""
   import numpy as np
+
   first = _first_and_warmup(call, warmup)
   return first, np.asarray(_time_calls(call, steps))
 
 
 def _time_stats(first: float, times) -> dict:
   import numpy as np
+
   median = float(np.median(times))
-  return {"compile_s": max(first - median, 0.0),  # the first call = compile + one step
-          "step_time_s": median,
-          "step_time_p10_s": float(np.percentile(times, 10)),
-          "step_time_p90_s": float(np.percentile(times, 90))}
+  return {
+    "compile_s": max(first - median, 0.0),  # the first call = compile + one step
+    "step_time_s": median,
+    "step_time_p10_s": float(np.percentile(times, 10)),
+    "step_time_p90_s": float(np.percentile(times, 90)),
+  }
 
 
 def datasheet_peak(device_kind: str, dtype: str) -> float | None:
   """The datasheet dense peak FLOP/s of one device for `dtype`, or None if not in the table."""
   import jax
+
   kind = device_kind.lower()
   for names, excluded, peaks in DATASHEET_PEAKS:
     if any(n in kind for n in names) and not any(e in kind for e in excluded):
@@ -230,9 +337,12 @@ def measured_peak(device, dtype: str, size: int, trials: int = 7) -> float:
   import jax
   import jax.numpy as jnp
   import numpy as np
+
   rng = np.random.default_rng(0)
-  a, b = (jax.device_put(rng.standard_normal((size, size)).astype(jnp.dtype(dtype)), device)
-          for _ in range(2))
+  a, b = (
+    jax.device_put(rng.standard_normal((size, size)).astype(jnp.dtype(dtype)), device)
+    for _ in range(2)
+  )
   matmul = jax.jit(lambda x, y: x @ y)
   matmul(a, b).block_until_ready()  # compile
   start = time.perf_counter()
@@ -245,7 +355,7 @@ def measured_peak(device, dtype: str, size: int, trials: int = 7) -> float:
       out = matmul(a, b)
     out.block_until_ready()
     best = min(best, (time.perf_counter() - start) / calls)
-  return 2.0 * size ** 3 / best
+  return 2.0 * size**3 / best
 
 
 def resolve_peak(device, dtype: str) -> tuple[float, str]:
@@ -257,8 +367,9 @@ def resolve_peak(device, dtype: str) -> tuple[float, str]:
     except ValueError:
       peak = math.nan
     if not (math.isfinite(peak) and peak > 0):
-      raise Stop(f"--peak={_PEAK.value!r}: expected auto, measured or a positive number of "
-                 f"FLOP/s per device")
+      raise Stop(
+        f"--peak={_PEAK.value!r}: expected auto, measured or a positive number of FLOP/s per device"
+      )
     return peak, "given"
   if choice == "auto":
     peak = datasheet_peak(device.device_kind, dtype)
@@ -267,12 +378,21 @@ def resolve_peak(device, dtype: str) -> tuple[float, str]:
   samples = _MEASURED_PEAKS.setdefault(_peak_key(device, dtype), [])
   if len(samples) < PEAK_SAMPLES:
     samples.append(measured_peak(device, dtype, _MATMUL_SIZE.value))
-    logging.info("measured peak of %s (%s, %d-wide matmul), sample %d: %.3g FLOP/s",
-                 device.device_kind, dtype, _MATMUL_SIZE.value, len(samples), samples[-1])
+    logging.info(
+      "measured peak of %s (%s, %d-wide matmul), sample %d: %.3g FLOP/s",
+      device.device_kind,
+      dtype,
+      _MATMUL_SIZE.value,
+      len(samples),
+      samples[-1],
+    )
     if len(samples) == PEAK_SAMPLES and max(samples) > 1.2 * min(samples):
-      logging.warning("the measured matmul rate changed during the run (%s GFLOP/s): the highest "
-                      "is the peak; the machine was busy or throttled for a while, so step times "
-                      "may be off too", " / ".join(f"{x / 1e9:.0f}" for x in samples))
+      logging.warning(
+        "the measured matmul rate changed during the run (%s GFLOP/s): the highest "
+        "is the peak; the machine was busy or throttled for a while, so step times "
+        "may be off too",
+        " / ".join(f"{x / 1e9:.0f}" for x in samples),
+      )
   return max(samples), "measured"
 
 
@@ -301,6 +421,7 @@ def own_peak_memory(before: int | None) -> int | None:
   when the run started). None when the backend reports nothing or an earlier run (a previous
   sweep point) peaked higher. Reads all local devices, as `before` should."""
   import jax
+
   after = peak_memory(jax.local_devices())
   return after if after is not None and (before is None or after > before) else None
 
@@ -328,20 +449,29 @@ def _config_path() -> str | None:
 def _environment(config, devices) -> dict:
   import jax
   import jaxlib
-  return {"config": _config_path(),
-          "model_type": config.model.type, "num_devices": len(devices),
-          "dtype": config.model.dtype,
-          "batch_size": int(config.bench.batch_size), "seq_len": int(config.bench.seq_len),
-          "device_kind": devices[0].device_kind, "jax_version": jax.__version__,
-          "jaxlib_version": jaxlib.__version__, "host_memory": HOST_MEMORY}
+
+  return {
+    "config": _config_path(),
+    "model_type": config.model.type,
+    "num_devices": len(devices),
+    "dtype": config.model.dtype,
+    "batch_size": int(config.bench.batch_size),
+    "seq_len": int(config.bench.seq_len),
+    "device_kind": devices[0].device_kind,
+    "jax_version": jax.__version__,
+    "jaxlib_version": jaxlib.__version__,
+    "host_memory": HOST_MEMORY,
+  }
 
 
 def _check_lengths(config):
   if int(config.bench.seq_len) < 2:
     raise Stop(f"config error: bench.seq_len={config.bench.seq_len} must be >= 2")
   if int(config.bench.seq_len) > int(config.model.max_len):
-    raise Stop(f"config error: bench.seq_len={config.bench.seq_len} is longer than "
-               f"model.max_len={config.model.max_len}")
+    raise Stop(
+      f"config error: bench.seq_len={config.bench.seq_len} is longer than "
+      f"model.max_len={config.model.max_len}"
+    )
   if int(config.bench.batch_size) < 1:
     raise Stop(f"config error: bench.batch_size={config.bench.batch_size} must be positive")
 
@@ -351,16 +481,23 @@ def _check_cudnn(config, mode: str):
   needs a GPU, and for training an even bench.seq_len: cuDNN's masked attention takes even
   lengths when training (build_steps asks the same of data.max_len, which bench does not use)."""
   import jax
+
   if config.model.get("attention_impl") != "cudnn" or config.model.type not in (
-      "transformer", "decoder_only"):
+    "transformer",
+    "decoder_only",
+  ):
     return
   if mode == "train" and int(config.bench.seq_len) % 2:
-    raise Stop(f"config error: model.attention_impl='cudnn' needs an even bench.seq_len when "
-               f"training, got {config.bench.seq_len}")
+    raise Stop(
+      f"config error: model.attention_impl='cudnn' needs an even bench.seq_len when "
+      f"training, got {config.bench.seq_len}"
+    )
   backend = jax.default_backend()
   if backend != "gpu":
-    raise Stop(f"config error: model.attention_impl='cudnn' needs an NVIDIA GPU, but JAX's "
-               f"backend here is {backend!r}; use model.attention_impl=xla")
+    raise Stop(
+      f"config error: model.attention_impl='cudnn' needs an NVIDIA GPU, but JAX's "
+      f"backend here is {backend!r}; use model.attention_impl=xla"
+    )
 
 
 def check_config(config, mode: str) -> None:
@@ -368,33 +505,41 @@ def check_config(config, mode: str) -> None:
   check all its points before running any. mode: 'train' or 'decode'. Raises Stop, or
   ValueError (training.parallel: a mesh that does not fit the devices)."""
   from training import parallel as par
+
   _check_lengths(config)
   _check_cudnn(config, mode)
   rows = int(config.bench.batch_size)
   if mode == "decode":
     from model.build import build_model
     from model.generate import position_limit
+
     decode_len, beam = int(config.bench.decode_len), int(config.bench.beam_size)
     if decode_len < 1 or beam < 1:
-      raise Stop(f"config error: bench.decode_len={decode_len} and bench.beam_size={beam} "
-                 f"must be positive")
+      raise Stop(
+        f"config error: bench.decode_len={decode_len} and bench.beam_size={beam} must be positive"
+      )
     limit = position_limit(build_model(config.model))
     if limit is not None and decode_len > limit:
-      raise Stop(f"config error: bench.decode_len={decode_len} is longer than this model's "
-                 f"position limit {limit}")
+      raise Stop(
+        f"config error: bench.decode_len={decode_len} is longer than this model's "
+        f"position limit {limit}"
+      )
     return
   accum = int(config.optim.grad_accum_steps)
   if accum < 1:
     raise Stop(f"config error: optim.grad_accum_steps={accum} must be >= 1")
   data_parallel = par.data_parallel_size(config)
   if rows % (data_parallel * accum):
-    raise Stop(f"bench.batch_size={rows} is not divisible by {data_parallel} data-parallel "
-               f"device(s) × optim.grad_accum_steps={accum} = {data_parallel * accum}; change "
-               f"bench.batch_size or num_devices")
+    raise Stop(
+      f"bench.batch_size={rows} is not divisible by {data_parallel} data-parallel "
+      f"device(s) × optim.grad_accum_steps={accum} = {data_parallel * accum}; change "
+      f"bench.batch_size or num_devices"
+    )
 
 
 def _count(tree) -> int:
   import jax
+
   return int(sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))
 
 
@@ -404,7 +549,9 @@ _TRACES: list[str] = []  # names of the traces written so far
 def _maybe_trace(name: str):
   """A jax.profiler trace context for --trace (one subfolder per benchmark), else a no-op."""
   import contextlib
+
   import jax
+
   if not _TRACE.value:
     return contextlib.nullcontext()
   _TRACES.append(name)
@@ -424,6 +571,7 @@ class Runner:
   """One implementation's benchmark, built and ready to time: `call()` runs one train step (or
   decodes one batch) and waits for it; `record(first, times)` turns the first call's seconds and
   the timed calls' seconds into the benchmark's record; `name` names its --trace folder."""
+
   name: str
   call: Callable[[], None]
   record: Callable[[float, Any], dict]
@@ -434,24 +582,28 @@ def train_runner(config, flax: bool = False) -> Runner:
   [bench.batch_size, bench.seq_len] batch. The record has TRAIN_FIELDS."""
   import jax
   import numpy as np
+
   from training import parallel as par
   from training.loop import build_steps
 
   rows, length = int(config.bench.batch_size), int(config.bench.seq_len)
   memory_before = peak_memory(jax.local_devices())
-  batch = synthetic_batch(np.random.default_rng(config.seed), rows, length,
-                          int(config.model.vocab_size))
+  batch = synthetic_batch(
+    np.random.default_rng(config.seed), rows, length, int(config.model.vocab_size)
+  )
   holder = []
   if flax:
     from analysis import flax_wmt
+
     devices = flax_wmt.pmap_devices(config, rows)  # config.num_devices, as our pmap takes them
     call, flax_params = flax_wmt.train_call(_load_flax_wmt(), config, batch, devices)
     n_params = _count(flax_params)
     implementation, parallelism = "flax examples/wmt", "pmap"
   else:
     model, parallel = build_steps(config)
-    devices = (list(parallel.mesh.devices.flat) if parallel.mesh is not None
-               else par.local_devices(config))
+    devices = (
+      list(parallel.mesh.devices.flat) if parallel.mesh is not None else par.local_devices(config)
+    )
     rng = jax.random.key(config.seed + 1)
     holder.append(parallel.init_state(jax.random.key(config.seed)))
     n_params = _count(parallel.abstract_state.params)
@@ -465,19 +617,22 @@ def train_runner(config, flax: bool = False) -> Runner:
     rec = {"mode": "train", "implementation": implementation, **_time_stats(first, times)}
     rec["tokens_per_s"] = 2 * rows * length / rec["step_time_s"]
     rec["params"] = n_params
-    rec.update(utilization(config, devices, rec["step_time_s"], memory_before),
-               parallelism=parallelism, **_environment(config, devices))
+    rec.update(
+      utilization(config, devices, rec["step_time_s"], memory_before),
+      parallelism=parallelism,
+      **_environment(config, devices),
+    )
     holder.clear()  # the state's buffers go before the next benchmark builds its own
     return rec
 
-  return Runner(f"train_{parallelism}_{len(devices)}dev_b{rows}_l{length}", call,
-                record)
+  return Runner(f"train_{parallelism}_{len(devices)}dev_b{rows}_l{length}", call, record)
 
 
 def bench_train(config, steps: int, warmup: int) -> dict:
   """Times train.py's step (or flax's, with --flax_wmt) on synthetic batches; returns the record
   (TRAIN_FIELDS)."""
   import jax
+
   check_config(config, "train")
   # The measured peak's first sample, before the timed steps (utilization takes the second).
   resolve_peak(jax.local_devices()[0], config.model.dtype)
@@ -493,6 +648,7 @@ def utilization(config, devices, step_time_s: float, memory_before: int | None) 
   devices), peak_flops_per_s (one device), peak_flops_per_s_total (× devices), peak_source and
   mfu = achieved / peak total."""
   from training import flops
+
   # Read first: resolving the peak may run the measured matmul, which would be counted otherwise.
   memory = own_peak_memory(memory_before)
   rows, length = int(config.bench.batch_size), int(config.bench.seq_len)
@@ -507,18 +663,30 @@ def utilization(config, devices, step_time_s: float, memory_before: int | None) 
   achieved = None if model_flops is None else model_flops / step_time_s
   mfu = None if achieved is None else achieved / peak_total
   if mfu is not None and mfu > 1:
-    logging.warning("MFU %.2f > 1: the %s peak %.3g FLOP/s is too low for this device and dtype "
-                    "(float32 may run as TF32); try --peak=measured", mfu, source, peak)
-  return {"model_flops_per_step": model_flops, "achieved_flops_per_s": achieved,
-          "peak_flops_per_s": peak, "peak_flops_per_s_total": peak_total, "peak_source": source,
-          "peak_samples_flops_per_s": None if samples is None else list(samples),
-          "mfu": mfu, "peak_memory_bytes": memory}
+    logging.warning(
+      "MFU %.2f > 1: the %s peak %.3g FLOP/s is too low for this device and dtype "
+      "(float32 may run as TF32); try --peak=measured",
+      mfu,
+      source,
+      peak,
+    )
+  return {
+    "model_flops_per_step": model_flops,
+    "achieved_flops_per_s": achieved,
+    "peak_flops_per_s": peak,
+    "peak_flops_per_s_total": peak_total,
+    "peak_source": source,
+    "peak_samples_flops_per_s": None if samples is None else list(samples),
+    "mfu": mfu,
+    "peak_memory_bytes": memory,
+  }
 
 
 def _load_flax_wmt():
   """flax examples/wmt's modules from --flax_wmt (analysis/flax_wmt.py; its errors are
   ValueErrors that main() prints as one line)."""
   from analysis import flax_wmt
+
   return flax_wmt.load(_FLAX_WMT.value)
 
 
@@ -526,11 +694,13 @@ def _load_flax_wmt():
 def without_eos(step_fn):
   """A model/search.py step function whose EOS logit is -inf: searches never finish early."""
   import jax.numpy as jnp
+
   from model.search import EOS_ID
 
   def step(ids, cache):
     logits, cache = step_fn(ids, cache)
     return logits.at[:, EOS_ID].set(-jnp.inf), cache
+
   return step
 
 
@@ -539,17 +709,21 @@ def fixed_length_decoder(model, beam_size: int, decode_len: int, use_cache: bool
   model/generate.py's step functions under model/search.py's greedy (beam_size 1) or beam search
   with EOS impossible, so it always produces exactly `decode_len` tokens per sentence."""
   import jax
+
   from model import generate, search
 
   def run(params, inputs):
     rows = inputs.shape[0]
-    step, cache, grow, segment = generate.decoder_state(model, params, inputs, decode_len,
-                                                        use_cache)
+    step, cache, grow, segment = generate.decoder_state(
+      model, params, inputs, decode_len, use_cache
+    )
     if beam_size == 1:
-      return search.greedy_search(without_eos(step), cache, rows, decode_len, grow=grow,
-                                  segment=segment)
-    ids, _ = search.beam_search(without_eos(step), cache, rows, decode_len, beam_size=beam_size,
-                                grow=grow, segment=segment)
+      return search.greedy_search(
+        without_eos(step), cache, rows, decode_len, grow=grow, segment=segment
+      )
+    ids, _ = search.beam_search(
+      without_eos(step), cache, rows, decode_len, beam_size=beam_size, grow=grow, segment=segment
+    )
     return ids[:, 0]
 
   return jax.jit(run)
@@ -559,9 +733,10 @@ def decode_runner(config, use_cache: bool, flax: bool = False) -> Runner:
   """Fixed-length decoding of random source sentences on one device with model/search.py (or,
   with `flax`, flax examples/wmt's cached beam search from --flax_wmt). The record has
   DECODE_FIELDS, and building it checks that every sentence got bench.decode_len tokens."""
+  import flax.linen as nn
   import jax
   import numpy as np
-  import flax.linen as nn
+
   from model.build import build_model, init_variables
   from model.search import EOS_ID, PAD_ID
 
@@ -571,25 +746,30 @@ def decode_runner(config, use_cache: bool, flax: bool = False) -> Runner:
   model = build_model(config.model)
   device = jax.local_devices()[0]
   inputs = jax.device_put(
-      source_ids(np.random.default_rng(config.seed), rows, length, int(config.model.vocab_size)),
-      device)
+    source_ids(np.random.default_rng(config.seed), rows, length, int(config.model.vocab_size)),
+    device,
+  )
   out = []
   if flax:
     from analysis import flax_wmt
+
     if not use_cache:
       raise Stop("--flax_wmt decodes only with its cache (--decode_cache=true)")
     if beam == 1:
       raise Stop("--flax_wmt has only beam search: set config.bench.beam_size >= 2")
-    flax_decode, flax_params = flax_wmt.decode_call(_load_flax_wmt(), config, inputs,
-                                                    decode_len, beam)
+    flax_decode, flax_params = flax_wmt.decode_call(
+      _load_flax_wmt(), config, inputs, decode_len, beam
+    )
     n_params = _count(flax_params)
     implementation = "flax examples/wmt"
 
     def call():
       out[:] = [flax_decode()]
   else:
-    init = jax.jit(lambda rng: nn.unbox(init_variables(model, rng))["params"],
-                   out_shardings=jax.sharding.SingleDeviceSharding(device))
+    init = jax.jit(
+      lambda rng: nn.unbox(init_variables(model, rng))["params"],
+      out_shardings=jax.sharding.SingleDeviceSharding(device),
+    )
     params = init(jax.random.key(config.seed))
     n_params = _count(params)
     decode = fixed_length_decoder(model, beam, decode_len, use_cache)
@@ -601,20 +781,25 @@ def decode_runner(config, use_cache: bool, flax: bool = False) -> Runner:
   def record(first, times):
     ids = np.asarray(out[0])
     # (flax's search has no EOS here at all, so any id may appear in its rows)
-    if ids.shape != (rows, decode_len) or (
-        not flax and np.any((ids == EOS_ID) | (ids == PAD_ID))):
-      raise RuntimeError(f"fixed-length decoding produced short rows (shape {ids.shape}); "
-                         f"the timing would not be comparable")
+    if ids.shape != (rows, decode_len) or (not flax and np.any((ids == EOS_ID) | (ids == PAD_ID))):
+      raise RuntimeError(
+        f"fixed-length decoding produced short rows (shape {ids.shape}); "
+        f"the timing would not be comparable"
+      )
     rec = {"mode": "decode", "implementation": implementation, **_time_stats(first, times)}
     rec["sent_per_s"] = rows / rec["step_time_s"]
     rec["out_tokens_per_s"] = rows * decode_len / rec["step_time_s"]
-    rec.update(params=n_params, decode_len=decode_len, beam_size=beam,
-               decode_cache=use_cache, peak_memory_bytes=own_peak_memory(memory_before),
-               **_environment(config, [device]))
+    rec.update(
+      params=n_params,
+      decode_len=decode_len,
+      beam_size=beam,
+      decode_cache=use_cache,
+      peak_memory_bytes=own_peak_memory(memory_before),
+      **_environment(config, [device]),
+    )
     return rec
 
-  return Runner(f"decode_{'cache' if use_cache else 'nocache'}_b{rows}_l{length}",
-                call, record)
+  return Runner(f"decode_{'cache' if use_cache else 'nocache'}_b{rows}_l{length}", call, record)
 
 
 def bench_decode(config, steps: int, warmup: int, use_cache: bool) -> dict:
@@ -641,6 +826,7 @@ def time_paired(runners: list[Runner], steps: int, warmup: int, rounds: int):
   Returns (first call seconds per runner, timed seconds per runner, per-round ratio of B's
   median step to A's: above 1 when A is faster)."""
   import numpy as np
+
   firsts = [_first_and_warmup(r.call, warmup) for r in runners]
   times: list[list[float]] = [[] for _ in runners]
   ratios = []
@@ -653,12 +839,21 @@ def time_paired(runners: list[Runner], steps: int, warmup: int, rounds: int):
   return firsts, [np.asarray(t) for t in times], ratios
 
 
-PAIRED_FIELDS = ("mode", "paired", "separate_processes", "rounds", "steps_per_round", "speedup",
-                 "speedup_min", "speedup_max", "speedup_per_round", "records")
+PAIRED_FIELDS = (
+  "mode",
+  "paired",
+  "separate_processes",
+  "rounds",
+  "steps_per_round",
+  "speedup",
+  "speedup_min",
+  "speedup_max",
+  "speedup_per_round",
+  "records",
+)
 
 
-def bench_paired(config, mode: str, steps: int, warmup: int, rounds: int,
-                 make_runner=None) -> dict:
+def bench_paired(config, mode: str, steps: int, warmup: int, rounds: int, make_runner=None) -> dict:
   """This repository against flax examples/wmt (--flax_wmt) in one process (`time_paired`).
   `make_runner(config, flax)` builds each side (default: train_runner or decode_runner).
 
@@ -666,21 +861,33 @@ def bench_paired(config, mode: str, steps: int, warmup: int, rounds: int,
   tokens/s or sentences/s over flax's: same batch), its range over the rounds, and both records
   (whose peak_memory_bytes is null: the two share the process, and its allocator's peak)."""
   import jax
+
   check_config(config, mode)
   if make_runner is None:
-    make_runner = (train_runner if mode == "train" else
-                   lambda c, flax: decode_runner(c, _DECODE_CACHE.value, flax=flax))
+    make_runner = (
+      train_runner
+      if mode == "train"
+      else lambda c, flax: decode_runner(c, _DECODE_CACHE.value, flax=flax)
+    )
   if mode == "train":  # the measured peak's first sample, before the timed steps
     resolve_peak(jax.local_devices()[0], config.model.dtype)
   runners = [make_runner(config, flax=False), make_runner(config, flax=True)]
   firsts, times, ratios = time_paired(runners, steps, warmup, rounds)
-  records = [dict(r.record(first, t), peak_memory_bytes=None)
-             for r, first, t in zip(runners, firsts, times)]
-  return {"mode": mode, "paired": True, "separate_processes": False, "rounds": rounds,
-          "steps_per_round": steps,
-          "speedup": records[1]["step_time_s"] / records[0]["step_time_s"],
-          "speedup_min": min(ratios), "speedup_max": max(ratios), "speedup_per_round": ratios,
-          "records": records}
+  records = [
+    dict(r.record(first, t), peak_memory_bytes=None) for r, first, t in zip(runners, firsts, times)
+  ]
+  return {
+    "mode": mode,
+    "paired": True,
+    "separate_processes": False,
+    "rounds": rounds,
+    "steps_per_round": steps,
+    "speedup": records[1]["step_time_s"] / records[0]["step_time_s"],
+    "speedup_min": min(ratios),
+    "speedup_max": max(ratios),
+    "speedup_per_round": ratios,
+    "records": records,
+  }
 
 
 # Flags the parent of --separate_processes keeps to itself; each child gets the rest of its
@@ -711,6 +918,7 @@ def flax_environment(environ=os.environ) -> dict:
   per core) changes nothing in glibc but makes training/host_memory.py stand aside. When the
   environment has its own malloc settings, both sides keep those."""
   from training.host_memory import user_settings
+
   env = dict(environ)
   if not user_settings(env):
     env["MALLOC_ARENA_MAX"] = str(8 * (os.cpu_count() or 1))
@@ -727,13 +935,16 @@ def run_child(argv: list[str], env: dict) -> dict:
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0 or not path.exists():
       tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
-      raise Stop(f"--separate_processes: `{' '.join(command)}` failed (exit status "
-                 f"{done.returncode}):\n{tail}")
+      raise Stop(
+        f"--separate_processes: `{' '.join(command)}` failed (exit status "
+        f"{done.returncode}):\n{tail}"
+      )
     return json.loads(path.read_text())
 
 
-def bench_paired_processes(argv: list[str], flax_wmt: str, mode: str, steps: int, rounds: int,
-                           run=run_child) -> dict:
+def bench_paired_processes(
+  argv: list[str], flax_wmt: str, mode: str, steps: int, rounds: int, run=run_child
+) -> dict:
   """This repository against flax examples/wmt, each side in its own process every round (ours
   first in even rounds, flax's first in odd ones), each with its own host-memory setting:
   ours as bench.py sets it, flax's with glibc's defaults (`flax_environment`). `argv`: this
@@ -744,25 +955,36 @@ def bench_paired_processes(argv: list[str], flax_wmt: str, mode: str, steps: int
   every round): `speedup` = flax's median step time over the rounds / ours, `records` each
   side's record of its median round (the lower middle one for an even count)."""
   import numpy as np
+
   base = child_argv(argv)
-  sides = [(base, dict(os.environ)),
-           (base + [f"--flax_wmt={flax_wmt}"], flax_environment())]
+  sides = [(base, dict(os.environ)), (base + [f"--flax_wmt={flax_wmt}"], flax_environment())]
   round_records: list[list[dict]] = [[], []]
   for i in range(rounds):
     for j in _round_order(i):
       record = run(*sides[j])
       round_records[j].append(record)
-      print(f"round {i + 1}/{rounds}: {record.get('implementation')} "
-            f"{_fmt(record.get('step_time_s'))} s/step (host memory "
-            f"{record.get('host_memory')})", flush=True)
+      print(
+        f"round {i + 1}/{rounds}: {record.get('implementation')} "
+        f"{_fmt(record.get('step_time_s'))} s/step (host memory "
+        f"{record.get('host_memory')})",
+        flush=True,
+      )
   medians = [np.asarray([r["step_time_s"] for r in rs]) for rs in round_records]
   ratios = [float(f / o) for o, f in zip(*medians)]
   middle = [rs[int(np.argsort(t)[(len(t) - 1) // 2])] for rs, t in zip(round_records, medians)]
-  return {"mode": mode, "paired": True, "separate_processes": True, "rounds": rounds,
-          "steps_per_round": steps,
-          "speedup": float(np.median(medians[1]) / np.median(medians[0])),
-          "speedup_min": min(ratios), "speedup_max": max(ratios), "speedup_per_round": ratios,
-          "records": middle, "round_records": round_records}
+  return {
+    "mode": mode,
+    "paired": True,
+    "separate_processes": True,
+    "rounds": rounds,
+    "steps_per_round": steps,
+    "speedup": float(np.median(medians[1]) / np.median(medians[0])),
+    "speedup_min": min(ratios),
+    "speedup_max": max(ratios),
+    "speedup_per_round": ratios,
+    "records": middle,
+    "round_records": round_records,
+  }
 
 
 def print_paired(result: dict) -> None:
@@ -770,22 +992,29 @@ def print_paired(result: dict) -> None:
   columns = ["implementation", "step_time_s", "step_time_p10_s", "step_time_p90_s", rate]
   columns += ["mfu"] if result["mode"] == "train" else []
   where = "a process per side and round" if result["separate_processes"] else "one process"
-  print(f"paired: {result['rounds']} rounds of {result['steps_per_round']} steps each ({where}), "
-        f"{result['mode']}, {result['records'][0]['device_kind']}, "
-        f"{result['records'][0]['dtype']}")
-  _print_table(columns + (["host_memory"] if result["separate_processes"] else []),
-               result["records"])
-  print(f"speedup (flax's step time / ours) {_fmt(result['speedup'])}, per round "
-        f"{_fmt(result['speedup_min'])}-{_fmt(result['speedup_max'])}")
+  print(
+    f"paired: {result['rounds']} rounds of {result['steps_per_round']} steps each ({where}), "
+    f"{result['mode']}, {result['records'][0]['device_kind']}, "
+    f"{result['records'][0]['dtype']}"
+  )
+  _print_table(
+    columns + (["host_memory"] if result["separate_processes"] else []), result["records"]
+  )
+  print(
+    f"speedup (flax's step time / ours) {_fmt(result['speedup'])}, per round "
+    f"{_fmt(result['speedup_min'])}-{_fmt(result['speedup_max'])}"
+  )
 
 
 # ----------------------------------------------------------------------------- sweeps
-def sweep_configs(config, kind: str, values: list[str] | None, modes=("pmap", "mesh"),
-                  mode: str = "train"):
+def sweep_configs(
+  config, kind: str, values: list[str] | None, modes=("pmap", "mesh"), mode: str = "train"
+):
   """(value, parallelism, config) of every point of sweep `kind` ('devices': for each
   parallelism in `modes`). Checks every point's config (`check_config`) first and raises Stop
   naming all the points that cannot run. `mode`: 'train' or 'decode'."""
   import jax
+
   try:
     numbers = [int(v) for v in values] if values else list(SWEEP_DEFAULTS[kind])
   except ValueError:
@@ -804,8 +1033,7 @@ def sweep_configs(config, kind: str, values: list[str] | None, modes=("pmap", "m
     too_many = [n for n in numbers if n > available]
     if too_many:
       if values:
-        raise Stop(f"--sweep=devices: {too_many} device(s) asked for, this process has "
-                   f"{available}")
+        raise Stop(f"--sweep=devices: {too_many} device(s) asked for, this process has {available}")
       logging.warning("--sweep=devices: skipping %s (only %d devices)", too_many, available)
       numbers = [n for n in numbers if n <= available]
     for parallelism in modes:
@@ -828,23 +1056,31 @@ def sweep_configs(config, kind: str, values: list[str] | None, modes=("pmap", "m
     try:
       check_config(c, mode)
     except (Stop, ValueError) as e:
-      where = (f"{parallelism} num_devices={value}" if kind == "devices"
-               else f"bench.{'seq_len' if kind == 'seq_len' else 'batch_size'}={value}")
+      where = (
+        f"{parallelism} num_devices={value}"
+        if kind == "devices"
+        else f"bench.{'seq_len' if kind == 'seq_len' else 'batch_size'}={value}"
+      )
       bad.setdefault(str(e), []).append(where)
   if bad:
     count = sum(map(len, bad.values()))
-    raise Stop(f"--sweep={kind}: {count} of {len(points)} points cannot run (none was run): "
-               + "; ".join(f"{', '.join(where)}: {e}" for e, where in bad.items()))
+    raise Stop(
+      f"--sweep={kind}: {count} of {len(points)} points cannot run (none was run): "
+      + "; ".join(f"{', '.join(where)}: {e}" for e, where in bad.items())
+    )
   return points
 
 
-def plot_sweep(records: list[dict], kind: str, path: pathlib.Path, title: str,
-               label_of=None) -> None:
+def plot_sweep(
+  records: list[dict], kind: str, path: pathlib.Path, title: str, label_of=None
+) -> None:
   """Step time (median, p10–p90 bars) and throughput against the swept value, one line per
   `label_of(record)` (default: the parallelism for device sweeps, else the mode)."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   x_key = {"devices": "num_devices", "seq_len": "seq_len", "batch": "batch_size"}[kind]
   rate_key = "tokens_per_s" if records[0]["mode"] == "train" else "sent_per_s"
   groups: dict[str, list[dict]] = {}
@@ -856,8 +1092,10 @@ def plot_sweep(records: list[dict], kind: str, path: pathlib.Path, title: str,
   for label, rs in groups.items():
     xs = [r[x_key] for r in rs]
     median = [r["step_time_s"] for r in rs]
-    err = [[m - r["step_time_p10_s"] for m, r in zip(median, rs)],
-           [r["step_time_p90_s"] - m for m, r in zip(median, rs)]]
+    err = [
+      [m - r["step_time_p10_s"] for m, r in zip(median, rs)],
+      [r["step_time_p90_s"] - m for m, r in zip(median, rs)],
+    ]
     left.errorbar(xs, median, yerr=err, marker="o", capsize=3, label=label)
     right.plot(xs, [r[rate_key] for r in rs], marker="o", label=label)
   for ax, ylabel in ((left, "step time (s), median, p10–p90"), (right, rate_key)):
@@ -883,8 +1121,12 @@ def _fmt(value) -> str:
 
 
 # What a field of the printed record is measured over, where that is easy to mistake.
-FIELD_NOTES = {"achieved_flops_per_s": "all devices", "peak_flops_per_s": "one device",
-               "peak_flops_per_s_total": "all devices", "mfu": "achieved / peak total"}
+FIELD_NOTES = {
+  "achieved_flops_per_s": "all devices",
+  "peak_flops_per_s": "one device",
+  "peak_flops_per_s_total": "all devices",
+  "mfu": "achieved / peak total",
+}
 
 
 def print_record(record: dict) -> None:
@@ -896,8 +1138,16 @@ def print_record(record: dict) -> None:
 
 def print_sweep(records: list[dict], kind: str) -> None:
   train = records[0]["mode"] == "train"
-  columns = ["parallelism", "num_devices", "batch_size", "seq_len", "compile_s", "step_time_s",
-             "step_time_p10_s", "step_time_p90_s"]
+  columns = [
+    "parallelism",
+    "num_devices",
+    "batch_size",
+    "seq_len",
+    "compile_s",
+    "step_time_s",
+    "step_time_p10_s",
+    "step_time_p90_s",
+  ]
   columns += ["tokens_per_s", "mfu"] if train else ["sent_per_s", "out_tokens_per_s"]
   if not train:
     columns.remove("parallelism")
@@ -940,13 +1190,19 @@ def plot_saved_sweeps(paths: list[str], plot: str) -> None:
   records = []
   for d in sweeps:
     name = pathlib.Path(d.get("config") or "config").stem
-    records += [dict(r, _label=f"{name} ({r['model_type']})" if r.get("model_type") else name)
-                for r in d["points"]]
+    records += [
+      dict(r, _label=f"{name} ({r['model_type']})" if r.get("model_type") else name)
+      for r in d["points"]
+    ]
   kind = kinds.pop()
   first = records[0]
-  plot_sweep(records, kind, pathlib.Path(plot),
-             f"{first['mode']}, {first['device_kind']}, {first['dtype']}, "
-             f"batch {first['batch_size']}", label_of=lambda r: r["_label"])
+  plot_sweep(
+    records,
+    kind,
+    pathlib.Path(plot),
+    f"{first['mode']}, {first['device_kind']}, {first['dtype']}, batch {first['batch_size']}",
+    label_of=lambda r: r["_label"],
+  )
   print(f"plot: {plot}")
 
 
@@ -962,19 +1218,34 @@ def run_points(points, one, kind: str, mode: str, json_path: str | None) -> list
       records.append({"sweep_value": value, **one(c)})
   except (Exception, KeyboardInterrupt) as e:
     if json_path:
-      _write_json(pathlib.Path(json_path),
-                  {"sweep": kind, "mode": mode, "config": records[0]["config"] if records else None,
-                   "plot": None, "complete": False,
-                   "error": f"{kind}={value} ({parallelism}): {type(e).__name__}: {e}",
-                   "points": records})
-      logging.error("--sweep=%s failed at %s=%s (%s); the %d point(s) done are in %s", kind, kind,
-                    value, parallelism, len(records), json_path)
+      _write_json(
+        pathlib.Path(json_path),
+        {
+          "sweep": kind,
+          "mode": mode,
+          "config": records[0]["config"] if records else None,
+          "plot": None,
+          "complete": False,
+          "error": f"{kind}={value} ({parallelism}): {type(e).__name__}: {e}",
+          "points": records,
+        },
+      )
+      logging.error(
+        "--sweep=%s failed at %s=%s (%s); the %d point(s) done are in %s",
+        kind,
+        kind,
+        value,
+        parallelism,
+        len(records),
+        json_path,
+      )
     raise
   return records
 
 
 def run(config) -> None:
   from training.metrics import quiet_library_logs
+
   quiet_library_logs()
   if _PLOT_FROM.value:
     if not _PLOT.value:
@@ -1023,24 +1294,42 @@ def run(config) -> None:
   if not points:
     raise Stop(f"--sweep={kind}: no point to run")
   import jax
+
   if kind == "devices" and jax.default_backend() == "cpu":
-    logging.warning("simulated CPU devices share this host's %d cores: expect no speed-up, and "
-                    "an MFU that falls as devices are added", os.cpu_count() or 0)
+    logging.warning(
+      "simulated CPU devices share this host's %d cores: expect no speed-up, and "
+      "an MFU that falls as devices are added",
+      os.cpu_count() or 0,
+    )
   records = run_points(points, one, kind, mode, _JSON.value)
   print_sweep(records, kind)
-  plot = pathlib.Path(_PLOT.value or (pathlib.Path(_JSON.value).with_suffix(".png")
-                                      if _JSON.value else f"bench_{kind}.png"))
+  plot = pathlib.Path(
+    _PLOT.value
+    or (pathlib.Path(_JSON.value).with_suffix(".png") if _JSON.value else f"bench_{kind}.png")
+  )
   name = pathlib.Path(records[0]["config"] or "config").stem
-  plot_sweep(records, kind, plot,
-             f"{name}: {mode}, {records[0]['device_kind']}, {records[0]['dtype']}, "
-             f"batch {config.bench.batch_size}, seq_len {config.bench.seq_len}"
-             if kind == "devices" else f"{name}: {mode}, {records[0]['device_kind']}, "
-             f"{records[0]['dtype']}")
+  plot_sweep(
+    records,
+    kind,
+    plot,
+    f"{name}: {mode}, {records[0]['device_kind']}, {records[0]['dtype']}, "
+    f"batch {config.bench.batch_size}, seq_len {config.bench.seq_len}"
+    if kind == "devices"
+    else f"{name}: {mode}, {records[0]['device_kind']}, {records[0]['dtype']}",
+  )
   print(f"plot: {plot}")
   if _JSON.value:
-    _write_json(pathlib.Path(_JSON.value),
-                {"sweep": kind, "mode": mode, "config": records[0]["config"], "plot": str(plot),
-                 "complete": True, "points": records})
+    _write_json(
+      pathlib.Path(_JSON.value),
+      {
+        "sweep": kind,
+        "mode": mode,
+        "config": records[0]["config"],
+        "plot": str(plot),
+        "complete": True,
+        "points": records,
+      },
+    )
 
 
 def main(argv):
@@ -1057,4 +1346,5 @@ def main(argv):
 
 if __name__ == "__main__":
   from configs.flags import parse
+
   app.run(main, flags_parser=parse)

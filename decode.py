@@ -10,6 +10,7 @@ Everything (parameters, config, vocabulary) comes from the workdir. Translations
 per line in input order; an empty input line gives an empty output line. With references the
 sacreBLEU score lines go to stdout, or to stderr when the translations do.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -22,6 +23,7 @@ import zlib
 
 if __name__ == "__main__":  # first, before JAX starts its threads: see training/host_memory.py
   from training.host_memory import keep_freed_memory
+
   keep_freed_memory()
 
 from absl import app, flags, logging  # noqa: E402
@@ -30,32 +32,54 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir: checkpoints, 
 _INPUT = flags.DEFINE_string("input", None, "Source sentences, one per line; '-' or unset = stdin.")
 _OUTPUT = flags.DEFINE_string("output", "-", "Where translations go; '-' = stdout.")
 _REFERENCE = flags.DEFINE_string("reference", None, "Reference translations, one per line.")
-_SPLIT = flags.DEFINE_string("split", None, "Translate this split of the workdir's dataset "
-                             "(e.g. test) and score against its references; replaces --input.")
+_SPLIT = flags.DEFINE_string(
+  "split",
+  None,
+  "Translate this split of the workdir's dataset "
+  "(e.g. test) and score against its references; replaces --input.",
+)
 _BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size; 1 = greedy search.", lower_bound=1)
 _ALPHA = flags.DEFINE_float("alpha", 0.6, "Length penalty exponent of beam search.")
-_EXTRA = flags.DEFINE_integer("max_extra_len", None, "Output length limit = source length + this "
-                              "(default: config.eval.max_decode_extra).", lower_bound=0)
-_CHECKPOINT = flags.DEFINE_string("checkpoint", "latest",
-                                  "'latest', a step number, 'average:<k>' (the mean of the "
-                                  "last k checkpoints' parameters) or 'ensemble:<k>' (the last k "
-                                  "checkpoints decoded together: the mean of their next-token "
-                                  "probabilities, k times the decoding work).")
+_EXTRA = flags.DEFINE_integer(
+  "max_extra_len",
+  None,
+  "Output length limit = source length + this (default: config.eval.max_decode_extra).",
+  lower_bound=0,
+)
+_CHECKPOINT = flags.DEFINE_string(
+  "checkpoint",
+  "latest",
+  "'latest', a step number, 'average:<k>' (the mean of the "
+  "last k checkpoints' parameters) or 'ensemble:<k>' (the last k "
+  "checkpoints decoded together: the mean of their next-token "
+  "probabilities, k times the decoding work).",
+)
 _JSON = flags.DEFINE_string("json", None, "Write scores and speed to this JSON file.")
-_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
-                           "Computation dtype (default: the training config's model.dtype).")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "> 0: sample instead of searching.",
-                                  lower_bound=0.0)
-_TOP_K = flags.DEFINE_integer("top_k", 0, "Sample from the k most likely tokens (0 = all).",
-                              lower_bound=0)
+_DTYPE = flags.DEFINE_enum(
+  "dtype",
+  None,
+  ["float32", "bfloat16"],
+  "Computation dtype (default: the training config's model.dtype).",
+)
+_TEMPERATURE = flags.DEFINE_float(
+  "temperature", 0.0, "> 0: sample instead of searching.", lower_bound=0.0
+)
+_TOP_K = flags.DEFINE_integer(
+  "top_k", 0, "Sample from the k most likely tokens (0 = all).", lower_bound=0
+)
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed of sampling.")
-_TOKENS = flags.DEFINE_integer("tokens_per_batch", 4096, "Padded source tokens per batch.",
-                               lower_bound=1)
-_PLOT = flags.DEFINE_string("plot_attention", None,
-                            "Write a PNG of the cross-attention weights of one sentence.")
-_PLOT_SENTENCE = flags.DEFINE_integer("plot_sentence", 0,
-                                      "Which sentence to plot: 0-based index into the input lines "
-                                      "(or the split).", lower_bound=0)
+_TOKENS = flags.DEFINE_integer(
+  "tokens_per_batch", 4096, "Padded source tokens per batch.", lower_bound=1
+)
+_PLOT = flags.DEFINE_string(
+  "plot_attention", None, "Write a PNG of the cross-attention weights of one sentence."
+)
+_PLOT_SENTENCE = flags.DEFINE_integer(
+  "plot_sentence",
+  0,
+  "Which sentence to plot: 0-based index into the input lines (or the split).",
+  lower_bound=0,
+)
 flags.mark_flag_as_required("workdir")
 
 SPECIAL_PIECES = ("<pad>", "</s>", "<unk>", "<sep>")
@@ -67,6 +91,7 @@ class UserError(Exception):
 
 # ---------------------------------------------------------------------------------------------
 # Text in and out.
+
 
 def read_lines(path: str | None, what: str) -> list[str]:
   """Lines of a UTF-8 file, gzip-compressed or not ('-' or None = stdin), without their line
@@ -86,8 +111,9 @@ def read_lines(path: str | None, what: str) -> list[str]:
     try:
       lines.append(line.decode("utf-8").rstrip("\r"))
     except UnicodeDecodeError as e:
-      raise UserError(f"{name}, line {number}: invalid UTF-8 ({e.reason} at byte {e.start})"
-                      ) from None
+      raise UserError(
+        f"{name}, line {number}: invalid UTF-8 ({e.reason} at byte {e.start})"
+      ) from None
   return lines
 
 
@@ -111,6 +137,7 @@ def _line_list(numbers: list[int], limit: int = 20) -> str:
 def encode_sources(vocab, lines: list[str], max_len: int) -> list[list[int] | None]:
   """Token ids + EOS of each line (None for an empty line), cut to `max_len` with a warning."""
   from data.tokenizer import EOS_ID
+
   sources, cut = [], []
   for number, line in enumerate(lines, start=1):
     text = line.strip()
@@ -120,11 +147,15 @@ def encode_sources(vocab, lines: list[str], max_len: int) -> list[list[int] | No
     ids = vocab.encode(text)
     if len(ids) + 1 > max_len:
       cut.append(number)
-      ids = ids[:max_len - 1]
+      ids = ids[: max_len - 1]
     sources.append(list(ids) + [EOS_ID])
   if cut:
-    logging.warning("%d input line(s) longer than model.max_len=%d tokens (EOS included) were "
-                    "truncated: line %s", len(cut), max_len, _line_list(cut))
+    logging.warning(
+      "%d input line(s) longer than model.max_len=%d tokens (EOS included) were truncated: line %s",
+      len(cut),
+      max_len,
+      _line_list(cut),
+    )
   return sources
 
 
@@ -148,26 +179,29 @@ def token_labels(vocab, ids) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # Scores and plots.
 
+
 def score(hypotheses: list[str], references: list[str]) -> tuple[dict, list[str]]:
   """sacreBLEU corpus BLEU (cased, the standard; and lowercased, as published Multi30k figures
   are) and chrF: ({'bleu', 'bleu_lowercase', 'chrf'}, printable lines with signatures)."""
   from sacrebleu.metrics import BLEU, CHRF
+
   values, lines = {}, []
-  for key, metric in (("bleu", BLEU()), ("bleu_lowercase", BLEU(lowercase=True)),
-                      ("chrf", CHRF())):
+  for key, metric in (("bleu", BLEU()), ("bleu_lowercase", BLEU(lowercase=True)), ("chrf", CHRF())):
     result = metric.corpus_score(hypotheses, [references])
     values[key] = result.score
     lines.append(result.format(signature=str(metric.get_signature())))
   return values, lines
 
 
-def plot_attention(path: str, weights, src_labels: list[str], tgt_labels: list[str],
-                   title: str) -> None:
+def plot_attention(
+  path: str, weights, src_labels: list[str], tgt_labels: list[str], title: str
+) -> None:
   """PNG of the last layer's cross-attention: one panel per head, then their average.
 
   weights: [layers, heads, tgt_len, src_len].
   """
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
@@ -178,13 +212,13 @@ def plot_attention(path: str, weights, src_labels: list[str], tgt_labels: list[s
   tgt_len, src_len = last.shape[1:]
   width = min(12.0, 1.5 + 0.3 * src_len)
   height = min(12.0, 1.5 + 0.3 * tgt_len)
-  fig, axes = plt.subplots(rows, cols, figsize=(cols * width, rows * height), squeeze=False,
-                           layout="constrained")
-  for ax in axes.flat[len(panels):]:
+  fig, axes = plt.subplots(
+    rows, cols, figsize=(cols * width, rows * height), squeeze=False, layout="constrained"
+  )
+  for ax in axes.flat[len(panels) :]:
     ax.axis("off")
   for ax, (name, w) in zip(axes.flat, panels):
-    image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto",
-                      interpolation="nearest")
+    image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
     ax.set_xticks(range(src_len), src_labels, rotation=90, fontsize=8)
     ax.set_yticks(range(tgt_len), tgt_labels, fontsize=8)
     ax.set_xlabel("source")
@@ -202,9 +236,11 @@ def plot_attention(path: str, weights, src_labels: list[str], tgt_labels: list[s
 
 # ---------------------------------------------------------------------------------------------
 
+
 def restore(workdir: str, checkpoint: str):
   """`training.checkpoint.load_for_inference`, its expected errors made one-line UserErrors."""
   from training import checkpoint as checkpoint_lib
+
   try:
     return checkpoint_lib.load_for_inference(workdir, checkpoint)
   except (ValueError, FileNotFoundError) as e:
@@ -224,13 +260,16 @@ def decode() -> None:
     if _REFERENCE.value:
       references = read_lines(_REFERENCE.value, "--reference")
       if len(references) != len(sources):
-        raise UserError(f"--reference={_REFERENCE.value} has {len(references)} lines, the "
-                        f"input has {len(sources)}")
+        raise UserError(
+          f"--reference={_REFERENCE.value} has {len(references)} lines, the "
+          f"input has {len(sources)}"
+        )
 
   restored = restore(_WORKDIR.value, _CHECKPOINT.value)
   config, vocab = restored.config, restored.vocab
   if _SPLIT.value:
     from data.sources import load_split
+
     try:
       pairs, _ = load_split(config.data, _SPLIT.value)
     except (ValueError, FileNotFoundError) as e:
@@ -238,6 +277,7 @@ def decode() -> None:
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
 
   import jax
+
   from model import generate
   from model.build import build_model
 
@@ -251,18 +291,25 @@ def decode() -> None:
   if _PLOT.value:
     n = _PLOT_SENTENCE.value
     if n >= len(src_ids) or src_ids[n] is None:
-      raise UserError(f"--plot_sentence={n}: no such non-empty sentence (there are "
-                      f"{len(src_ids)} input lines)")
+      raise UserError(
+        f"--plot_sentence={n}: no such non-empty sentence (there are {len(src_ids)} input lines)"
+      )
     if not hasattr(model, "decode"):
-      raise UserError(f"--plot_attention: model.type={model_cfg.type!r} has no "
-                      f"encoder-decoder attention weights to plot")
+      raise UserError(
+        f"--plot_attention: model.type={model_cfg.type!r} has no "
+        f"encoder-decoder attention weights to plot"
+      )
 
   if _TOP_K.value and not _TEMPERATURE.value > 0:
-    raise UserError(f"--top_k={_TOP_K.value} applies to sampling only: add --temperature "
-                    f"(e.g. --temperature=1) or drop --top_k")
+    raise UserError(
+      f"--top_k={_TOP_K.value} applies to sampling only: add --temperature "
+      f"(e.g. --temperature=1) or drop --top_k"
+    )
   if _TEMPERATURE.value > 0 and _TOP_K.value > int(model_cfg.vocab_size):
-    raise UserError(f"--top_k={_TOP_K.value}: larger than the model's vocabulary "
-                    f"({model_cfg.vocab_size} ids); use 0 for all of them")
+    raise UserError(
+      f"--top_k={_TOP_K.value}: larger than the model's vocabulary "
+      f"({model_cfg.vocab_size} ids); use 0 for all of them"
+    )
   present = [i for i, s in enumerate(src_ids) if s is not None]
   if _TEMPERATURE.value > 0:
     how = f"sampling at temperature {_TEMPERATURE.value:g} (top_k {_TOP_K.value})"
@@ -270,18 +317,37 @@ def decode() -> None:
     how = f"beam search (beam {_BEAM.value}, alpha {_ALPHA.value:g})"
   else:
     how = "greedy search"
-  which = (f"an ensemble of the checkpoints of steps {', '.join(map(str, restored.steps))}"
-           if restored.ensemble else f"checkpoint step {restored.step}")
-  logging.info("Translating %d sentences (%d empty) with %s, %s, %s, dtype %s on %s",
-               len(present), len(src_ids) - len(present), model_cfg.type, which, how,
-               model_cfg.dtype, jax.devices()[0].platform)
+  which = (
+    f"an ensemble of the checkpoints of steps {', '.join(map(str, restored.steps))}"
+    if restored.ensemble
+    else f"checkpoint step {restored.step}"
+  )
+  logging.info(
+    "Translating %d sentences (%d empty) with %s, %s, %s, dtype %s on %s",
+    len(present),
+    len(src_ids) - len(present),
+    model_cfg.type,
+    which,
+    how,
+    model_cfg.dtype,
+    jax.devices()[0].platform,
+  )
   params = jax.device_put(restored.params)
   start = time.perf_counter()
   outputs = generate.translate_all(
-      model, params, [src_ids[i] for i in present], tokens_per_batch=_TOKENS.value,
-      beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_len=max_extra,
-      temperature=_TEMPERATURE.value, top_k=_TOP_K.value, rng=jax.random.key(_SEED.value),
-      num_ids=vocab.vocab_size, ensemble=restored.ensemble)
+    model,
+    params,
+    [src_ids[i] for i in present],
+    tokens_per_batch=_TOKENS.value,
+    beam_size=_BEAM.value,
+    alpha=_ALPHA.value,
+    max_extra_len=max_extra,
+    temperature=_TEMPERATURE.value,
+    top_k=_TOP_K.value,
+    rng=jax.random.key(_SEED.value),
+    num_ids=vocab.vocab_size,
+    ensemble=restored.ensemble,
+  )
   seconds = max(time.perf_counter() - start, 1e-9)
   out_ids: list = [None] * len(src_ids)
   for i, ids in zip(present, outputs):
@@ -290,9 +356,15 @@ def decode() -> None:
   write_lines(_OUTPUT.value, hypotheses)
 
   tokens = sum(len(o) for o in outputs)
-  logging.info("Translated %d sentences, %d tokens in %.2f s (compilation included): %.1f "
-               "sentences/s, %.1f tokens/s", len(present), tokens, seconds,
-               len(present) / seconds, tokens / seconds)
+  logging.info(
+    "Translated %d sentences, %d tokens in %.2f s (compilation included): %.1f "
+    "sentences/s, %.1f tokens/s",
+    len(present),
+    tokens,
+    seconds,
+    len(present) / seconds,
+    tokens / seconds,
+  )
 
   scores = {"bleu": None, "bleu_lowercase": None, "chrf": None}
   if references is not None:
@@ -302,10 +374,17 @@ def decode() -> None:
       print(line, file=stream, flush=True)
 
   if _JSON.value:
-    summary = dict(scores, sentences=len(present), sent_per_s=len(present) / seconds,
-                   tokens_per_s=tokens / seconds, beam_size=_BEAM.value, alpha=_ALPHA.value,
-                   checkpoint_step=int(restored.step), checkpoint=_CHECKPOINT.value,
-                   checkpoint_steps=[int(s) for s in restored.steps])
+    summary = dict(
+      scores,
+      sentences=len(present),
+      sent_per_s=len(present) / seconds,
+      tokens_per_s=tokens / seconds,
+      beam_size=_BEAM.value,
+      alpha=_ALPHA.value,
+      checkpoint_step=int(restored.step),
+      checkpoint=_CHECKPOINT.value,
+      checkpoint_steps=[int(s) for s in restored.steps],
+    )
     try:
       pathlib.Path(_JSON.value).write_text(json.dumps(summary, indent=2) + "\n")
     except OSError as e:
@@ -317,8 +396,13 @@ def decode() -> None:
       params = jax.tree_util.tree_map(lambda x: x[-1], params)
     weights = generate.attention_weights(model, params, src_ids[n], out_ids[n])
     tgt = list(out_ids[n]) + [generate.EOS_ID]
-    plot_attention(_PLOT.value, weights, token_labels(vocab, src_ids[n]), token_labels(vocab, tgt),
-                   f"sentence {n} (line {n + 1}): last layer cross-attention, step {restored.step}")
+    plot_attention(
+      _PLOT.value,
+      weights,
+      token_labels(vocab, src_ids[n]),
+      token_labels(vocab, tgt),
+      f"sentence {n} (line {n + 1}): last layer cross-attention, step {restored.step}",
+    )
     logging.info("Wrote the attention plot of sentence %d to %s", n, _PLOT.value)
 
 
@@ -334,4 +418,5 @@ def main(argv):
 
 if __name__ == "__main__":
   from configs.flags import parse
+
   app.run(main, flags_parser=parse)

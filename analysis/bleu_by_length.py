@@ -9,6 +9,7 @@ a model's quality falls off as sentences get longer (the RNN context vector's kn
 Sentences are bucketed by the number of whitespace-separated words of their source (edges 10,20:
 <=10, 11-20, >20) and each bucket is scored with sacreBLEU's corpus BLEU on its sentences only.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -16,7 +17,7 @@ import json
 import pathlib
 import sys
 import zlib
-from typing import Sequence
+from collections.abc import Sequence
 
 from absl import app, flags
 
@@ -30,8 +31,9 @@ def define_flags() -> None:
   flags.DEFINE_string("reference", None, "Reference translations, one per line.")
   flags.DEFINE_multi_string("hyp", [], "NAME=FILE: one system's translations, one per line.")
   flags.DEFINE_list("edges", ["10", "20"], "Bucket upper edges in source words.")
-  flags.DEFINE_bool("lowercase", False, "Lowercased BLEU (as published Multi30k figures are "
-                    "computed).")
+  flags.DEFINE_bool(
+    "lowercase", False, "Lowercased BLEU (as published Multi30k figures are computed)."
+  )
   flags.DEFINE_string("plot", None, "Write a PNG bar chart here.")
   flags.DEFINE_string("json", None, "Write the table as JSON here.")
 
@@ -50,7 +52,7 @@ def read_lines(path: str) -> list[str]:
   try:
     text = raw.decode("utf-8")
   except UnicodeDecodeError as e:
-    line = raw[:e.start].count(b"\n") + 1
+    line = raw[: e.start].count(b"\n") + 1
     raise InputError(f"{path}:{line}: invalid UTF-8") from None
   lines = text.split("\n")
   return lines[:-1] if lines and lines[-1] == "" else lines
@@ -73,12 +75,17 @@ def bucket_of(num_words: int, edges: Sequence[int]) -> int:
   return len(edges)
 
 
-def bleu_by_length(sources: Sequence[str], references: Sequence[str],
-                   systems: dict[str, Sequence[str]], edges: Sequence[int],
-                   lowercase: bool = False) -> dict:
+def bleu_by_length(
+  sources: Sequence[str],
+  references: Sequence[str],
+  systems: dict[str, Sequence[str]],
+  edges: Sequence[int],
+  lowercase: bool = False,
+) -> dict:
   """{'buckets': [{'bucket', 'sentences', 'bleu': {system: score}}], 'all': {...}, 'signature'}.
   A bucket without sentences gets no scores (None)."""
   from sacrebleu.metrics import BLEU
+
   if list(edges) != sorted(set(edges)) or not edges or edges[0] < 1:
     raise InputError(f"--edges={','.join(map(str, edges))}: must be increasing positive integers")
   for name, hyps in systems.items():
@@ -95,20 +102,28 @@ def bleu_by_length(sources: Sequence[str], references: Sequence[str],
     if not ids:
       return {name: None for name in systems}
     refs = [[references[i] for i in ids]]
-    return {name: metric.corpus_score([hyps[i] for i in ids], refs).score
-            for name, hyps in systems.items()}
+    return {
+      name: metric.corpus_score([hyps[i] for i in ids], refs).score
+      for name, hyps in systems.items()
+    }
 
-  return {"buckets": [{"bucket": label, "sentences": len(ids), "bleu": scores(ids)}
-                      for label, ids in zip(bucket_labels(edges), members)],
-          "all": {"sentences": len(sources), "bleu": scores(list(range(len(sources))))},
-          "signature": str(metric.get_signature())}
+  return {
+    "buckets": [
+      {"bucket": label, "sentences": len(ids), "bleu": scores(ids)}
+      for label, ids in zip(bucket_labels(edges), members)
+    ],
+    "all": {"sentences": len(sources), "bleu": scores(list(range(len(sources))))},
+    "signature": str(metric.get_signature()),
+  }
 
 
 def plot(result: dict, path: str, title: str) -> None:
   """Grouped bars: BLEU per bucket, one bar per system."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   buckets = result["buckets"]
   systems = list(result["all"]["bleu"])
   width = 0.8 / max(len(systems), 1)
@@ -141,14 +156,16 @@ def run() -> dict:
     edges = [int(e) for e in FLAGS.edges]
   except ValueError:
     raise InputError(f"--edges={','.join(FLAGS.edges)}: not integers") from None
-  result = bleu_by_length(read_lines(FLAGS.source), read_lines(FLAGS.reference), systems, edges,
-                          FLAGS.lowercase)
+  result = bleu_by_length(
+    read_lines(FLAGS.source), read_lines(FLAGS.reference), systems, edges, FLAGS.lowercase
+  )
   names = list(systems)
   print("  ".join(["bucket".ljust(8), "sentences".rjust(9)] + [n.rjust(12) for n in names]))
   for b in result["buckets"] + [dict(result["all"], bucket="all")]:
     cells = ["-" if b["bleu"][n] is None else f"{b['bleu'][n]:.2f}" for n in names]
-    print("  ".join([b["bucket"].ljust(8), str(b["sentences"]).rjust(9)] +
-                    [c.rjust(12) for c in cells]))
+    print(
+      "  ".join([b["bucket"].ljust(8), str(b["sentences"]).rjust(9)] + [c.rjust(12) for c in cells])
+    )
   print(result["signature"])
   if FLAGS.plot:
     plot(result, FLAGS.plot, f"BLEU by source length ({result['signature']})")

@@ -1,6 +1,7 @@
 """Every configuration field, with its default. Config files start from `base_config()` and change
 what differs; any field can be overridden on the command line (`--config.model.num_layers=2`), and
 a field that is not here is an error."""
+
 from __future__ import annotations
 
 import ml_collections
@@ -25,7 +26,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
 
   # Model: the paper's names. num_layers is per stack; vocab_size 0 = the vocabulary's size.
-  c.model = ml_collections.ConfigDict(dict(
+  c.model = ml_collections.ConfigDict(
+    dict(
       type="transformer",
       vocab_size=0,
       d_model=512,
@@ -43,14 +45,16 @@ def base_config() -> ml_collections.ConfigDict:
       # Recurrent models (model.type rnn / rnn_attention) only.
       rnn_cell="gru",
       rnn_bidirectional=True,
-  ))
+    )
+  )
 
   # Data: 'synthetic' (built in), 'files' (<dir>/<split>.<lang>[.gz]) or a TFDS name; the fields
   # and their meaning are in data/pipeline.py.
   c.data = default_data_config()
 
   # Optimization: Adam with the paper's inverse-square-root schedule.
-  c.optim = ml_collections.ConfigDict(dict(
+  c.optim = ml_collections.ConfigDict(
+    dict(
       schedule="rsqrt",  # rsqrt (the paper's) | constant | cosine
       learning_rate=1.0,  # multiplies the schedule (rsqrt) or is the peak rate (others)
       warmup_steps=4000,
@@ -62,24 +66,31 @@ def base_config() -> ml_collections.ConfigDict:
       label_smoothing=0.1,
       grad_accum_steps=1,
       max_nonfinite_steps=10,
-  ))
+    )
+  )
 
-  c.eval = ml_collections.ConfigDict(dict(
+  c.eval = ml_collections.ConfigDict(
+    dict(
       num_batches=0,  # 0 = the whole eval split
       bleu_sentences=256,  # sentences decoded greedily for BLEU at each evaluation
       max_decode_extra=50,  # output length limit = source length + this
-  ))
+    )
+  )
 
-  c.checkpoint = ml_collections.ConfigDict(dict(
+  c.checkpoint = ml_collections.ConfigDict(
+    dict(
       keep=5,
       keep_best=0,  # also keep the N best by eval BLEU; 0 = off
       async_save=True,
-  ))
+    )
+  )
 
-  c.bench = ml_collections.ConfigDict(dict(
+  c.bench = ml_collections.ConfigDict(
+    dict(
       batch_size=16,
       seq_len=64,
       decode_len=48,
       beam_size=4,
-  ))
+    )
+  )
   return c

@@ -1,5 +1,6 @@
 """The README quick start: a tiny Transformer (2+2 layers, d_model 64) learns the built-in
 synthetic task (reverse the sentence and translate every word) on a CPU in a few minutes."""
+
 from configs import common
 
 

@@ -6,13 +6,15 @@ the `rnn` row of the README's Multi30k table (bentrevett/pytorch-seq2seq: 20.6 l
 
 Adam at a constant 1e-3 after a short warmup and gradient clipping at 1, as is usual for RNNs.
 """
+
 from configs import multi30k
 
 
 def get_config():
   c = multi30k.get_config()
-  c.model.update(type="rnn", d_model=256, num_layers=1, dropout_rate=0.3, rnn_cell="gru",
-                 rnn_bidirectional=True)
+  c.model.update(
+    type="rnn", d_model=256, num_layers=1, dropout_rate=0.3, rnn_cell="gru", rnn_bidirectional=True
+  )
   # Transformer-only options back to their defaults (they would be ignored with a warning).
   c.model.update(d_ff=2048, num_heads=8, attention_dropout_rate=0.0)
   c.data.update(source_lang="de", target_lang="en", tokens_per_batch=2048)

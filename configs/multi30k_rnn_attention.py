@@ -5,6 +5,7 @@ every encoder state: the `rnn_attention` row of the README's Multi30k table
     timeout -s TERM 3600 python train.py --config=configs/multi30k_rnn_attention.py \
         --workdir=runs/m30k_rnn_attention
 """
+
 from configs import multi30k_rnn
 
 

@@ -11,6 +11,7 @@ Short CPU budgets favour more, smaller updates: 2048 target tokens per step and 
 One hour on both cores of the 2-core development machine: 1,896 steps, test_2016_flickr greedy
 BLEU 38.77 cased / 38.98 lowercased with the last three checkpoints averaged (README).
 """
+
 from configs import multi30k
 
 

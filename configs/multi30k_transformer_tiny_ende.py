@@ -16,6 +16,7 @@ last 5 checkpoints, beam 5, alpha 1.5: 42.87 cased / 43.01 lowercased), it score
 on test_2016_flickr. Earlier runs of this shape: dropout 0.3 over 7,200 steps (#15: val 41.43 /
 41.53, test 39.82 / 40.21); dropout 0.2 over 8,000 (#16: val 42.24 / 42.39, test 40.42 / 40.83).
 """
+
 from configs import multi30k_transformer_ende
 
 

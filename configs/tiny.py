@@ -1,4 +1,6 @@
-"""A tiny Transformer (2+2 layers, d_model 64) on the built-in synthetic task: tests and CPU demos."""
+"""A tiny Transformer (2+2 layers, d_model 64) on the built-in synthetic task: tests and CPU
+demos."""
+
 from configs import common
 
 

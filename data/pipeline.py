@@ -1,150 +1,187 @@
 """The data pipeline the training code calls: corpus -> vocabulary -> cached token ids -> batches.
 
-    pipeline = data.pipeline.build(config, workdir, batch_multiple=n_devices * accum_steps,
-                                   process_index=jax.process_index(), process_count=jax.process_count())
-    it = pipeline.train_iter()          # endless; it.state() goes in checkpoints, it.restore(state) resumes
-    for batch in pipeline.eval_batches(): ...
+pipeline = data.pipeline.build(config, workdir, batch_multiple=n_devices * accum_steps,
+                               process_index=jax.process_index(), process_count=jax.process_count())
+it = pipeline.train_iter()  # endless; it.state() goes in checkpoints, it.restore(state) resumes
+for batch in pipeline.eval_batches(): ...
 """
+
 from __future__ import annotations
 
 import os
 import pathlib
-from typing import Iterator
+from collections.abc import Iterator
 
-from absl import logging
 import ml_collections
 import numpy as np
+from absl import logging
 
 from data import cache, sources, tokenizer
 from data.batching import Batcher, TrainIterator
 
 
 def default_data_config() -> ml_collections.ConfigDict:
-    """The `config.data` fields with defaults: the built-in synthetic task."""
-    return ml_collections.ConfigDict(dict(
-        name="synthetic",        # 'synthetic' | 'files' | a TFDS name such as 'wmt14_translate/de-en'
-        dir="",                  # 'files': folder of <split>.<lang>[.gz]
-        tfds_data_dir="",        # TFDS data_dir ('' = TFDS default)
-        source_lang="en",
-        target_lang="de",
-        train_split="train",
-        eval_split="validation",
-        vocab_size=8000,         # SentencePiece pieces, specials included
-        vocab_path="",           # an existing .model/.json; '' = <workdir>/vocab.{model,json}
-        tokens_per_batch=4096,   # padded target tokens per global batch
-        max_len=64,              # longest example in tokens, EOS included; the packed row length
-        packing=True,            # pack examples into rows (one shape) or bucket by length
-        truncate=False,          # cut longer examples instead of dropping them
-        cache_dir="",            # token-id cache; '' = <workdir>/cache
-        synthetic_num_train=20000,
-        synthetic_num_eval=500,
-        synthetic_vocab=32,      # words w0..w31
-        synthetic_min_len=4,
-        synthetic_max_len=12,
-        synthetic_seed=0,        # the synthetic task itself (word permutation and sentences)
-    ))
+  """The `config.data` fields with defaults: the built-in synthetic task."""
+  return ml_collections.ConfigDict(
+    dict(
+      name="synthetic",  # 'synthetic' | 'files' | a TFDS name such as 'wmt14_translate/de-en'
+      dir="",  # 'files': folder of <split>.<lang>[.gz]
+      tfds_data_dir="",  # TFDS data_dir ('' = TFDS default)
+      source_lang="en",
+      target_lang="de",
+      train_split="train",
+      eval_split="validation",
+      vocab_size=8000,  # SentencePiece pieces, specials included
+      vocab_path="",  # an existing .model/.json; '' = <workdir>/vocab.{model,json}
+      tokens_per_batch=4096,  # padded target tokens per global batch
+      max_len=64,  # longest example in tokens, EOS included; the packed row length
+      packing=True,  # pack examples into rows (one shape) or bucket by length
+      truncate=False,  # cut longer examples instead of dropping them
+      cache_dir="",  # token-id cache; '' = <workdir>/cache
+      synthetic_num_train=20000,
+      synthetic_num_eval=500,
+      synthetic_vocab=32,  # words w0..w31
+      synthetic_min_len=4,
+      synthetic_max_len=12,
+      synthetic_seed=0,  # the synthetic task itself (word permutation and sentences)
+    )
+  )
 
 
 def _vocab(config_data, workdir: pathlib.Path) -> tokenizer.Vocab:
-    if config_data.name != sources.SYNTHETIC:
-        def texts() -> Iterator[str]:
-            for src, tgt in sources.iter_split(config_data, config_data.train_split):
-                yield src
-                yield tgt
-        return tokenizer.load_or_train_vocab(config_data, workdir, texts)
-    if config_data.vocab_path:
-        return tokenizer.load_vocab(config_data.vocab_path)
-    path = workdir / tokenizer.VOCAB_JSON_NAME
-    words = sources.synthetic_words(config_data.synthetic_vocab)
-    if path.exists():
-        vocab = tokenizer.load_vocab(path)
-        if getattr(vocab, "words", None) != list(words):
-            raise ValueError(
-                f"{path} holds another synthetic vocabulary ({vocab.vocab_size} ids) than "
-                f"data.synthetic_vocab={config_data.synthetic_vocab} makes: use a new workdir "
-                f"(or the old setting to continue with this one)")
-        return vocab
-    vocab = tokenizer.WordVocab(words)
-    vocab.save(path)
+  if config_data.name != sources.SYNTHETIC:
+
+    def texts() -> Iterator[str]:
+      for src, tgt in sources.iter_split(config_data, config_data.train_split):
+        yield src
+        yield tgt
+
+    return tokenizer.load_or_train_vocab(config_data, workdir, texts)
+  if config_data.vocab_path:
+    return tokenizer.load_vocab(config_data.vocab_path)
+  path = workdir / tokenizer.VOCAB_JSON_NAME
+  words = sources.synthetic_words(config_data.synthetic_vocab)
+  if path.exists():
+    vocab = tokenizer.load_vocab(path)
+    if getattr(vocab, "words", None) != list(words):
+      raise ValueError(
+        f"{path} holds another synthetic vocabulary ({vocab.vocab_size} ids) than "
+        f"data.synthetic_vocab={config_data.synthetic_vocab} makes: use a new workdir "
+        f"(or the old setting to continue with this one)"
+      )
     return vocab
+  vocab = tokenizer.WordVocab(words)
+  vocab.save(path)
+  return vocab
 
 
 class Pipeline:
-    """Vocabulary, batches and raw text of one corpus; made by `build`.
+  """Vocabulary, batches and raw text of one corpus; made by `build`.
 
-    Attributes:
-      vocab: the shared source/target vocabulary.
-      stats: per split name, counts: `pairs` read, `skipped_empty` pairs, `filtered_long` or
-        `truncated_long` examples (longer than `max_len`), `examples` kept, `source_tokens`,
-        `target_tokens`.
-    """
+  Attributes:
+    vocab: the shared source/target vocabulary.
+    stats: per split name, counts: `pairs` read, `skipped_empty` pairs, `filtered_long` or
+      `truncated_long` examples (longer than `max_len`), `examples` kept, `source_tokens`,
+      `target_tokens`.
+  """
 
-    def __init__(self, config, workdir: str | os.PathLike, vocab: tokenizer.Vocab, *, batch_multiple: int,
-                 process_index: int, process_count: int):
-        self.config, self.vocab = config, vocab
-        data = config.data
-        self._cache_dir = pathlib.Path(data.cache_dir or pathlib.Path(workdir) / "cache")
-        self._batcher_args = dict(tokens_per_batch=data.tokens_per_batch, max_len=data.max_len,
-                                  packing=data.packing, batch_multiple=batch_multiple,
-                                  process_index=process_index, process_count=process_count,
-                                  seed=config.get("seed", 0))
-        self._batchers: dict[str, Batcher] = {}
-        self.stats: dict[str, dict] = {}
+  def __init__(
+    self,
+    config,
+    workdir: str | os.PathLike,
+    vocab: tokenizer.Vocab,
+    *,
+    batch_multiple: int,
+    process_index: int,
+    process_count: int,
+  ):
+    self.config, self.vocab = config, vocab
+    data = config.data
+    self._cache_dir = pathlib.Path(data.cache_dir or pathlib.Path(workdir) / "cache")
+    self._batcher_args = dict(
+      tokens_per_batch=data.tokens_per_batch,
+      max_len=data.max_len,
+      packing=data.packing,
+      batch_multiple=batch_multiple,
+      process_index=process_index,
+      process_count=process_count,
+      seed=config.get("seed", 0),
+    )
+    self._batchers: dict[str, Batcher] = {}
+    self.stats: dict[str, dict] = {}
 
-    def batcher(self, split: str) -> Batcher:
-        """The batcher of `split`, tokenizing and caching the split on first use."""
-        if split not in self._batchers:
-            data = self.config.data
-            tokens = cache.load_or_tokenize(
-                self._cache_dir, split, sources.corpus_identity(data, split), self.vocab,
-                lambda stats: sources.iter_split(data, split, stats),
-                max_len=data.max_len, truncate=data.truncate)
-            self.stats[split] = dict(tokens.stats)
-            logging.info("data %s/%s: %s", data.name, split,
-                         ", ".join(f"{k}={v}" for k, v in tokens.stats.items()))
-            self._batchers[split] = Batcher(tokens, **self._batcher_args)
-        return self._batchers[split]
+  def batcher(self, split: str) -> Batcher:
+    """The batcher of `split`, tokenizing and caching the split on first use."""
+    if split not in self._batchers:
+      data = self.config.data
+      tokens = cache.load_or_tokenize(
+        self._cache_dir,
+        split,
+        sources.corpus_identity(data, split),
+        self.vocab,
+        lambda stats: sources.iter_split(data, split, stats),
+        max_len=data.max_len,
+        truncate=data.truncate,
+      )
+      self.stats[split] = dict(tokens.stats)
+      logging.info(
+        "data %s/%s: %s", data.name, split, ", ".join(f"{k}={v}" for k, v in tokens.stats.items())
+      )
+      self._batchers[split] = Batcher(tokens, **self._batcher_args)
+    return self._batchers[split]
 
-    @property
-    def batch_shapes(self) -> list[tuple[int, int]]:
-        """`(rows, length)` of the training batches this process can receive (one per compilation)."""
-        return self.batcher(self.config.data.train_split).batch_shapes
+  @property
+  def batch_shapes(self) -> list[tuple[int, int]]:
+    """`(rows, length)` of the training batches this process can receive (one per compilation)."""
+    return self.batcher(self.config.data.train_split).batch_shapes
 
-    def train_iter(self) -> TrainIterator:
-        """Endless training batches from the start; `.state()` / `.restore(state)` to resume."""
-        return self.batcher(self.config.data.train_split).train_iter()
+  def train_iter(self) -> TrainIterator:
+    """Endless training batches from the start; `.state()` / `.restore(state)` to resume."""
+    return self.batcher(self.config.data.train_split).train_iter()
 
-    def eval_batches(self, split: str | None = None) -> list[dict[str, np.ndarray]]:
-        """Every example of `split` (default `data.eval_split`) once, in batches of one shape; the last
-        batch is filled with all-padding rows (segmentation 0)."""
-        return list(self.batcher(split or self.config.data.eval_split).eval_batches())
+  def eval_batches(self, split: str | None = None) -> list[dict[str, np.ndarray]]:
+    """Every example of `split` (default `data.eval_split`) once, in batches of one shape; the last
+    batch is filled with all-padding rows (segmentation 0)."""
+    return list(self.batcher(split or self.config.data.eval_split).eval_batches())
 
-    def pairs(self, split: str | None = None) -> list[sources.Pair]:
-        """Raw `(source_text, target_text)` pairs of `split` (default `data.eval_split`), all of them,
-        stripped, empty pairs skipped, none filtered by length: for BLEU and decoding."""
-        return sources.load_split(self.config.data, split or self.config.data.eval_split)[0]
+  def pairs(self, split: str | None = None) -> list[sources.Pair]:
+    """Raw `(source_text, target_text)` pairs of `split` (default `data.eval_split`), all of them,
+    stripped, empty pairs skipped, none filtered by length: for BLEU and decoding."""
+    return sources.load_split(self.config.data, split or self.config.data.eval_split)[0]
 
 
-def build(config, workdir: str | os.PathLike, *, batch_multiple: int = 1, process_index: int = 0,
-          process_count: int = 1) -> Pipeline:
-    """Loads (or trains) the vocabulary and tokenizes (or reads cached) train and eval splits.
+def build(
+  config,
+  workdir: str | os.PathLike,
+  *,
+  batch_multiple: int = 1,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> Pipeline:
+  """Loads (or trains) the vocabulary and tokenizes (or reads cached) train and eval splits.
 
-    Args:
-      config: ConfigDict with `data` (fields of `default_data_config()`) and top-level `seed`.
-      workdir: run folder; holds `vocab.model`/`vocab.json` and, by default, the token-id cache.
-      batch_multiple: GLOBAL row multiple: data-parallel devices over all processes x
-        gradient-accumulation micro-batches. Every global batch's row count is a multiple of
-        `lcm(batch_multiple, process_count)`; this process receives `rows / process_count` rows.
-      process_index, process_count: this process (e.g. `jax.process_index()`) and the process count.
+  Args:
+    config: ConfigDict with `data` (fields of `default_data_config()`) and top-level `seed`.
+    workdir: run folder; holds `vocab.model`/`vocab.json` and, by default, the token-id cache.
+    batch_multiple: GLOBAL row multiple: data-parallel devices over all processes x
+      gradient-accumulation micro-batches. Every global batch's row count is a multiple of
+      `lcm(batch_multiple, process_count)`; this process receives `rows / process_count` rows.
+    process_index, process_count: this process (e.g. `jax.process_index()`) and the process count.
 
-    Errors in the corpus (missing files, unequal line counts, bad UTF-8, unknown TFDS name) are raised
-    here, before any training.
-    """
-    workdir = pathlib.Path(workdir)
-    vocab = _vocab(config.data, workdir)
-    logging.info("vocabulary: %d ids (%s)", vocab.vocab_size, vocab.fingerprint)
-    pipeline = Pipeline(config, workdir, vocab, batch_multiple=batch_multiple,
-                        process_index=process_index, process_count=process_count)
-    for split in (config.data.train_split, config.data.eval_split):
-        pipeline.batcher(split)
-    return pipeline
+  Errors in the corpus (missing files, unequal line counts, bad UTF-8, unknown TFDS name) are raised
+  here, before any training.
+  """
+  workdir = pathlib.Path(workdir)
+  vocab = _vocab(config.data, workdir)
+  logging.info("vocabulary: %d ids (%s)", vocab.vocab_size, vocab.fingerprint)
+  pipeline = Pipeline(
+    config,
+    workdir,
+    vocab,
+    batch_multiple=batch_multiple,
+    process_index=process_index,
+    process_count=process_count,
+  )
+  for split in (config.data.train_split, config.data.eval_split):
+    pipeline.batcher(split)
+  return pipeline

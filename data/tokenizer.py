@@ -4,10 +4,12 @@ Two kinds, both behind the same `Vocab` interface:
 
 * `SentencePieceVocab`: a shared source/target unigram model (`<workdir>/vocab.model`), trained
   in-process by `train_sentencepiece` on the training text when no model exists yet.
-* `WordVocab`: a fixed word-level vocabulary (`<workdir>/vocab.json`) for the built-in synthetic task.
+* `WordVocab`: a fixed word-level vocabulary (`<workdir>/vocab.json`) for the built-in synthetic
+  task.
 
 `load_vocab(path)` opens either kind by file suffix.
 """
+
 from __future__ import annotations
 
 import abc
@@ -17,10 +19,10 @@ import json
 import os
 import pathlib
 import tempfile
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from absl import logging
 import numpy as np
+from absl import logging
 
 PAD_ID = 0  # padding; never a real token
 EOS_ID = 1  # end of sentence; appended to every source and target sequence
@@ -34,243 +36,270 @@ VOCAB_JSON_NAME = "vocab.json"  # WordVocab file name inside a workdir
 
 
 class Vocab(abc.ABC):
-    """A mapping between text and token ids with PAD/EOS/UNK/SEP at ids 0/1/2/3."""
+  """A mapping between text and token ids with PAD/EOS/UNK/SEP at ids 0/1/2/3."""
 
-    @property
-    @abc.abstractmethod
-    def vocab_size(self) -> int:
-        """Number of ids, specials included; every id is in `[0, vocab_size)`."""
+  @property
+  @abc.abstractmethod
+  def vocab_size(self) -> int:
+    """Number of ids, specials included; every id is in `[0, vocab_size)`."""
 
-    @property
-    @abc.abstractmethod
-    def fingerprint(self) -> str:
-        """Short stable string identifying this vocabulary (used to key token-id caches)."""
+  @property
+  @abc.abstractmethod
+  def fingerprint(self) -> str:
+    """Short stable string identifying this vocabulary (used to key token-id caches)."""
 
-    @abc.abstractmethod
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, without EOS."""
+  @abc.abstractmethod
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`, without EOS."""
 
-    @abc.abstractmethod
-    def _decode_clean(self, ids: list[int]) -> str:
-        """Text of ids that contain no EOS and no PAD."""
+  @abc.abstractmethod
+  def _decode_clean(self, ids: list[int]) -> str:
+    """Text of ids that contain no EOS and no PAD."""
 
-    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        """Text of `ids` (`[length]`), read up to the first EOS; PAD ids are dropped."""
-        ids = [int(i) for i in np.asarray(ids).reshape(-1)]
-        if EOS_ID in ids:
-            ids = ids[: ids.index(EOS_ID)]
-        return self._decode_clean([i for i in ids if i != PAD_ID])
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    """Text of `ids` (`[length]`), read up to the first EOS; PAD ids are dropped."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    if EOS_ID in ids:
+      ids = ids[: ids.index(EOS_ID)]
+    return self._decode_clean([i for i in ids if i != PAD_ID])
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """`encode` of each text."""
-        return [self.encode(t) for t in texts]
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """`encode` of each text."""
+    return [self.encode(t) for t in texts]
 
-    def decode_batch(self, ids: np.ndarray | Sequence[Sequence[int]]) -> list[str]:
-        """`decode` of each row of `ids` (`[batch, length]`)."""
-        return [self.decode(row) for row in ids]
+  def decode_batch(self, ids: np.ndarray | Sequence[Sequence[int]]) -> list[str]:
+    """`decode` of each row of `ids` (`[batch, length]`)."""
+    return [self.decode(row) for row in ids]
 
 
 def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-    """Writes `data` to `path` via a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+  """Writes `data` to `path` via a temporary file in the same folder and a rename."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except BaseException:
+    os.unlink(tmp)
+    raise
 
 
 class SentencePieceVocab(Vocab):
-    """A SentencePiece model whose special ids follow this project's convention."""
+  """A SentencePiece model whose special ids follow this project's convention."""
 
-    def __init__(self, model_proto: bytes, name: str = "<in memory>"):
-        import sentencepiece as spm
-
-        self._proto = model_proto
-        self._sp = spm.SentencePieceProcessor()
-        try:
-            self._sp.LoadFromSerializedProto(model_proto)
-        except (RuntimeError, OSError) as e:
-            raise ValueError(f"{name} is not a valid SentencePiece model: {e}") from e
-        sp = self._sp
-        found = (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.piece_to_id(SEP_PIECE))
-        if found != (PAD_ID, EOS_ID, UNK_ID, SEP_ID):
-            raise ValueError(
-                f"{name}: SentencePiece model has pad/eos/unk/{SEP_PIECE} ids {found}; this project needs "
-                f"{(PAD_ID, EOS_ID, UNK_ID, SEP_ID)} (train it with train_sentencepiece)")
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "SentencePieceVocab":
-        """Reads a `.model` file."""
-        return cls(pathlib.Path(path).read_bytes(), name=str(path))
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Writes the model file atomically."""
-        _atomic_write(pathlib.Path(path), self._proto)
-
-    @property
-    def vocab_size(self) -> int:
-        return self._sp.vocab_size()
-
-    @property
-    def fingerprint(self) -> str:
-        return "spm-" + hashlib.sha256(self._proto).hexdigest()[:16]
-
-    def encode(self, text: str) -> list[int]:
-        return self._sp.encode(text)
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self._sp.encode(list(texts), num_threads=os.cpu_count() or 1)
-
-    def _decode_clean(self, ids: list[int]) -> str:
-        # An id with no piece (a model whose vocab_size exceeds this vocabulary) reads as <unk>;
-        # SentencePiece itself raises IndexError on it.
-        size = self._sp.vocab_size()
-        return self._sp.decode([i if 0 <= i < size else UNK_ID for i in ids])
-
-
-def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_path: str | os.PathLike,
-                        *, max_sentences: int = 1_000_000, seed: int = 0) -> SentencePieceVocab:
-    """Trains a unigram SentencePiece model on `texts` and writes it atomically to `model_path`.
-
-    Args:
-      texts: sentences (source and target sides together for a shared vocabulary).
-      vocab_size: wanted number of pieces, specials included; a corpus too small for it gets fewer.
-      model_path: where the `.model` file goes.
-      max_sentences: at most this many sentences, sampled uniformly, are used for training.
-      seed: seed of that sample.
-    """
+  def __init__(self, model_proto: bytes, name: str = "<in memory>"):
     import sentencepiece as spm
 
-    # SentencePiece wraps an exception raised by the iterator in a RuntimeError; keep the original.
-    raised: list[BaseException] = []
-
-    def sentences():
-        try:
-            yield from texts
-        except Exception as e:  # noqa: BLE001 - re-raised below
-            raised.append(e)
-            raise
-
-    model = io.BytesIO()
-    spm.set_random_generator_seed(seed)
+    self._proto = model_proto
+    self._sp = spm.SentencePieceProcessor()
     try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=sentences(), model_writer=model, vocab_size=vocab_size,
-            model_type="unigram", pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-            user_defined_symbols=[SEP_PIECE], character_coverage=1.0,
-            input_sentence_size=max_sentences, shuffle_input_sentence=True, hard_vocab_limit=False,
-            num_threads=os.cpu_count() or 1, minloglevel=2)
-    except RuntimeError:
-        if raised:
-            raise raised[0] from None
-        raise
-    vocab = SentencePieceVocab(model.getvalue(), name=str(model_path))
-    vocab.save(model_path)
-    logging.info("Trained a SentencePiece vocabulary of %d pieces: %s", vocab.vocab_size, model_path)
-    return vocab
+      self._sp.LoadFromSerializedProto(model_proto)
+    except (RuntimeError, OSError) as e:
+      raise ValueError(f"{name} is not a valid SentencePiece model: {e}") from e
+    sp = self._sp
+    found = (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.piece_to_id(SEP_PIECE))
+    if found != (PAD_ID, EOS_ID, UNK_ID, SEP_ID):
+      raise ValueError(
+        f"{name}: SentencePiece model has pad/eos/unk/{SEP_PIECE} ids {found}; this project needs "
+        f"{(PAD_ID, EOS_ID, UNK_ID, SEP_ID)} (train it with train_sentencepiece)"
+      )
+
+  @classmethod
+  def load(cls, path: str | os.PathLike) -> SentencePieceVocab:
+    """Reads a `.model` file."""
+    return cls(pathlib.Path(path).read_bytes(), name=str(path))
+
+  def save(self, path: str | os.PathLike) -> None:
+    """Writes the model file atomically."""
+    _atomic_write(pathlib.Path(path), self._proto)
+
+  @property
+  def vocab_size(self) -> int:
+    return self._sp.vocab_size()
+
+  @property
+  def fingerprint(self) -> str:
+    return "spm-" + hashlib.sha256(self._proto).hexdigest()[:16]
+
+  def encode(self, text: str) -> list[int]:
+    return self._sp.encode(text)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return self._sp.encode(list(texts), num_threads=os.cpu_count() or 1)
+
+  def _decode_clean(self, ids: list[int]) -> str:
+    # An id with no piece (a model whose vocab_size exceeds this vocabulary) reads as <unk>;
+    # SentencePiece itself raises IndexError on it.
+    size = self._sp.vocab_size()
+    return self._sp.decode([i if 0 <= i < size else UNK_ID for i in ids])
+
+
+def train_sentencepiece(
+  texts: Iterable[str],
+  vocab_size: int,
+  model_path: str | os.PathLike,
+  *,
+  max_sentences: int = 1_000_000,
+  seed: int = 0,
+) -> SentencePieceVocab:
+  """Trains a unigram SentencePiece model on `texts` and writes it atomically to `model_path`.
+
+  Args:
+    texts: sentences (source and target sides together for a shared vocabulary).
+    vocab_size: wanted number of pieces, specials included; a corpus too small for it gets fewer.
+    model_path: where the `.model` file goes.
+    max_sentences: at most this many sentences, sampled uniformly, are used for training.
+    seed: seed of that sample.
+  """
+  import sentencepiece as spm
+
+  # SentencePiece wraps an exception raised by the iterator in a RuntimeError; keep the original.
+  raised: list[BaseException] = []
+
+  def sentences():
+    try:
+      yield from texts
+    except Exception as e:  # noqa: BLE001 - re-raised below
+      raised.append(e)
+      raise
+
+  model = io.BytesIO()
+  spm.set_random_generator_seed(seed)
+  try:
+    spm.SentencePieceTrainer.train(
+      sentence_iterator=sentences(),
+      model_writer=model,
+      vocab_size=vocab_size,
+      model_type="unigram",
+      pad_id=PAD_ID,
+      eos_id=EOS_ID,
+      unk_id=UNK_ID,
+      bos_id=-1,
+      user_defined_symbols=[SEP_PIECE],
+      character_coverage=1.0,
+      input_sentence_size=max_sentences,
+      shuffle_input_sentence=True,
+      hard_vocab_limit=False,
+      num_threads=os.cpu_count() or 1,
+      minloglevel=2,
+    )
+  except RuntimeError:
+    if raised:
+      raise raised[0] from None
+    raise
+  vocab = SentencePieceVocab(model.getvalue(), name=str(model_path))
+  vocab.save(model_path)
+  logging.info("Trained a SentencePiece vocabulary of %d pieces: %s", vocab.vocab_size, model_path)
+  return vocab
 
 
 class WordVocab(Vocab):
-    """A fixed word-level vocabulary: word `i` of `words` has id `NUM_SPECIAL + i`.
+  """A fixed word-level vocabulary: word `i` of `words` has id `NUM_SPECIAL + i`.
 
-    Text is split on whitespace; words not in the list encode to UNK_ID.
-    """
+  Text is split on whitespace; words not in the list encode to UNK_ID.
+  """
 
-    def __init__(self, words: Sequence[str]):
-        self.words = list(words)
-        self._ids = {w: NUM_SPECIAL + i for i, w in enumerate(self.words)}
-        if len(self._ids) != len(self.words):
-            raise ValueError("WordVocab words must be distinct")
-        self._pieces = ["<pad>", "</s>", "<unk>", SEP_PIECE] + self.words
+  def __init__(self, words: Sequence[str]):
+    self.words = list(words)
+    self._ids = {w: NUM_SPECIAL + i for i, w in enumerate(self.words)}
+    if len(self._ids) != len(self.words):
+      raise ValueError("WordVocab words must be distinct")
+    self._pieces = ["<pad>", "</s>", "<unk>", SEP_PIECE] + self.words
 
-    def to_json(self) -> str:
-        return json.dumps({"kind": "word", "words": self.words})
+  def to_json(self) -> str:
+    return json.dumps({"kind": "word", "words": self.words})
 
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "WordVocab":
-        """Reads a file written by `save`."""
-        try:
-            spec = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
-            if spec.get("kind") != "word":
-                raise ValueError('missing "kind": "word"')
-            return cls(spec["words"])
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"{path} is not a valid WordVocab JSON file: {e}") from e
+  @classmethod
+  def load(cls, path: str | os.PathLike) -> WordVocab:
+    """Reads a file written by `save`."""
+    try:
+      spec = json.loads(pathlib.Path(path).read_text(encoding="utf-8"))
+      if spec.get("kind") != "word":
+        raise ValueError('missing "kind": "word"')
+      return cls(spec["words"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+      raise ValueError(f"{path} is not a valid WordVocab JSON file: {e}") from e
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Writes the vocabulary as JSON, atomically."""
-        _atomic_write(pathlib.Path(path), self.to_json().encode("utf-8"))
+  def save(self, path: str | os.PathLike) -> None:
+    """Writes the vocabulary as JSON, atomically."""
+    _atomic_write(pathlib.Path(path), self.to_json().encode("utf-8"))
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self._pieces)
+  @property
+  def vocab_size(self) -> int:
+    return len(self._pieces)
 
-    @property
-    def fingerprint(self) -> str:
-        return "word-" + hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()[:16]
+  @property
+  def fingerprint(self) -> str:
+    return "word-" + hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()[:16]
 
-    def encode(self, text: str) -> list[int]:
-        return [self._ids.get(w, UNK_ID) for w in text.split()]
+  def encode(self, text: str) -> list[int]:
+    return [self._ids.get(w, UNK_ID) for w in text.split()]
 
-    def _decode_clean(self, ids: list[int]) -> str:
-        return " ".join(self._pieces[i] if 0 <= i < len(self._pieces) else self._pieces[UNK_ID]
-                        for i in ids)
+  def _decode_clean(self, ids: list[int]) -> str:
+    return " ".join(
+      self._pieces[i] if 0 <= i < len(self._pieces) else self._pieces[UNK_ID] for i in ids
+    )
 
 
 def workdir_name(vocab: Vocab) -> str:
-    """The file name a vocabulary of this kind has inside a workdir."""
-    return VOCAB_JSON_NAME if isinstance(vocab, WordVocab) else VOCAB_MODEL_NAME
+  """The file name a vocabulary of this kind has inside a workdir."""
+  return VOCAB_JSON_NAME if isinstance(vocab, WordVocab) else VOCAB_MODEL_NAME
 
 
 def save_in_workdir(vocab: Vocab, workdir: str | os.PathLike) -> pathlib.Path:
-    """Copies `vocab` (e.g. one read from `data.vocab_path`) into the workdir, so that the workdir
-    alone decodes on another machine; rewrites the file only when it holds another vocabulary."""
-    path = pathlib.Path(workdir) / workdir_name(vocab)
-    if not (path.is_file() and load_vocab(path).fingerprint == vocab.fingerprint):
-        vocab.save(path)
-    return path
+  """Copies `vocab` (e.g. one read from `data.vocab_path`) into the workdir, so that the workdir
+  alone decodes on another machine; rewrites the file only when it holds another vocabulary."""
+  path = pathlib.Path(workdir) / workdir_name(vocab)
+  if not (path.is_file() and load_vocab(path).fingerprint == vocab.fingerprint):
+    vocab.save(path)
+  return path
 
 
 def load_vocab(path: str | os.PathLike) -> Vocab:
-    """Opens a vocabulary file: `.model` -> `SentencePieceVocab`, `.json` -> `WordVocab`."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"vocabulary file {path} does not exist")
-    if path.suffix == ".model":
-        return SentencePieceVocab.load(path)
-    if path.suffix == ".json":
-        return WordVocab.load(path)
-    raise ValueError(f"vocabulary file {path}: unknown suffix {path.suffix!r} (expected .model or .json)")
+  """Opens a vocabulary file: `.model` -> `SentencePieceVocab`, `.json` -> `WordVocab`."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"vocabulary file {path} does not exist")
+  if path.suffix == ".model":
+    return SentencePieceVocab.load(path)
+  if path.suffix == ".json":
+    return WordVocab.load(path)
+  raise ValueError(
+    f"vocabulary file {path}: unknown suffix {path.suffix!r} (expected .model or .json)"
+  )
 
 
-def load_or_train_vocab(config_data, workdir: str | os.PathLike,
-                        texts_fn: Callable[[], Iterable[str]]) -> Vocab:
-    """The vocabulary for a run.
+def load_or_train_vocab(
+  config_data, workdir: str | os.PathLike, texts_fn: Callable[[], Iterable[str]]
+) -> Vocab:
+  """The vocabulary for a run.
 
-    In order: `config_data.vocab_path` when set; else `<workdir>/vocab.model` when it exists (a resumed
-    run, or decoding); else a new SentencePiece model of `config_data.vocab_size` pieces trained on
-    `texts_fn()` and saved as `<workdir>/vocab.model`.
-    """
-    if config_data.vocab_path:
-        return load_vocab(config_data.vocab_path)
-    path = pathlib.Path(workdir) / VOCAB_MODEL_NAME
-    if path.exists():
-        vocab = load_vocab(path)
-        # A corpus too small for data.vocab_size gets fewer pieces, so only more is certainly
-        # another setting; fewer is worth a warning (resumes also compare data.vocab_size).
-        if vocab.vocab_size > int(config_data.vocab_size):
-            raise ValueError(
-                f"{path} has {vocab.vocab_size} pieces, more than data.vocab_size="
-                f"{config_data.vocab_size}: use a new workdir for another vocabulary (or the old "
-                f"setting to continue with this one)")
-        if vocab.vocab_size < int(config_data.vocab_size):
-            logging.warning("reusing %s: %d pieces, fewer than data.vocab_size=%d (a small corpus, "
-                            "or a vocabulary made for another setting: then use a new workdir)",
-                            path, vocab.vocab_size, config_data.vocab_size)
-        return vocab
-    logging.info("No vocabulary at %s: training one of size %d", path, config_data.vocab_size)
-    return train_sentencepiece(texts_fn(), config_data.vocab_size, path)
+  In order: `config_data.vocab_path` when set; else `<workdir>/vocab.model` when it exists (a
+  resumed run, or decoding); else a new SentencePiece model of `config_data.vocab_size` pieces
+  trained on `texts_fn()` and saved as `<workdir>/vocab.model`.
+  """
+  if config_data.vocab_path:
+    return load_vocab(config_data.vocab_path)
+  path = pathlib.Path(workdir) / VOCAB_MODEL_NAME
+  if path.exists():
+    vocab = load_vocab(path)
+    # A corpus too small for data.vocab_size gets fewer pieces, so only more is certainly
+    # another setting; fewer is worth a warning (resumes also compare data.vocab_size).
+    if vocab.vocab_size > int(config_data.vocab_size):
+      raise ValueError(
+        f"{path} has {vocab.vocab_size} pieces, more than data.vocab_size="
+        f"{config_data.vocab_size}: use a new workdir for another vocabulary (or the old "
+        f"setting to continue with this one)"
+      )
+    if vocab.vocab_size < int(config_data.vocab_size):
+      logging.warning(
+        "reusing %s: %d pieces, fewer than data.vocab_size=%d (a small corpus, "
+        "or a vocabulary made for another setting: then use a new workdir)",
+        path,
+        vocab.vocab_size,
+        config_data.vocab_size,
+      )
+    return vocab
+  logging.info("No vocabulary at %s: training one of size %d", path, config_data.vocab_size)
+  return train_sentencepiece(texts_fn(), config_data.vocab_size, path)

@@ -4,6 +4,7 @@
 
 Shapes use `heads` for h and `d_k` / `d_v` for the per-head widths (d_model / h in the paper).
 """
+
 from __future__ import annotations
 
 import jax
@@ -33,22 +34,25 @@ def merge_heads(x: jax.Array) -> jax.Array:
 def _check_shapes(query, key, value, mask):
   if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
     raise ValueError(
-        "dot_product_attention: query, key and value must be [batch, length, heads, depth]; got "
-        f"query {query.shape}, key {key.shape}, value {value.shape}")
+      "dot_product_attention: query, key and value must be [batch, length, heads, depth]; got "
+      f"query {query.shape}, key {key.shape}, value {value.shape}"
+    )
   bq, _, hq, dq = query.shape
   bk, lk, hk, dk = key.shape
   bv, lv, hv, _ = value.shape
   if not (bq == bk == bv and hq == hk == hv and dq == dk and lk == lv):
     raise ValueError(
-        "dot_product_attention: mismatched shapes: query [batch, q_len, heads, d_k] "
-        f"{query.shape}, key [batch, kv_len, heads, d_k] {key.shape}, value "
-        f"[batch, kv_len, heads, d_v] {value.shape}")
+      "dot_product_attention: mismatched shapes: query [batch, q_len, heads, d_k] "
+      f"{query.shape}, key [batch, kv_len, heads, d_k] {key.shape}, value "
+      f"[batch, kv_len, heads, d_v] {value.shape}"
+    )
   if mask is not None:
     full = (bq, hq, query.shape[1], lk)
     if mask.ndim != 4 or any(m not in (1, f) for m, f in zip(mask.shape, full)):
       raise ValueError(
-          f"dot_product_attention: mask shape {mask.shape} does not broadcast to "
-          f"[batch, heads, q_len, kv_len] = {full}")
+        f"dot_product_attention: mask shape {mask.shape} does not broadcast to "
+        f"[batch, heads, q_len, kv_len] = {full}"
+      )
 
 
 def attention_weights(query: jax.Array, key: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -78,9 +82,16 @@ def _masked_softmax(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
   return jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
 
 
-def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array,
-                          mask: jax.Array | None = None, *, dropout_rate: float = 0.0,
-                          dropout_rng: jax.Array | None = None, return_weights: bool = False):
+def dot_product_attention(
+  query: jax.Array,
+  key: jax.Array,
+  value: jax.Array,
+  mask: jax.Array | None = None,
+  *,
+  dropout_rate: float = 0.0,
+  dropout_rng: jax.Array | None = None,
+  return_weights: bool = False,
+):
   """Scaled dot-product attention.
 
   Args:
@@ -118,12 +129,19 @@ def cached_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: j
     float32 weights. Same result as `dot_product_attention` on the [batch, length, heads, depth]
     layout (a fully masked row gives zeros).
   """
-  if query.ndim != 4 or key.ndim != 4 or value.ndim != 4 or key.shape[:3] != value.shape[:3] \
-      or query.shape[0] != key.shape[0] or query.shape[2] != key.shape[1] \
-      or query.shape[3] != key.shape[3]:
+  if (
+    query.ndim != 4
+    or key.ndim != 4
+    or value.ndim != 4
+    or key.shape[:3] != value.shape[:3]
+    or query.shape[0] != key.shape[0]
+    or query.shape[2] != key.shape[1]
+    or query.shape[3] != key.shape[3]
+  ):
     raise ValueError(
-        "cached_attention: expected query [batch, q_len, heads, d_k], key [batch, heads, kv_len, "
-        f"d_k], value [batch, heads, kv_len, d_v]; got {query.shape}, {key.shape}, {value.shape}")
+      "cached_attention: expected query [batch, q_len, heads, d_k], key [batch, heads, kv_len, "
+      f"d_k], value [batch, heads, kv_len, d_v]; got {query.shape}, {key.shape}, {value.shape}"
+    )
   query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
   logits = jnp.einsum("bqhd,bhkd->bhqk", query, key, preferred_element_type=jnp.float32)
   weights = _masked_softmax(logits, mask)

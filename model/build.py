@@ -11,14 +11,15 @@ Types: 'transformer' (model/transformer.py), 'rnn' and 'rnn_attention' (model/rn
 'decoder_only' (model/decoder_only.py). A `config.model` option that does not apply to the chosen
 type is ignored, with a warning when it differs from its default.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-from absl import logging
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
+from absl import logging
 
 from model.config import TransformerConfig
 from model.decoder_only import DecoderOnly
@@ -29,27 +30,39 @@ MODEL_TYPES = ("transformer", "rnn", "rnn_attention", "decoder_only")
 
 # Options used by some types only, with their defaults in configs/common.py (model/ does not import
 # configs/; tests check the two agree). Options not listed here apply to every type.
-_TRANSFORMER_ONLY = dict(d_ff=2048, num_heads=8, attention_dropout_rate=0.0, pre_ln=False,
-                         remat=False, attention_impl="xla")
+_TRANSFORMER_ONLY = dict(
+  d_ff=2048,
+  num_heads=8,
+  attention_dropout_rate=0.0,
+  pre_ln=False,
+  remat=False,
+  attention_impl="xla",
+)
 _RNN_ONLY = dict(rnn_cell="gru", rnn_bidirectional=True)
-_IGNORED = {"transformer": _RNN_ONLY, "decoder_only": _RNN_ONLY,
-            "rnn": _TRANSFORMER_ONLY, "rnn_attention": _TRANSFORMER_ONLY}
+_IGNORED = {
+  "transformer": _RNN_ONLY,
+  "decoder_only": _RNN_ONLY,
+  "rnn": _TRANSFORMER_ONLY,
+  "rnn_attention": _TRANSFORMER_ONLY,
+}
 
 
 def _warn_ignored(kind: str, model_cfg: Any):
   """Warns about each option that `kind` ignores but that was changed from its default."""
   for name, default in _IGNORED[kind].items():
     if name in model_cfg and model_cfg[name] != default:
-      logging.warning("model.%s=%r does not apply to model.type=%r and is ignored", name,
-                      model_cfg[name], kind)
+      logging.warning(
+        "model.%s=%r does not apply to model.type=%r and is ignored", name, model_cfg[name], kind
+      )
 
 
 def build_model(model_cfg: Any) -> nn.Module:
   """`config.model` (a ConfigDict or dict) -> a Flax module."""
   kind = model_cfg.get("type", "transformer")
   if kind not in MODEL_TYPES:
-    raise ValueError(f"config error: model.type={kind!r} is unknown; valid types: "
-                     f"{', '.join(MODEL_TYPES)}")
+    raise ValueError(
+      f"config error: model.type={kind!r} is unknown; valid types: {', '.join(MODEL_TYPES)}"
+    )
   _warn_ignored(kind, model_cfg)
   if kind == "transformer":
     return Transformer(TransformerConfig.from_config(model_cfg))
@@ -58,8 +71,9 @@ def build_model(model_cfg: Any) -> nn.Module:
   return RNNSeq2Seq(RNNConfig.from_config(model_cfg), attention=kind == "rnn_attention")
 
 
-def init_variables(model: nn.Module, rng: jax.Array, batch_size: int = 1, src_len: int = 8,
-                   tgt_len: int = 8):
+def init_variables(
+  model: nn.Module, rng: jax.Array, batch_size: int = 1, src_len: int = 8, tgt_len: int = 8
+):
   """Initial variables (with logical-axis metadata boxes) from dummy token batches."""
   inputs = jnp.ones((batch_size, src_len), jnp.int32)
   targets = jnp.ones((batch_size, tgt_len), jnp.int32)

@@ -1,4 +1,5 @@
 """The model's hyperparameters, with the paper's names, checked once when built."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,6 +20,7 @@ class TransformerConfig:
   (GPU, bfloat16/float16 only) wherever there is no attention dropout (training with
   `attention_dropout_rate > 0` takes the 'xla' path, which applies it); 'xla' is the reference.
   """
+
   vocab_size: int
   d_model: int = 512
   d_ff: int = 2048
@@ -36,12 +38,15 @@ class TransformerConfig:
   def __post_init__(self):
     def bad(field, why):
       raise ValueError(f"config error: model.{field}={getattr(self, field)!r}: {why}")
+
     for field in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "max_len"):
       if int(getattr(self, field)) <= 0:
         bad(field, "must be a positive integer")
     if self.d_model % self.num_heads:
-      bad("d_model", f"must be divisible by model.num_heads={self.num_heads} "
-          f"(d_k = d_model / num_heads)")
+      bad(
+        "d_model",
+        f"must be divisible by model.num_heads={self.num_heads} (d_k = d_model / num_heads)",
+      )
     if self.d_model % 2:
       bad("d_model", "must be even (the sinusoidal position encoding pairs sin and cos)")
     for field in ("dropout_rate", "attention_dropout_rate"):
@@ -52,26 +57,35 @@ class TransformerConfig:
     if self.attention_impl not in ATTENTION_IMPLS:
       bad("attention_impl", f"must be one of {ATTENTION_IMPLS}")
     if self.attention_impl == "cudnn" and self.dtype == "float32":
-      bad("attention_impl", "cuDNN's fused attention takes bfloat16 or float16 only; set "
-          "model.dtype=bfloat16 or use attention_impl='xla'")
+      bad(
+        "attention_impl",
+        "cuDNN's fused attention takes bfloat16 or float16 only; set "
+        "model.dtype=bfloat16 or use attention_impl='xla'",
+      )
     d_k = self.d_model // self.num_heads
     if self.attention_impl == "cudnn" and (d_k % 8 or d_k > 256):
-      bad("attention_impl", f"cuDNN's fused attention needs a head width d_k = d_model / "
-          f"num_heads that is a multiple of 8 and at most 256 (128 before Hopper GPUs); "
-          f"d_k = {self.d_model} / {self.num_heads} = {d_k}")
+      bad(
+        "attention_impl",
+        f"cuDNN's fused attention needs a head width d_k = d_model / "
+        f"num_heads that is a multiple of 8 and at most 256 (128 before Hopper GPUs); "
+        f"d_k = {self.d_model} / {self.num_heads} = {d_k}",
+      )
 
   @property
   def compute_dtype(self):
     return _DTYPES[self.dtype]
 
   @classmethod
-  def from_config(cls, model_cfg: Any, **overrides) -> "TransformerConfig":
+  def from_config(cls, model_cfg: Any, **overrides) -> TransformerConfig:
     """Builds from the `config.model` ConfigDict, taking the fields this class knows."""
     fields = {f.name for f in dataclasses.fields(cls)}
     values = {k: v for k, v in dict(model_cfg).items() if k in fields}
     values.update(overrides)
-    missing = [f.name for f in dataclasses.fields(cls)
-               if f.default is dataclasses.MISSING and f.name not in values]
+    missing = [
+      f.name
+      for f in dataclasses.fields(cls)
+      if f.default is dataclasses.MISSING and f.name not in values
+    ]
     if missing:
       raise ValueError(f"config error: model.{missing[0]} is required")
     return cls(**values)

@@ -22,13 +22,14 @@ of the causal stack (prefill, `lax.scan`), each row with its own cache index (th
 `decode_step` reads id 0 (the start symbol, first step) as SEP and continues from there, so the
 first step predicts y_1 from `... x_n SEP`, as in teacher forcing.
 """
+
 from __future__ import annotations
 
 import dataclasses
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 from jax import lax
 
 from model.config import TransformerConfig
@@ -44,11 +45,13 @@ SEP_ID = 3
 class CausalStack(nn.Module):
   """Embedding + sinusoidal positions, dropout, N decoder layers without cross-attention,
   (final LayerNorm,) output projection."""
+
   config: TransformerConfig
 
   @nn.compact
-  def __call__(self, tokens, positions, mask, deterministic, decode=False, project=True,
-               project_from=0):
+  def __call__(
+    self, tokens, positions, mask, deterministic, decode=False, project=True, project_from=0
+  ):
     """tokens, positions: [batch, length]; mask: [batch, 1, length, length] (None when decoding
     one position from the cache). Returns [batch, length - project_from, vocab] logits of the
     positions from `project_from` on (`project`; the others are never projected), or the final
@@ -60,7 +63,8 @@ class CausalStack(nn.Module):
     layer = maybe_remat(DecoderLayer, cfg, static_argnums=(5, 6, 7))
     for i in range(cfg.num_layers):
       y = layer(cfg, cross_attention=False, name=f"layer_{i}")(
-          y, None, mask, None, deterministic, decode, False)
+        y, None, mask, None, deterministic, decode, False
+      )
     if cfg.pre_ln:
       y = layer_norm("final_norm", cfg)(y)
     if not project:
@@ -68,12 +72,16 @@ class CausalStack(nn.Module):
     y = y[:, project_from:]
     if cfg.share_embeddings:
       return embed.attend(y)
-    return nn.Dense(cfg.vocab_size, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
-                    kernel_init=nn.with_logical_partitioning(
-                        nn.initializers.xavier_uniform(), ("embed", "vocab")),
-                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-                    name="logits")(y)
-
+    return nn.Dense(
+      cfg.vocab_size,
+      dtype=cfg.compute_dtype,
+      param_dtype=jnp.float32,
+      kernel_init=nn.with_logical_partitioning(
+        nn.initializers.xavier_uniform(), ("embed", "vocab")
+      ),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+      name="logits",
+    )(y)
 
 
 def _default_positions(valid, seg):
@@ -84,8 +92,14 @@ def _default_positions(valid, seg):
   return jnp.sum(same, axis=-1, dtype=jnp.int32)
 
 
-def combined_sequence(inputs, targets, inputs_position=None, targets_position=None,
-                      inputs_segmentation=None, targets_segmentation=None):
+def combined_sequence(
+  inputs,
+  targets,
+  inputs_position=None,
+  targets_position=None,
+  inputs_segmentation=None,
+  targets_segmentation=None,
+):
   """The model's input row `[source ; SEP + shifted target]` and its attention mask.
 
   inputs: [batch, src_len], targets: [batch, tgt_len] ids (0 = pad), optional positions and
@@ -93,34 +107,47 @@ def combined_sequence(inputs, targets, inputs_position=None, targets_position=No
   [batch, 1, src_len + tgt_len, src_len + tgt_len] (True = may attend).
   """
   if (inputs_segmentation is None) != (targets_segmentation is None):
-    raise ValueError("DecoderOnly: give both inputs_segmentation and targets_segmentation, "
-                     "or neither")
+    raise ValueError(
+      "DecoderOnly: give both inputs_segmentation and targets_segmentation, or neither"
+    )
   src_valid, tgt_valid = inputs > 0, targets > 0
   if inputs_segmentation is None:
     src_seg, tgt_seg = src_valid.astype(jnp.int32), tgt_valid.astype(jnp.int32)
   else:
     src_seg = inputs_segmentation.astype(jnp.int32)
     tgt_seg = targets_segmentation.astype(jnp.int32)
-  src_pos = (_default_positions(src_valid, src_seg) if inputs_position is None
-             else inputs_position.astype(jnp.int32))
-  tgt_pos = (_default_positions(tgt_valid, tgt_seg) if targets_position is None
-             else targets_position.astype(jnp.int32))
+  src_pos = (
+    _default_positions(src_valid, src_seg)
+    if inputs_position is None
+    else inputs_position.astype(jnp.int32)
+  )
+  tgt_pos = (
+    _default_positions(tgt_valid, tgt_seg)
+    if targets_position is None
+    else targets_position.astype(jnp.int32)
+  )
   # Each target position is offset by its sentence's source length (the source and SEP come first).
-  src_len = jnp.sum((tgt_seg[:, :, None] == src_seg[:, None, :]) & src_valid[:, None, :], axis=-1,
-                    dtype=jnp.int32)
+  src_len = jnp.sum(
+    (tgt_seg[:, :, None] == src_seg[:, None, :]) & src_valid[:, None, :], axis=-1, dtype=jnp.int32
+  )
   shifted = shift_right(targets, targets_segmentation)
   shifted = jnp.where(tgt_valid & (shifted == 0), SEP_ID, shifted)
   tokens = jnp.concatenate([inputs, shifted], axis=1)
   positions = jnp.concatenate([src_pos, src_len + tgt_pos], axis=1)
   seg = jnp.concatenate([src_seg, tgt_seg], axis=1)
   valid = jnp.concatenate([src_valid, tgt_valid], axis=1)
-  mask = (valid[:, :, None] & valid[:, None, :] & (seg[:, :, None] == seg[:, None, :])
-          & (positions[:, None, :] <= positions[:, :, None]))
+  mask = (
+    valid[:, :, None]
+    & valid[:, None, :]
+    & (seg[:, :, None] == seg[:, None, :])
+    & (positions[:, None, :] <= positions[:, :, None])
+  )
   return tokens, positions, mask[:, None]
 
 
 class DecoderOnly(nn.Module):
   """Causal Transformer LM translating by continuing `source <sep>` (see the module doc)."""
+
   config: TransformerConfig
 
   def setup(self):
@@ -132,24 +159,34 @@ class DecoderOnly(nn.Module):
     check_tokens("DecoderOnly", "inputs", inputs)
     return inputs
 
-  def __call__(self, inputs, targets, inputs_position=None, targets_position=None,
-               inputs_segmentation=None, targets_segmentation=None, deterministic=True):
+  def __call__(
+    self,
+    inputs,
+    targets,
+    inputs_position=None,
+    targets_position=None,
+    inputs_segmentation=None,
+    targets_segmentation=None,
+    deterministic=True,
+  ):
     """[batch, src_len], [batch, tgt_len] ids -> [batch, tgt_len, vocab] logits (target part)."""
     check_tokens("DecoderOnly", "inputs", inputs)
     check_tokens("DecoderOnly", "targets", targets)
     if targets.shape[0] != inputs.shape[0]:
-      raise ValueError(f"DecoderOnly: batch sizes differ: inputs {inputs.shape}, "
-                       f"targets {targets.shape}")
+      raise ValueError(
+        f"DecoderOnly: batch sizes differ: inputs {inputs.shape}, targets {targets.shape}"
+      )
     for name, arr, like, like_name in (
-        ("inputs_position", inputs_position, inputs, "inputs"),
-        ("inputs_segmentation", inputs_segmentation, inputs, "inputs"),
-        ("targets_position", targets_position, targets, "targets"),
-        ("targets_segmentation", targets_segmentation, targets, "targets")):
+      ("inputs_position", inputs_position, inputs, "inputs"),
+      ("inputs_segmentation", inputs_segmentation, inputs, "inputs"),
+      ("targets_position", targets_position, targets, "targets"),
+      ("targets_segmentation", targets_segmentation, targets, "targets"),
+    ):
       if arr is not None:
         check_tokens("DecoderOnly", like_name, like, arr, name)
-    tokens, positions, mask = combined_sequence(inputs, targets, inputs_position,
-                                                targets_position, inputs_segmentation,
-                                                targets_segmentation)
+    tokens, positions, mask = combined_sequence(
+      inputs, targets, inputs_position, targets_position, inputs_segmentation, targets_segmentation
+    )
     # The target part is the last tgt_len columns of every row (packed rows too): only its
     # positions are projected to the vocabulary.
     return self.decoder(tokens, positions, mask, deterministic, project_from=inputs.shape[1])
@@ -160,9 +197,18 @@ class DecoderOnly(nn.Module):
     stack = CausalStack(dataclasses.replace(self.config, attention_impl="xla"), parent=None)
 
     def row(params, cache, ids, positions):
-      out, state = stack.apply({"params": params, "cache": cache}, ids, positions, None, True,
-                               decode=True, project=project, mutable=["cache"])
+      out, state = stack.apply(
+        {"params": params, "cache": cache},
+        ids,
+        positions,
+        None,
+        True,
+        decode=True,
+        project=project,
+        mutable=["cache"],
+      )
       return out, state["cache"]
+
     return row
 
   def init_cache(self, encoded, inputs, max_decode_len: int):
@@ -181,24 +227,26 @@ class DecoderOnly(nn.Module):
     source = jnp.take_along_axis(inputs, order, axis=1)
     lengths = jnp.sum(inputs > 0, axis=1, dtype=jnp.int32)
     dummy = jnp.ones((1, src_len + max_decode_len), jnp.int32)
-    make = lambda: CausalStack(dataclasses.replace(self.config, attention_impl="xla"),
-                               parent=None).apply({"params": params}, dummy, dummy, None, True,
-                                                  decode=True, project=False, mutable=["cache"])
+    make = lambda: CausalStack(
+      dataclasses.replace(self.config, attention_impl="xla"), parent=None
+    ).apply(
+      {"params": params}, dummy, dummy, None, True, decode=True, project=False, mutable=["cache"]
+    )
     shapes = jax.eval_shape(make)[1]["cache"]
     cache = jax.tree_util.tree_map(lambda s: jnp.zeros((batch,) + s.shape, s.dtype), shapes)
     row = jax.vmap(self._row_fn(project=False), in_axes=(None, 0, 0, 0))
 
     def feed(cache, xs):
       token, position = xs
-      _, cache = row(params, cache, token[:, None, None],
-                     jnp.broadcast_to(position, (batch, 1, 1)))
+      _, cache = row(params, cache, token[:, None, None], jnp.broadcast_to(position, (batch, 1, 1)))
       return cache, None
 
     cache, _ = lax.scan(feed, cache, (source.T, jnp.arange(src_len, dtype=jnp.int32)))
     # Padding fed after a row's source is forgotten: its index goes back to the source length
     # (later slots are masked and overwritten).
     cache = jax.tree_util.tree_map_with_path(
-        lambda path, x: lengths if getattr(path[-1], "key", None) == "cache_index" else x, cache)
+      lambda path, x: lengths if getattr(path[-1], "key", None) == "cache_index" else x, cache
+    )
     self.put_variable("cache", "rows", cache)
     self.put_variable("cache", "position", lengths)
 
@@ -213,8 +261,12 @@ class DecoderOnly(nn.Module):
     ids = jnp.where(ids == 0, SEP_ID, ids)
     position = self.get_variable("cache", "position")
     row = jax.vmap(self._row_fn(project=True), in_axes=(None, 0, 0, 0))
-    logits, cache = row(self.decoder.variables["params"], self.get_variable("cache", "rows"),
-                        ids[:, :, None], position[:, None, None])
+    logits, cache = row(
+      self.decoder.variables["params"],
+      self.get_variable("cache", "rows"),
+      ids[:, :, None],
+      position[:, None, None],
+    )
     self.put_variable("cache", "rows", cache)
     self.put_variable("cache", "position", position + 1)
     return logits[:, 0, 0]

@@ -10,6 +10,7 @@ for every key, and identical under any sharding of the array, since the index is
 The keep probability is exact to 2^-32. The hash is not cryptographic, which dropout does not
 need. Arrays of 2^32 elements or more fall back to `jax.random.bernoulli`.
 """
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -47,12 +48,12 @@ def keep_mask(key: jax.Array, rate: float, shape: tuple[int, ...]) -> jax.Array:
   if not 0.0 <= rate < 1.0:
     raise ValueError(f"dropout: rate must be in [0, 1), got {rate}")
   shape = tuple(int(d) for d in shape)
-  if int(np.prod(shape, dtype=np.int64)) >= 2 ** 32:
+  if int(np.prod(shape, dtype=np.int64)) >= 2**32:
     return jax.random.bernoulli(key, 1.0 - rate, shape)
   words = jax.random.bits(key, (2,), jnp.uint32)
   h = _fmix32(_flat_index(shape) * jnp.uint32(_GOLDEN) + words[0])
   h = _fmix32(h ^ words[1])
-  return h >= jnp.uint32(min(round(rate * 2 ** 32), 2 ** 32 - 1))
+  return h >= jnp.uint32(min(round(rate * 2**32), 2**32 - 1))
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
@@ -67,6 +68,7 @@ def dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
 class Dropout(nn.Module):
   """`dropout` with the module's "dropout" PRNG stream, as `flax.linen.Dropout` is used:
   `Dropout(rate)(x, deterministic=...)`; deterministic (or rate 0) returns x."""
+
   rate: float
 
   @nn.compact

@@ -12,10 +12,12 @@ The decoder never emits PAD (its logit is masked), so PAD only ever means "after
 Each distinct (model, input shape, search settings) is compiled once: parameters are an
 argument of the compiled function, never constants baked into it.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -57,11 +59,14 @@ def _cached_step(model, params, per_sentence=None):
 
   def step(ids, cache):
     full = traverse_util.unflatten_dict({**traverse_util.flatten_dict(cache), **per_sentence})
-    logits, state = model.apply({"params": params, "cache": full}, ids, method="decode_step",
-                                mutable=["cache"])
-    carried = {k: v for k, v in traverse_util.flatten_dict(state["cache"]).items()
-               if k not in per_sentence}
+    logits, state = model.apply(
+      {"params": params, "cache": full}, ids, method="decode_step", mutable=["cache"]
+    )
+    carried = {
+      k: v for k, v in traverse_util.flatten_dict(state["cache"]).items() if k not in per_sentence
+    }
     return _mask_pad(logits), traverse_util.unflatten_dict(carried)
+
   return step
 
 
@@ -74,6 +79,7 @@ class DecoderState(NamedTuple):
   """What model/search.py's functions take: `step` and `cache` (the step function contract),
   and, for a cache whose self-attention buffers start at `segment` positions, the `grow`
   function that enlarges them (None: the cache is sized for the whole output)."""
+
   step: Callable
   cache: object
   grow: Callable | None = None
@@ -83,17 +89,21 @@ class DecoderState(NamedTuple):
 def _grow(cache, extra: int):
   """The cache with `extra` more (zero) positions in every self-attention buffer."""
   flat = traverse_util.flatten_dict(cache)
-  return traverse_util.unflatten_dict({
+  return traverse_util.unflatten_dict(
+    {
       k: (jnp.pad(v, [(0, 0)] * (v.ndim - 2) + [(0, extra), (0, 0)]) if k[-1] in _GROWN else v)
-      for k, v in flat.items()})
+      for k, v in flat.items()
+    }
+  )
 
 
 def _initial_cache(model, params, inputs, length: int) -> dict:
   """Encodes `inputs` and returns the model's decoding cache for `length` target positions, as a
   flat {path: array} dict."""
   encoded = model.apply({"params": params}, inputs, method="encode")
-  _, state = model.apply({"params": params}, encoded, inputs, length, method="init_cache",
-                         mutable=["cache"])
+  _, state = model.apply(
+    {"params": params}, encoded, inputs, length, method="init_cache", mutable=["cache"]
+  )
   return traverse_util.flatten_dict(state["cache"])
 
 
@@ -108,8 +118,14 @@ def _cache_length(model, params, inputs, max_decode_len: int, segment: int | Non
   return max_decode_len, False
 
 
-def decoder_state(model, params, inputs, max_decode_len: int, use_cache: bool = True,
-                  segment: int | None = DECODE_SEGMENT) -> DecoderState:
+def decoder_state(
+  model,
+  params,
+  inputs,
+  max_decode_len: int,
+  use_cache: bool = True,
+  segment: int | None = DECODE_SEGMENT,
+) -> DecoderState:
   """The search's step function and cache for source rows `inputs` [batch, src_len]: with the
   key/value cache (encode once, then one position per step), or without (re-run the whole
   model on the prefix every step; the reference the cache is tested against).
@@ -118,19 +134,27 @@ def decoder_state(model, params, inputs, max_decode_len: int, use_cache: bool = 
   a segment at a time (model/search.py), so early steps do not stream (or, in beam search,
   reorder) the empty rest of a `max_decode_len` buffer; None allocates all of it at once."""
   if not use_cache:
-    cache = {"inputs": inputs, "targets": jnp.full((inputs.shape[0], max_decode_len), EOS_ID,
-                                                   jnp.int32), "t": jnp.int32(0)}
+    cache = {
+      "inputs": inputs,
+      "targets": jnp.full((inputs.shape[0], max_decode_len), EOS_ID, jnp.int32),
+      "t": jnp.int32(0),
+    }
     return DecoderState(_uncached_step(model, params), cache)
   length, grows = _cache_length(model, params, inputs, max_decode_len, segment)
   flat = _initial_cache(model, params, inputs, length)
   shared = {k: v for k, v in flat.items() if _is_per_sentence(k)}
   carried = traverse_util.unflatten_dict({k: v for k, v in flat.items() if k not in shared})
-  return DecoderState(_cached_step(model, params, shared), carried,
-                      _grow if grows else None, length if grows else None)
+  return DecoderState(
+    _cached_step(model, params, shared),
+    carried,
+    _grow if grows else None,
+    length if grows else None,
+  )
 
 
-def ensemble_decoder_state(model, params, inputs, max_decode_len: int,
-                           segment: int | None = DECODE_SEGMENT) -> DecoderState:
+def ensemble_decoder_state(
+  model, params, inputs, max_decode_len: int, segment: int | None = DECODE_SEGMENT
+) -> DecoderState:
   """`decoder_state` of an ensemble: `params` holds the members' parameter trees stacked on a
   leading axis ([members, ...] every leaf, same architecture). Each step runs every member
   (`vmap`) and returns the log of the members' mean next-token probability,
@@ -143,16 +167,18 @@ def ensemble_decoder_state(model, params, inputs, max_decode_len: int,
   """
   members = {leaf.shape[0] for leaf in jax.tree_util.tree_leaves(params)}
   if len(members) != 1:
-    raise ValueError(f"ensemble: every parameter needs the same leading (member) axis, got "
-                     f"sizes {sorted(members)}")
+    raise ValueError(
+      f"ensemble: every parameter needs the same leading (member) axis, got sizes {sorted(members)}"
+    )
   (num,) = members
   first = jax.tree_util.tree_map(lambda x: x[0], params)
   length, grows = _cache_length(model, first, inputs, max_decode_len, segment)
   flat = jax.vmap(lambda p: _initial_cache(model, p, inputs, length))(params)  # [members, ...]
   shared = {k: v for k, v in flat.items() if _is_per_sentence(k)}
   scalar = {k for k, v in flat.items() if v.ndim == 1 and k not in shared}
-  carried = {k: (v[0] if k in scalar else jnp.moveaxis(v, 0, 1))
-             for k, v in flat.items() if k not in shared}
+  carried = {
+    k: (v[0] if k in scalar else jnp.moveaxis(v, 0, 1)) for k, v in flat.items() if k not in shared
+  }
   axes = {k: (None if k in scalar else 1) for k in carried}
 
   def member(p, per_sentence, cache, ids):
@@ -161,12 +187,14 @@ def ensemble_decoder_state(model, params, inputs, max_decode_len: int,
 
   def step(ids, cache):
     logp, cache = jax.vmap(member, in_axes=(0, 0, axes, None), out_axes=(0, axes))(
-        params, shared, traverse_util.flatten_dict(cache), ids)
+      params, shared, traverse_util.flatten_dict(cache), ids
+    )
     mixed = jax.nn.logsumexp(logp, axis=0) - jnp.log(jnp.float32(num))
     return mixed, traverse_util.unflatten_dict(cache)
 
-  return DecoderState(step, traverse_util.unflatten_dict(carried), _grow if grows else None,
-                      length if grows else None)
+  return DecoderState(
+    step, traverse_util.unflatten_dict(carried), _grow if grows else None, length if grows else None
+  )
 
 
 def _uncached_step(model, params):
@@ -175,6 +203,7 @@ def _uncached_step(model, params):
   State: `inputs` [n, src_len]; `targets` [n, max_len], the tokens generated so far, then a
   non-PAD filler (so the current position is not masked as padding); `t` [] the step.
   """
+
   def step(ids, state):
     t, targets = state["t"], state["targets"]
     written = lax.dynamic_update_slice(targets, ids, (0, jnp.maximum(t - 1, 0)))
@@ -182,6 +211,7 @@ def _uncached_step(model, params):
     logits = model.apply({"params": params}, state["inputs"], targets)  # [n, max_len, vocab]
     logits = lax.dynamic_index_in_dim(logits, t, axis=1, keepdims=False)
     return _mask_pad(logits), {"inputs": state["inputs"], "targets": targets, "t": t + 1}
+
   return step
 
 
@@ -191,55 +221,123 @@ _COMPILED: dict[tuple, Callable] = {}  # static settings -> jitted (params, inpu
 def _only_ids_below(step, num_ids: int):
   """step_fn whose logits for ids >= num_ids (output rows the vocabulary has no piece for) are
   -inf, so no search can emit them."""
+
   def masked(ids, cache):
     logits, cache = step(ids, cache)
     return logits.at[:, num_ids:].set(-jnp.inf), cache
+
   return masked
 
 
-def _translate_fn(model, beam_size: int, alpha: float, max_extra_len: int, max_decode_len: int,
-                  temperature: float, top_k: int, use_cache: bool, segment: int | None,
-                  num_ids: int | None, ensemble: bool):
+def _translate_fn(
+  model,
+  beam_size: int,
+  alpha: float,
+  max_extra_len: int,
+  max_decode_len: int,
+  temperature: float,
+  top_k: int,
+  use_cache: bool,
+  segment: int | None,
+  num_ids: int | None,
+  ensemble: bool,
+):
   """The jitted `(params, inputs, rng) -> ids` for one set of static settings (made once)."""
-  key = (model, beam_size, alpha, max_extra_len, max_decode_len, temperature, top_k, use_cache,
-         segment, num_ids, ensemble)
+  key = (
+    model,
+    beam_size,
+    alpha,
+    max_extra_len,
+    max_decode_len,
+    temperature,
+    top_k,
+    use_cache,
+    segment,
+    num_ids,
+    ensemble,
+  )
   if key not in _COMPILED:
     _COMPILED[key] = jax.jit(_make_run(*key))
   return _COMPILED[key]
 
 
-def _make_run(model, beam_size, alpha, max_extra_len, max_decode_len, temperature, top_k,
-              use_cache, segment, num_ids, ensemble):
+def _make_run(
+  model,
+  beam_size,
+  alpha,
+  max_extra_len,
+  max_decode_len,
+  temperature,
+  top_k,
+  use_cache,
+  segment,
+  num_ids,
+  ensemble,
+):
 
   def run(params, inputs, rng):
     batch = inputs.shape[0]
     max_lens = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32) + max_extra_len
     if ensemble:
-      step, cache, grow, seg = ensemble_decoder_state(model, params, inputs, max_decode_len,
-                                                      segment)
+      step, cache, grow, seg = ensemble_decoder_state(
+        model, params, inputs, max_decode_len, segment
+      )
     else:
-      step, cache, grow, seg = decoder_state(model, params, inputs, max_decode_len, use_cache,
-                                             segment)
+      step, cache, grow, seg = decoder_state(
+        model, params, inputs, max_decode_len, use_cache, segment
+      )
     if num_ids is not None:
       step = _only_ids_below(step, num_ids)
     if temperature > 0:
-      return search.sample(step, cache, rng, batch, max_decode_len, temperature=temperature,
-                           top_k=top_k, max_lens=max_lens, grow=grow, segment=seg)
+      return search.sample(
+        step,
+        cache,
+        rng,
+        batch,
+        max_decode_len,
+        temperature=temperature,
+        top_k=top_k,
+        max_lens=max_lens,
+        grow=grow,
+        segment=seg,
+      )
     if beam_size == 1:
-      return search.greedy_search(step, cache, batch, max_decode_len, max_lens=max_lens,
-                                  grow=grow, segment=seg)
-    ids, _ = search.beam_search(step, cache, batch, max_decode_len, beam_size=beam_size,
-                                alpha=alpha, max_lens=max_lens, grow=grow, segment=seg)
+      return search.greedy_search(
+        step, cache, batch, max_decode_len, max_lens=max_lens, grow=grow, segment=seg
+      )
+    ids, _ = search.beam_search(
+      step,
+      cache,
+      batch,
+      max_decode_len,
+      beam_size=beam_size,
+      alpha=alpha,
+      max_lens=max_lens,
+      grow=grow,
+      segment=seg,
+    )
     return ids[:, 0]
 
   return run
 
 
-def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
-              max_extra_len: int = 50, max_decode_len: int | None = None, rng=None,
-              temperature: float = 0.0, top_k: int = 0, use_cache: bool = True,
-              segment: int | None = DECODE_SEGMENT, num_ids: int | None = None,
-              ensemble: bool = False) -> jax.Array:
+def translate(
+  model,
+  params,
+  inputs,
+  *,
+  beam_size: int = 4,
+  alpha: float = 0.6,
+  max_extra_len: int = 50,
+  max_decode_len: int | None = None,
+  rng=None,
+  temperature: float = 0.0,
+  top_k: int = 0,
+  use_cache: bool = True,
+  segment: int | None = DECODE_SEGMENT,
+  num_ids: int | None = None,
+  ensemble: bool = False,
+) -> jax.Array:
   """Best translation of each source row.
 
   Args:
@@ -268,8 +366,10 @@ def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
   if inputs.ndim != 2:
     raise ValueError(f"translate: inputs must be [batch, src_len] ids, got shape {inputs.shape}")
   if beam_size < 1 or max_extra_len < 0 or temperature < 0 or top_k < 0:
-    raise ValueError(f"translate: need beam_size >= 1, max_extra_len >= 0, temperature >= 0 and "
-                     f"top_k >= 0; got {beam_size}, {max_extra_len}, {temperature}, {top_k}")
+    raise ValueError(
+      f"translate: need beam_size >= 1, max_extra_len >= 0, temperature >= 0 and "
+      f"top_k >= 0; got {beam_size}, {max_extra_len}, {temperature}, {top_k}"
+    )
   if max_decode_len is None:
     max_decode_len = inputs.shape[1] + max_extra_len
   limit = position_limit(model)
@@ -282,17 +382,25 @@ def translate(model, params, inputs, *, beam_size: int = 4, alpha: float = 0.6,
   if segment is not None and segment < 1:
     raise ValueError(f"translate: segment must be positive or None, got {segment}")
   if ensemble and not use_cache:
-    raise ValueError("translate: an ensemble decodes with the key/value cache; use_cache=False "
-                     "is for single models")
+    raise ValueError(
+      "translate: an ensemble decodes with the key/value cache; use_cache=False "
+      "is for single models"
+    )
   sampling = temperature > 0
   # Settings that do not change the computation are normalised so they share one compilation.
-  fn = _translate_fn(model, 1 if sampling else int(beam_size),
-                     float(alpha) if beam_size > 1 and not sampling else 0.0, int(max_extra_len),
-                     int(max_decode_len), float(temperature), int(top_k) if sampling else 0,
-                     bool(use_cache), None if not use_cache or segment is None
-                     or segment >= max_decode_len else int(segment),
-                     None if num_ids is None or num_ids >= model.config.vocab_size
-                     else int(num_ids), bool(ensemble))
+  fn = _translate_fn(
+    model,
+    1 if sampling else int(beam_size),
+    float(alpha) if beam_size > 1 and not sampling else 0.0,
+    int(max_extra_len),
+    int(max_decode_len),
+    float(temperature),
+    int(top_k) if sampling else 0,
+    bool(use_cache),
+    None if not use_cache or segment is None or segment >= max_decode_len else int(segment),
+    None if num_ids is None or num_ids >= model.config.vocab_size else int(num_ids),
+    bool(ensemble),
+  )
   if rng is None:
     rng = jax.random.key(0)
   return fn(params, inputs, rng)
@@ -306,6 +414,7 @@ def compiled_count() -> int:
 # ---------------------------------------------------------------------------------------------
 # Many sentences: batches of similar length.
 
+
 def bucket_length(n: int) -> int:
   """Padded length for a sentence of `n` tokens: the smallest of 8, 12, 16, 24, 32, 48, ...
   (2^k and 1.5 * 2^k) that is >= n, so padding wastes at most a third."""
@@ -318,12 +427,14 @@ def bucket_length(n: int) -> int:
 class LengthBatch(NamedTuple):
   """One batch of `length_batches`: `inputs` [rows, length] padded ids; row j < len(indices) is
   sentence `indices[j]`, later rows repeat the last real row (filler)."""
+
   indices: np.ndarray
   inputs: np.ndarray
 
 
-def length_batches(token_lists: Sequence[Sequence[int]], tokens_per_batch: int,
-                   batch_multiple: int = 1) -> list[LengthBatch]:
+def length_batches(
+  token_lists: Sequence[Sequence[int]], tokens_per_batch: int, batch_multiple: int = 1
+) -> list[LengthBatch]:
   """Groups sentences of similar length into padded batches.
 
   Sentences are sorted by length and padded to `bucket_length`; a batch holds at most
@@ -335,8 +446,10 @@ def length_batches(token_lists: Sequence[Sequence[int]], tokens_per_batch: int,
     the batches; concatenating their `indices` gives every sentence index once.
   """
   if tokens_per_batch < 1 or batch_multiple < 1:
-    raise ValueError(f"length_batches: tokens_per_batch ({tokens_per_batch}) and batch_multiple "
-                     f"({batch_multiple}) must be positive")
+    raise ValueError(
+      f"length_batches: tokens_per_batch ({tokens_per_batch}) and batch_multiple "
+      f"({batch_multiple}) must be positive"
+    )
   lengths = np.array([len(t) for t in token_lists], np.int64)
   order = np.argsort(lengths, kind="stable")
   buckets = np.array([bucket_length(n) for n in lengths[order]], np.int64)
@@ -345,20 +458,26 @@ def length_batches(token_lists: Sequence[Sequence[int]], tokens_per_batch: int,
     members = order[buckets == length]
     full = max(batch_multiple, tokens_per_batch // length // batch_multiple * batch_multiple)
     for start in range(0, len(members), full):
-      indices = members[start:start + full]
+      indices = members[start : start + full]
       groups = -(-len(indices) // batch_multiple)
       rows = min(full, batch_multiple * (1 << (groups - 1).bit_length()))
       ids = np.zeros((rows, int(length)), np.int32)
       for row, i in enumerate(indices):
-        ids[row, :lengths[i]] = token_lists[i]
-      ids[len(indices):] = ids[len(indices) - 1]
+        ids[row, : lengths[i]] = token_lists[i]
+      ids[len(indices) :] = ids[len(indices) - 1]
       batches.append(LengthBatch(indices, ids))
   return batches
 
 
-def translate_all(model, params, token_lists: Sequence[Sequence[int]], *,
-                  tokens_per_batch: int = 4096, batch_multiple: int = 1,
-                  **kwargs) -> list[np.ndarray]:
+def translate_all(
+  model,
+  params,
+  token_lists: Sequence[Sequence[int]],
+  *,
+  tokens_per_batch: int = 4096,
+  batch_multiple: int = 1,
+  **kwargs,
+) -> list[np.ndarray]:
   """`translate` over any number of sentences, batched by `length_batches`.
 
   Args:
@@ -387,12 +506,13 @@ def strip(ids) -> np.ndarray:
   ids = np.asarray(ids).reshape(-1)
   eos = np.flatnonzero(ids == EOS_ID)
   if len(eos):
-    ids = ids[:eos[0]]
+    ids = ids[: eos[0]]
   return ids[ids != PAD_ID]
 
 
 # ---------------------------------------------------------------------------------------------
 # Attention weights for plotting.
+
 
 def _natural_key(path):
   return [tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(k))) for k in path]
@@ -408,6 +528,7 @@ def _make_weights(model):
   def run(params, src, tgt):
     _, state = model.apply({"params": params}, src, tgt, method=forward, mutable=["intermediates"])
     return state["intermediates"]
+
   return run
 
 
@@ -427,11 +548,13 @@ def attention_weights(model, params, inputs, output_ids) -> np.ndarray:
   tgt = np.append(strip(output_ids), EOS_ID)
   if model not in _WEIGHTS:
     _WEIGHTS[model] = jax.jit(_make_weights(model))
-  flat = traverse_util.flatten_dict(_WEIGHTS[model](params, src[None].astype(np.int32),
-                                                    tgt[None].astype(np.int32)))
-  found = sorted((path for path in flat
-                  if path[-1] == "attention_weights" and "cross_attention" in path),
-                 key=_natural_key)
+  flat = traverse_util.flatten_dict(
+    _WEIGHTS[model](params, src[None].astype(np.int32), tgt[None].astype(np.int32))
+  )
+  found = sorted(
+    (path for path in flat if path[-1] == "attention_weights" and "cross_attention" in path),
+    key=_natural_key,
+  )
   if not found:
     raise ValueError(f"attention_weights: {type(model).__name__} sowed no cross-attention weights")
   return np.stack([np.asarray(flat[p][0][0], np.float32) for p in found])

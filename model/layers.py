@@ -4,18 +4,19 @@ multi-head attention, the position-wise feed-forward network, and the encoder an
 Parameters carry logical axis names (`embed`, `heads`, `kv`, `mlp`, `vocab`) as metadata only;
 `training/parallel.py` maps them to a device mesh. Nothing here knows about devices.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 from flax.linen import initializers
 
 from model import attention as attn
-from model.dropout import Dropout
 from model.config import TransformerConfig
+from model.dropout import Dropout
 
 _dense_init = initializers.xavier_uniform()
 
@@ -33,7 +34,9 @@ def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
     [batch, length, d_model] float32.
   """
   if positions.ndim != 2:
-    raise ValueError(f"sinusoidal_encoding: positions must be [batch, length], got {positions.shape}")
+    raise ValueError(
+      f"sinusoidal_encoding: positions must be [batch, length], got {positions.shape}"
+    )
   if d_model % 2:
     raise ValueError(f"sinusoidal_encoding: d_model={d_model} must be even")
   inv_freq = jnp.exp(-jnp.log(10000.0) * jnp.arange(0, d_model, 2, dtype=jnp.float32) / d_model)
@@ -45,15 +48,20 @@ def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
 class Embed(nn.Module):
   """Token embeddings scaled by √d_model (section 3.4); `attend` is the pre-softmax projection
   when the embedding is shared with the output layer."""
+
   vocab_size: int
   d_model: int
   dtype: jnp.dtype = jnp.float32
 
   def setup(self):
     self.embedding = self.param(
-        "embedding", nn.with_logical_partitioning(
-            initializers.normal(stddev=self.d_model ** -0.5), ("vocab", "embed")),
-        (self.vocab_size, self.d_model), jnp.float32)
+      "embedding",
+      nn.with_logical_partitioning(
+        initializers.normal(stddev=self.d_model**-0.5), ("vocab", "embed")
+      ),
+      (self.vocab_size, self.d_model),
+      jnp.float32,
+    )
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     """[batch, length] ids -> [batch, length, d_model]."""
@@ -69,6 +77,7 @@ class HeadsKernel(nn.Module):
   initialised exactly as `nn.DenseGeneral((heads, d_k))` stores it (Xavier over d_model ×
   heads·d_k), but returned rather than applied, so that projections of the same input can run as
   one matrix product (`MultiHeadAttention._project`)."""
+
   config: TransformerConfig
 
   @nn.compact
@@ -79,6 +88,7 @@ class HeadsKernel(nn.Module):
     def init(rng, shape, dtype=jnp.float32):
       flat = _kernel(("embed", "heads", "kv"))(rng, (shape[0], shape[1] * shape[2]), dtype)
       return nn.meta.replace_boxed(flat, jnp.reshape(flat.unbox(), shape))
+
     return self.param("kernel", init, shape, jnp.float32)
 
 
@@ -92,6 +102,7 @@ class MultiHeadAttention(nn.Module):
   self-attention appends this step's key/value; cross-attention projects the encoder output
   once (when the cache is created) and reuses it every step.
   """
+
   config: TransformerConfig
   cross: bool = False
 
@@ -109,21 +120,28 @@ class MultiHeadAttention(nn.Module):
     return [y[:, :, i] for i in range(len(names))]
 
   @nn.compact
-  def __call__(self, x: jax.Array, memory: jax.Array | None, mask: jax.Array | None,
-               deterministic: bool, decode: bool = False, return_weights: bool = False):
+  def __call__(
+    self,
+    x: jax.Array,
+    memory: jax.Array | None,
+    mask: jax.Array | None,
+    deterministic: bool,
+    decode: bool = False,
+    return_weights: bool = False,
+  ):
     """x: [batch, q_len, d_model]; memory: [batch, kv_len, d_model] (cross) or None (self);
     mask: boolean [batch, 1, q_len, kv_len]. Returns [batch, q_len, d_model]."""
     cfg = self.config
     if x.ndim != 3 or x.shape[-1] != cfg.d_model:
-      raise ValueError(f"MultiHeadAttention: x must be [batch, length, d_model={cfg.d_model}], "
-                       f"got {x.shape}")
+      raise ValueError(
+        f"MultiHeadAttention: x must be [batch, length, d_model={cfg.d_model}], got {x.shape}"
+      )
     if self.cross:
-      query, = self._project(x, ("query",))
+      (query,) = self._project(x, ("query",))
     else:
       query, key, value = self._project(x, ("query", "key", "value"))
     if decode and self.has_variable("cache", "cross_key" if self.cross else "cached_key"):
-      out, weights = (self._cross_step(query) if self.cross
-                      else self._self_step(query, key, value))
+      out, weights = self._cross_step(query) if self.cross else self._self_step(query, key, value)
       if return_weights:
         self.sow("intermediates", "attention_weights", weights)
       return self._out(out)
@@ -138,9 +156,15 @@ class MultiHeadAttention(nn.Module):
       out = jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="cudnn")
       weights = None
     else:
-      out, weights = attn.dot_product_attention(query, key, value, mask, return_weights=True,
-                                                dropout_rate=cfg.attention_dropout_rate,
-                                                dropout_rng=rng)
+      out, weights = attn.dot_product_attention(
+        query,
+        key,
+        value,
+        mask,
+        return_weights=True,
+        dropout_rate=cfg.attention_dropout_rate,
+        dropout_rng=rng,
+      )
     if return_weights:
       self.sow("intermediates", "attention_weights", weights)
     return self._out(out)
@@ -148,9 +172,15 @@ class MultiHeadAttention(nn.Module):
   def _out(self, out):
     """[batch, q_len, heads, d_v] -> [batch, q_len, d_model] (W^O)."""
     cfg = self.config
-    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False,
-                           kernel_init=_kernel(("heads", "kv", "embed")), dtype=cfg.compute_dtype,
-                           param_dtype=jnp.float32, name="out")(out)
+    return nn.DenseGeneral(
+      cfg.d_model,
+      axis=(-2, -1),
+      use_bias=False,
+      kernel_init=_kernel(("heads", "kv", "embed")),
+      dtype=cfg.compute_dtype,
+      param_dtype=jnp.float32,
+      name="out",
+    )(out)
 
   # Decode-time caches are stored heads-major, [batch, heads, length, d_k]: the layout the
   # attention products read without a transpose (one per step per layer otherwise).
@@ -167,13 +197,14 @@ class MultiHeadAttention(nn.Module):
     `cache_index` and attends over the positions written so far. query, key, value:
     [n, 1, heads, d_k]."""
     if query.shape[1] != 1:
-      raise ValueError(f"MultiHeadAttention: decode step expects one position, got "
-                       f"{query.shape[1]}")
+      raise ValueError(
+        f"MultiHeadAttention: decode step expects one position, got {query.shape[1]}"
+      )
     cached_key = self.variable("cache", "cached_key")
     cached_value = self.variable("cache", "cached_value")
     index = self.variable("cache", "cache_index")
     i = index.value
-    key = key.transpose(0, 2, 1, 3)      # [n, heads, 1, d_k]
+    key = key.transpose(0, 2, 1, 3)  # [n, heads, 1, d_k]
     value = value.transpose(0, 2, 1, 3)
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, 0, i, 0))
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, 0, i, 0))
@@ -193,11 +224,14 @@ class MultiHeadAttention(nn.Module):
     n, _, heads, depth = query.shape
     batch = key.shape[0]
     if n % batch:
-      raise ValueError(f"MultiHeadAttention: {n} decode rows do not split into beams of the "
-                       f"{batch} cached sentences")
+      raise ValueError(
+        f"MultiHeadAttention: {n} decode rows do not split into beams of the "
+        f"{batch} cached sentences"
+      )
     beams = n // batch
-    out, weights = attn.cached_attention(query.reshape(batch, beams, heads, depth), key, value,
-                                         mask)   # [batch, beams, heads, d_v], [batch, heads, beams, src]
+    out, weights = attn.cached_attention(
+      query.reshape(batch, beams, heads, depth), key, value, mask
+    )  # [batch, beams, heads, d_v], [batch, heads, beams, src]
     weights = weights.transpose(0, 2, 1, 3).reshape(n, heads, 1, -1)
     return out.reshape(n, 1, heads, -1), weights
 
@@ -215,35 +249,52 @@ class MultiHeadAttention(nn.Module):
 
 class FeedForward(nn.Module):
   """FFN(x) = max(0, x W1 + b1) W2 + b2   (section 3.3)."""
+
   config: TransformerConfig
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     """[batch, length, d_model] -> [batch, length, d_model]."""
     cfg = self.config
-    h = nn.Dense(cfg.d_ff, kernel_init=_kernel(("embed", "mlp")),
-                 bias_init=nn.with_logical_partitioning(initializers.zeros, ("mlp",)),
-                 dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="wi")(x)
+    h = nn.Dense(
+      cfg.d_ff,
+      kernel_init=_kernel(("embed", "mlp")),
+      bias_init=nn.with_logical_partitioning(initializers.zeros, ("mlp",)),
+      dtype=cfg.compute_dtype,
+      param_dtype=jnp.float32,
+      name="wi",
+    )(x)
     h = nn.relu(h)
-    return nn.Dense(cfg.d_model, kernel_init=_kernel(("mlp", "embed")),
-                    bias_init=nn.with_logical_partitioning(initializers.zeros, ("embed",)),
-                    dtype=cfg.compute_dtype, param_dtype=jnp.float32, name="wo")(h)
+    return nn.Dense(
+      cfg.d_model,
+      kernel_init=_kernel(("mlp", "embed")),
+      bias_init=nn.with_logical_partitioning(initializers.zeros, ("embed",)),
+      dtype=cfg.compute_dtype,
+      param_dtype=jnp.float32,
+      name="wo",
+    )(h)
 
 
 def layer_norm(name: str, config: TransformerConfig) -> nn.LayerNorm:
-  return nn.LayerNorm(dtype=config.compute_dtype, param_dtype=jnp.float32, name=name,
-                      scale_init=nn.with_logical_partitioning(initializers.ones, ("embed",)),
-                      bias_init=nn.with_logical_partitioning(initializers.zeros, ("embed",)))
+  return nn.LayerNorm(
+    dtype=config.compute_dtype,
+    param_dtype=jnp.float32,
+    name=name,
+    scale_init=nn.with_logical_partitioning(initializers.ones, ("embed",)),
+    bias_init=nn.with_logical_partitioning(initializers.zeros, ("embed",)),
+  )
 
 
 class Residual(nn.Module):
   """LayerNorm(x + Dropout(Sublayer(x)))   (section 5.4, post-LN, the paper's), or with
   `pre_ln`: x + Dropout(Sublayer(LayerNorm(x)))."""
+
   config: TransformerConfig
 
   @nn.compact
-  def __call__(self, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
-               deterministic: bool) -> jax.Array:
+  def __call__(
+    self, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array], deterministic: bool
+  ) -> jax.Array:
     cfg = self.config
     norm = layer_norm("norm", cfg)
     y = sublayer(norm(x) if cfg.pre_ln else x)
@@ -253,6 +304,7 @@ class Residual(nn.Module):
 
 class EncoderLayer(nn.Module):
   """Self-attention then feed-forward, each wrapped in `Residual`."""
+
   config: TransformerConfig
 
   @nn.compact
@@ -261,31 +313,43 @@ class EncoderLayer(nn.Module):
     cfg = self.config
     self_attn = MultiHeadAttention(cfg, name="self_attention")
     x = Residual(cfg, name="attention_block")(
-        x, lambda y: self_attn(y, None, mask, deterministic), deterministic)
+      x, lambda y: self_attn(y, None, mask, deterministic), deterministic
+    )
     return Residual(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"), deterministic)
 
 
 class DecoderLayer(nn.Module):
   """Masked self-attention, encoder-decoder attention (omitted when `cross_attention=False`,
   as in a decoder-only model), then feed-forward; each wrapped in `Residual`."""
+
   config: TransformerConfig
   cross_attention: bool = True
 
   @nn.compact
-  def __call__(self, y: jax.Array, memory: jax.Array | None, self_mask: jax.Array | None,
-               cross_mask: jax.Array | None, deterministic: bool, decode: bool = False,
-               return_weights: bool = False) -> jax.Array:
+  def __call__(
+    self,
+    y: jax.Array,
+    memory: jax.Array | None,
+    self_mask: jax.Array | None,
+    cross_mask: jax.Array | None,
+    deterministic: bool,
+    decode: bool = False,
+    return_weights: bool = False,
+  ) -> jax.Array:
     """y: [batch, tgt_len, d_model]; memory: [batch, src_len, d_model] (encoder output);
     self_mask: [batch, 1, tgt_len, tgt_len]; cross_mask: [batch, 1, tgt_len, src_len]."""
     cfg = self.config
     self_attn = MultiHeadAttention(cfg, name="self_attention")
     y = Residual(cfg, name="self_attention_block")(
-        y, lambda h: self_attn(h, None, self_mask, deterministic, decode), deterministic)
+      y, lambda h: self_attn(h, None, self_mask, deterministic, decode), deterministic
+    )
     if self.cross_attention:
       cross = MultiHeadAttention(cfg, cross=True, name="cross_attention")
       y = Residual(cfg, name="cross_attention_block")(
-          y, lambda h: cross(h, memory, cross_mask, deterministic, decode, return_weights),
-          deterministic)
+        y,
+        lambda h: cross(h, memory, cross_mask, deterministic, decode, return_weights),
+        deterministic,
+      )
     return Residual(cfg, name="ffn_block")(y, FeedForward(cfg, name="ffn"), deterministic)
 
 

@@ -1,6 +1,7 @@
 """Label-smoothed cross entropy (paper section 5.4) and token accuracy, over padding-weighted
 batches. Both return sums and the token count, so callers can sum across devices and
 micro-batches before dividing."""
+
 from __future__ import annotations
 
 import jax
@@ -9,14 +10,22 @@ import jax.numpy as jnp
 
 def _check(logits, targets, weights):
   if logits.ndim != 3 or targets.shape != logits.shape[:2]:
-    raise ValueError(f"loss: logits must be [batch, length, vocab] and targets [batch, length]; "
-                     f"got logits {logits.shape}, targets {targets.shape}")
+    raise ValueError(
+      f"loss: logits must be [batch, length, vocab] and targets [batch, length]; "
+      f"got logits {logits.shape}, targets {targets.shape}"
+    )
   if weights is not None and weights.shape != targets.shape:
-    raise ValueError(f"loss: weights shape {weights.shape} must equal targets shape {targets.shape}")
+    raise ValueError(
+      f"loss: weights shape {weights.shape} must equal targets shape {targets.shape}"
+    )
 
 
-def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array | None = None,
-                           label_smoothing: float = 0.0):
+def smoothed_cross_entropy(
+  logits: jax.Array,
+  targets: jax.Array,
+  weights: jax.Array | None = None,
+  label_smoothing: float = 0.0,
+):
   """Cross entropy against the smoothed distribution q = (1-ε)·onehot(target) + ε/(V-1)·others.
 
   Computed from the log-sum-exp, the target's logit and the sum of logits, so no

@@ -13,7 +13,8 @@
 Each decoder step: GRU/LSTM stack over [y_{t-1}; c_t] (c_t feeds the bottom layer), then
 logits = Out(tanh(W_o [s_t; y_{t-1}; c_t])), with Out the shared embedding (`share_embeddings`) or a
 Dense layer. The recurrences run in `lax.scan` (both encoder directions in one scan); input
-projections are computed for all steps at once outside it. Parameters are float32; matmuls run in `dtype`; the recurrent state is float32.
+projections are computed for all steps at once outside it. Parameters are float32; matmuls
+run in `dtype`; the recurrent state is float32.
 
 Padding (id 0) is skipped: the state is carried unchanged across it, so a sentence's final state
 is the state at its last real token, and the backward direction starts at it. Packed rows are
@@ -22,14 +23,15 @@ gets the context of its own source segment, attention only sees its own segment,
 restarts from that segment's initial state. Positions are not used (recurrence orders the tokens).
 The LSTM's memory cell starts at zero (its hidden state from the context, as the GRU's).
 """
+
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 from flax.linen import initializers
 from jax import lax
 
@@ -50,6 +52,7 @@ class RNNConfig:
   `num_layers` stacked layers in the encoder and in the decoder; `max_len` is kept for the shared
   interface (the recurrence has no length limit); `dtype` is the computation dtype.
   """
+
   vocab_size: int
   d_model: int = 512
   num_layers: int = 1
@@ -63,6 +66,7 @@ class RNNConfig:
   def __post_init__(self):
     def bad(field, why):
       raise ValueError(f"config error: model.{field}={getattr(self, field)!r}: {why}")
+
     for field in ("vocab_size", "d_model", "num_layers", "max_len"):
       if int(getattr(self, field)) <= 0:
         bad(field, "must be a positive integer")
@@ -85,7 +89,7 @@ class RNNConfig:
     return self.d_model * (2 if self.rnn_bidirectional else 1)
 
   @classmethod
-  def from_config(cls, model_cfg: Any, **overrides) -> "RNNConfig":
+  def from_config(cls, model_cfg: Any, **overrides) -> RNNConfig:
     """Builds from the `config.model` ConfigDict, taking the fields this class knows."""
     fields = {f.name for f in dataclasses.fields(cls)}
     values = {k: v for k, v in dict(model_cfg).items() if k in fields}
@@ -102,12 +106,14 @@ def _kernel_init(names, init=initializers.xavier_uniform()):
 
 def _gate_bias_init(cell: str, names=("mlp",)):
   """Zeros, except 1 on the LSTM forget gate (so the cell remembers at the start of training)."""
+
   def init(key, shape, dtype=jnp.float32):
     bias = jnp.zeros(shape, dtype)
     if cell == "lstm":
       hidden = shape[-1] // 4
-      bias = bias.at[..., hidden:2 * hidden].set(1.0)
+      bias = bias.at[..., hidden : 2 * hidden].set(1.0)
     return bias
+
   return nn.with_logical_partitioning(init, names)
 
 
@@ -134,7 +140,8 @@ def _select(cond, a, b):
   """`where(cond, a, b)` over two carries; cond has the carries' leading dims ([batch] or
   [directions, batch])."""
   return jax.tree_util.tree_map(
-      lambda x, y: jnp.where(cond.reshape(cond.shape + (1,) * (x.ndim - cond.ndim)), x, y), a, b)
+    lambda x, y: jnp.where(cond.reshape(cond.shape + (1,) * (x.ndim - cond.ndim)), x, y), a, b
+  )
 
 
 def _run_starts(seg):
@@ -186,6 +193,7 @@ def _time_major(x):
 class RNNLayer(nn.Module):
   """One GRU/LSTM layer over whole rows; when bidirectional, both directions run in one scan
   (parameters stacked on a leading direction axis, the backward one on time-reversed rows)."""
+
   cell: str
   hidden: int
   bidirectional: bool = False
@@ -200,17 +208,29 @@ class RNNLayer(nn.Module):
     Each direction restarts from zero at the first token of every segment it meets.
     """
     dirs, gates, dt = 2 if self.bidirectional else 1, _GATES[self.cell] * self.hidden, self.dtype
-    w = self.param("input_kernel", _kernel_init(
-        (None, "embed", "mlp"), initializers.xavier_uniform(in_axis=-2, out_axis=-1, batch_axis=0)),
-        (dirs, x.shape[-1], gates), jnp.float32)
-    bw = self.param("input_bias", _gate_bias_init(self.cell, (None, "mlp")), (dirs, gates),
-                    jnp.float32)
-    u = self.param("recurrent_kernel", _kernel_init((None, "embed", "mlp"),
-                                                    initializers.orthogonal()),
-                   (dirs, self.hidden, gates), jnp.float32).astype(dt)
-    bu = self.param("recurrent_bias", nn.with_logical_partitioning(initializers.zeros,
-                                                                   (None, "mlp")),
-                    (dirs, gates), jnp.float32)
+    w = self.param(
+      "input_kernel",
+      _kernel_init(
+        (None, "embed", "mlp"), initializers.xavier_uniform(in_axis=-2, out_axis=-1, batch_axis=0)
+      ),
+      (dirs, x.shape[-1], gates),
+      jnp.float32,
+    )
+    bw = self.param(
+      "input_bias", _gate_bias_init(self.cell, (None, "mlp")), (dirs, gates), jnp.float32
+    )
+    u = self.param(
+      "recurrent_kernel",
+      _kernel_init((None, "embed", "mlp"), initializers.orthogonal()),
+      (dirs, self.hidden, gates),
+      jnp.float32,
+    ).astype(dt)
+    bu = self.param(
+      "recurrent_bias",
+      nn.with_logical_partitioning(initializers.zeros, (None, "mlp")),
+      (dirs, gates),
+      jnp.float32,
+    )
     xw = jnp.einsum("bld,kdg->lkbg", x.astype(dt), w.astype(dt)) + bw[:, None].astype(dt)
     reset, valid = _time_major(_run_starts(segments))[:, None], _time_major(valid)[:, None]
     if self.bidirectional:  # reversed, a segment's last token comes first
@@ -224,8 +244,10 @@ class RNNLayer(nn.Module):
     def body(carry, xs):
       xw_t, reset_t, valid_t = xs
       carry = _select(reset_t, zero, carry)
-      hw = jnp.einsum("kbh,khg->kbg", carry[0].astype(dt), u,
-                      preferred_element_type=jnp.float32) + bu[:, None]
+      hw = (
+        jnp.einsum("kbh,khg->kbg", carry[0].astype(dt), u, preferred_element_type=jnp.float32)
+        + bu[:, None]
+      )
       carry = _select(valid_t, _cell_update(self.cell, carry, xw_t, hw), carry)
       return carry, carry[0]
 
@@ -236,6 +258,7 @@ class RNNLayer(nn.Module):
 
 class RNNEncoder(nn.Module):
   """Embedding, dropout, `num_layers` (bi)directional recurrent layers with dropout between."""
+
   config: RNNConfig
   embed: Embed
 
@@ -248,14 +271,16 @@ class RNNEncoder(nn.Module):
     for i in range(cfg.num_layers):
       if i:
         x = Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
-      x = RNNLayer(cfg.rnn_cell, cfg.d_model, cfg.rnn_bidirectional, cfg.compute_dtype,
-                   name=f"layer_{i}")(x, segments, inputs > 0)
+      x = RNNLayer(
+        cfg.rnn_cell, cfg.d_model, cfg.rnn_bidirectional, cfg.compute_dtype, name=f"layer_{i}"
+      )(x, segments, inputs > 0)
     return x
 
 
 class RNNDecoder(nn.Module):
   """The conditional recurrent decoder; one step function serves teacher forcing (in `lax.scan`)
   and incremental decoding, so both compute the same thing."""
+
   config: RNNConfig
   embed: Embed
   attention: bool = False
@@ -263,44 +288,76 @@ class RNNDecoder(nn.Module):
   def setup(self):
     cfg = self.config
     h, gates, dt = cfg.d_model, _GATES[cfg.rnn_cell] * cfg.d_model, cfg.compute_dtype
-    dense = dict(dtype=dt, param_dtype=jnp.float32,
-                 bias_init=nn.with_logical_partitioning(initializers.zeros, ("embed",)))
+    dense = dict(
+      dtype=dt,
+      param_dtype=jnp.float32,
+      bias_init=nn.with_logical_partitioning(initializers.zeros, ("embed",)),
+    )
     kernel = lambda name, shape, init=_kernel_init(("embed", "mlp")): self.param(
-        name, init, shape, jnp.float32)
-    self.initial = nn.Dense(cfg.num_layers * h, kernel_init=_kernel_init(("mlp", "embed")),
-                            **dense, name="initial")
-    self.input = nn.Dense(gates, dtype=dt, param_dtype=jnp.float32,
-                          kernel_init=_kernel_init(("embed", "mlp")),
-                          bias_init=_gate_bias_init(cfg.rnn_cell), name="input")
+      name, init, shape, jnp.float32
+    )
+    self.initial = nn.Dense(
+      cfg.num_layers * h, kernel_init=_kernel_init(("mlp", "embed")), **dense, name="initial"
+    )
+    self.input = nn.Dense(
+      gates,
+      dtype=dt,
+      param_dtype=jnp.float32,
+      kernel_init=_kernel_init(("embed", "mlp")),
+      bias_init=_gate_bias_init(cfg.rnn_cell),
+      name="input",
+    )
     self.context_kernel = kernel("context_kernel", (cfg.context_size, gates))
-    self.layer_kernels = [kernel(f"layer_{i}_input_kernel", (h, gates))
-                          for i in range(1, cfg.num_layers)]
-    self.layer_biases = [self.param(f"layer_{i}_input_bias", _gate_bias_init(cfg.rnn_cell),
-                                    (gates,), jnp.float32) for i in range(1, cfg.num_layers)]
+    self.layer_kernels = [
+      kernel(f"layer_{i}_input_kernel", (h, gates)) for i in range(1, cfg.num_layers)
+    ]
+    self.layer_biases = [
+      self.param(f"layer_{i}_input_bias", _gate_bias_init(cfg.rnn_cell), (gates,), jnp.float32)
+      for i in range(1, cfg.num_layers)
+    ]
     self.recurrent_kernels = [
-        kernel(f"layer_{i}_recurrent_kernel", (h, gates),
-               _kernel_init(("embed", "mlp"), initializers.orthogonal()))
-        for i in range(cfg.num_layers)]
+      kernel(
+        f"layer_{i}_recurrent_kernel",
+        (h, gates),
+        _kernel_init(("embed", "mlp"), initializers.orthogonal()),
+      )
+      for i in range(cfg.num_layers)
+    ]
     self.recurrent_biases = [
-        self.param(f"layer_{i}_recurrent_bias",
-                   nn.with_logical_partitioning(initializers.zeros, ("mlp",)), (gates,),
-                   jnp.float32) for i in range(cfg.num_layers)]
+      self.param(
+        f"layer_{i}_recurrent_bias",
+        nn.with_logical_partitioning(initializers.zeros, ("mlp",)),
+        (gates,),
+        jnp.float32,
+      )
+      for i in range(cfg.num_layers)
+    ]
     if self.attention:
-      self.attention_keys = nn.Dense(h, dtype=dt, param_dtype=jnp.float32,
-                                     kernel_init=_kernel_init(("embed", "mlp")),
-                                     bias_init=nn.with_logical_partitioning(initializers.zeros,
-                                                                            ("mlp",)),
-                                     name="attention_keys")
+      self.attention_keys = nn.Dense(
+        h,
+        dtype=dt,
+        param_dtype=jnp.float32,
+        kernel_init=_kernel_init(("embed", "mlp")),
+        bias_init=nn.with_logical_partitioning(initializers.zeros, ("mlp",)),
+        name="attention_keys",
+      )
       self.attention_query = kernel("attention_query", (h, h))
       self.attention_v = self.param(
-          "attention_v", nn.with_logical_partitioning(initializers.normal(h ** -0.5), ("mlp",)),
-          (h,), jnp.float32)
+        "attention_v",
+        nn.with_logical_partitioning(initializers.normal(h**-0.5), ("mlp",)),
+        (h,),
+        jnp.float32,
+      )
     self.output = nn.Dense(h, kernel_init=_kernel_init(("mlp", "embed")), **dense, name="output")
     if not cfg.share_embeddings:
-      self.logits = nn.Dense(cfg.vocab_size, dtype=dt, param_dtype=jnp.float32,
-                             kernel_init=_kernel_init(("embed", "vocab")),
-                             bias_init=nn.with_logical_partitioning(initializers.zeros, ("vocab",)),
-                             name="logits")
+      self.logits = nn.Dense(
+        cfg.vocab_size,
+        dtype=dt,
+        param_dtype=jnp.float32,
+        kernel_init=_kernel_init(("embed", "vocab")),
+        bias_init=nn.with_logical_partitioning(initializers.zeros, ("vocab",)),
+        name="logits",
+      )
     self.dropout = Dropout(cfg.dropout_rate)
 
   def initial_carry(self, context):
@@ -349,16 +406,18 @@ class RNNDecoder(nn.Module):
         weights = jax.nn.softmax(scores, axis=-1)
         weights = jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
         context = jnp.einsum("bs,bsc->bc", weights.astype(states.dtype), states)
-      x = xs["x"].astype(jnp.float32) + jnp.dot(context.astype(dt), wc,
-                                                preferred_element_type=jnp.float32)
+      x = xs["x"].astype(jnp.float32) + jnp.dot(
+        context.astype(dt), wc, preferred_element_type=jnp.float32
+      )
       new = []
       for i in range(cfg.num_layers):
         if i:
           below = new[-1][0]
           if xs["drop"] is not None:
             below = below * xs["drop"][:, i - 1]
-          x = jnp.dot(below.astype(dt), w_in[i - 1],
-                      preferred_element_type=jnp.float32) + b_in[i - 1]
+          x = (
+            jnp.dot(below.astype(dt), w_in[i - 1], preferred_element_type=jnp.float32) + b_in[i - 1]
+          )
         state = tuple(c[:, i] for c in carry)
         hw = jnp.dot(state[0].astype(dt), u[i], preferred_element_type=jnp.float32) + b[i]
         new.append(_cell_update(cfg.rnn_cell, state, x, hw))
@@ -390,8 +449,9 @@ class RNNDecoder(nn.Module):
     batch, length = decoder_inputs.shape
     drop = None
     if not deterministic and cfg.dropout_rate > 0 and cfg.num_layers > 1:
-      keep = keep_mask(self.make_rng("dropout"), cfg.dropout_rate,
-                       (batch, length, cfg.num_layers - 1, cfg.d_model))
+      keep = keep_mask(
+        self.make_rng("dropout"), cfg.dropout_rate, (batch, length, cfg.num_layers - 1, cfg.d_model)
+      )
       drop = keep.astype(jnp.float32) / (1.0 - cfg.dropout_rate)
     xs = {"x": x, "reset": _run_starts(tgt_seg), "init": self.initial_carry(context), "drop": drop}
     if memory is None:
@@ -417,18 +477,21 @@ class RNNDecoder(nn.Module):
     return self._logits(s[:, None], y, ctx[:, None], True)[:, 0], carry
 
 
-
 class RNNSeq2Seq(nn.Module):
   """Recurrent encoder-decoder: the context-vector model, or with `attention` Bahdanau's.
   Source and target share one embedding when `share_embeddings` (also the output projection)."""
+
   config: RNNConfig
   attention: bool = False
 
   def setup(self):
     cfg = self.config
     src_embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name="embed")
-    tgt_embed = src_embed if cfg.share_embeddings else Embed(
-        cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name="target_embed")
+    tgt_embed = (
+      src_embed
+      if cfg.share_embeddings
+      else Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name="target_embed")
+    )
     self.encoder = RNNEncoder(cfg, src_embed)
     self.decoder = RNNDecoder(cfg, tgt_embed, self.attention)
 
@@ -440,27 +503,39 @@ class RNNSeq2Seq(nn.Module):
       check_tokens("RNNSeq2Seq", "inputs", inputs, inputs_segmentation, "inputs_segmentation")
     return self.encoder(inputs, _segments(inputs, inputs_segmentation), deterministic)
 
-  def __call__(self, inputs, targets, inputs_position=None, targets_position=None,
-               inputs_segmentation=None, targets_segmentation=None, deterministic=True):
+  def __call__(
+    self,
+    inputs,
+    targets,
+    inputs_position=None,
+    targets_position=None,
+    inputs_segmentation=None,
+    targets_segmentation=None,
+    deterministic=True,
+  ):
     """[batch, src_len], [batch, tgt_len] ids -> [batch, tgt_len, vocab] logits."""
     del targets_position
     check_tokens("RNNSeq2Seq", "targets", targets)
     if targets.shape[0] != inputs.shape[0]:
-      raise ValueError(f"RNNSeq2Seq: batch sizes differ: inputs {inputs.shape}, "
-                       f"targets {targets.shape}")
+      raise ValueError(
+        f"RNNSeq2Seq: batch sizes differ: inputs {inputs.shape}, targets {targets.shape}"
+      )
     if (inputs_segmentation is None) != (targets_segmentation is None):
-      raise ValueError("RNNSeq2Seq: give both inputs_segmentation and targets_segmentation, "
-                       "or neither")
+      raise ValueError(
+        "RNNSeq2Seq: give both inputs_segmentation and targets_segmentation, or neither"
+      )
     if targets_segmentation is not None:
       check_tokens("RNNSeq2Seq", "targets", targets, targets_segmentation, "targets_segmentation")
     states = self.encode(inputs, inputs_position, inputs_segmentation, deterministic)
     src_seg = _segments(inputs, inputs_segmentation)
     tgt_seg = _segments(targets, targets_segmentation)
-    context = sentence_context(states, src_seg, tgt_seg, self.config.d_model,
-                               self.config.rnn_bidirectional)
+    context = sentence_context(
+      states, src_seg, tgt_seg, self.config.d_model, self.config.rnn_bidirectional
+    )
     memory = self.decoder.memory(states, jnp.where(inputs > 0, src_seg, -1))
-    return self.decoder(shift_right(targets, targets_segmentation), tgt_seg, context, memory,
-                        deterministic)
+    return self.decoder(
+      shift_right(targets, targets_segmentation), tgt_seg, context, memory, deterministic
+    )
 
   def init_cache(self, encoded, inputs, max_decode_len: int):
     """Creates the decoding state (call with `mutable=['cache']`): the decoder state s_0 and the
@@ -472,12 +547,15 @@ class RNNSeq2Seq(nn.Module):
     del max_decode_len
     check_tokens("RNNSeq2Seq", "inputs", inputs)
     if encoded.ndim != 3 or encoded.shape[:2] != inputs.shape:
-      raise ValueError(f"RNNSeq2Seq.init_cache: encoded {encoded.shape} must be "
-                       f"[batch, src_len, C] matching inputs {inputs.shape}")
+      raise ValueError(
+        f"RNNSeq2Seq.init_cache: encoded {encoded.shape} must be "
+        f"[batch, src_len, C] matching inputs {inputs.shape}"
+      )
     cfg = self.config
     ones = jnp.ones((inputs.shape[0], 1), jnp.int32)
-    context = sentence_context(encoded, _segments(inputs, None), ones, cfg.d_model,
-                               cfg.rnn_bidirectional)[:, 0]
+    context = sentence_context(
+      encoded, _segments(inputs, None), ones, cfg.d_model, cfg.rnn_bidirectional
+    )[:, 0]
     carry = self.decoder.initial_carry(context)
     self.put_variable("cache", "hidden", carry[0])
     if cfg.rnn_cell == "lstm":

@@ -36,14 +36,24 @@ no effect (the global ``max_len`` truncates without EOS); values below 1 act as 
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["PAD_ID", "EOS_ID", "length_penalty", "chunked_top_k", "expand_to_beams",
-           "gather_beams", "greedy_search", "sample", "beam_search"]
+__all__ = [
+  "PAD_ID",
+  "EOS_ID",
+  "length_penalty",
+  "chunked_top_k",
+  "expand_to_beams",
+  "gather_beams",
+  "greedy_search",
+  "sample",
+  "beam_search",
+]
 
 PAD_ID = 0
 EOS_ID = 1
@@ -53,311 +63,388 @@ StepFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 
 
 def length_penalty(length, alpha):
-    """GNMT length penalty ``((5 + length) / 6) ** alpha`` in float32 (any shape)."""
-    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+  """GNMT length penalty ``((5 + length) / 6) ** alpha`` in float32 (any shape)."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
 def _map_batched(fn, tree):
-    """Applies ``fn`` to every leaf of rank >= 1; rank-0 leaves pass through."""
-    return jax.tree_util.tree_map(lambda x: x if jnp.ndim(x) == 0 else fn(x), tree)
+  """Applies ``fn`` to every leaf of rank >= 1; rank-0 leaves pass through."""
+  return jax.tree_util.tree_map(lambda x: x if jnp.ndim(x) == 0 else fn(x), tree)
 
 
 def expand_to_beams(tree, beam_size: int):
-    """Repeats each batch row ``beam_size`` times: leaves ``[batch, ...]`` -> ``[batch*beam, ...]``.
+  """Repeats each batch row ``beam_size`` times: leaves ``[batch, ...]`` -> ``[batch*beam, ...]``.
 
-    Row ``b * beam_size + j`` is beam ``j`` of batch entry ``b``. Rank-0 leaves pass through.
-    """
-    return _map_batched(lambda x: jnp.repeat(x, beam_size, axis=0), tree)
+  Row ``b * beam_size + j`` is beam ``j`` of batch entry ``b``. Rank-0 leaves pass through.
+  """
+  return _map_batched(lambda x: jnp.repeat(x, beam_size, axis=0), tree)
 
 
 def gather_beams(tree, indices, batch: int, beam: int):
-    """Reorders beams within each batch entry.
+  """Reorders beams within each batch entry.
 
-    Args:
-      tree: pytree, leaves ``[batch*beam, ...]`` (beam-major within a batch entry,
-        as made by ``expand_to_beams``); rank-0 leaves pass through.
-      indices: ``[batch, new_beam]`` int, source beam in ``[0, beam)`` for each new beam.
-    Returns:
-      the tree with leaves ``[batch*new_beam, ...]``; new row ``b*new_beam + j`` is
-      old row ``b*beam + indices[b, j]``.
-    """
-    flat = (indices + jnp.arange(batch, dtype=indices.dtype)[:, None] * beam).reshape(-1)
-    return _map_batched(lambda x: x[flat], tree)
+  Args:
+    tree: pytree, leaves ``[batch*beam, ...]`` (beam-major within a batch entry,
+      as made by ``expand_to_beams``); rank-0 leaves pass through.
+    indices: ``[batch, new_beam]`` int, source beam in ``[0, beam)`` for each new beam.
+  Returns:
+    the tree with leaves ``[batch*new_beam, ...]``; new row ``b*new_beam + j`` is
+    old row ``b*beam + indices[b, j]``.
+  """
+  flat = (indices + jnp.arange(batch, dtype=indices.dtype)[:, None] * beam).reshape(-1)
+  return _map_batched(lambda x: x[flat], tree)
 
 
 def _take_beams(x, indices):
-    """``x`` ``[batch, beam, ...]``, ``indices`` ``[batch, new]`` -> ``[batch, new, ...]``."""
-    idx = indices.reshape(indices.shape + (1,) * (x.ndim - 2))
-    return jnp.take_along_axis(x, idx, axis=1)
+  """``x`` ``[batch, beam, ...]``, ``indices`` ``[batch, new]`` -> ``[batch, new, ...]``."""
+  idx = indices.reshape(indices.shape + (1,) * (x.ndim - 2))
+  return jnp.take_along_axis(x, idx, axis=1)
 
 
 def chunked_top_k(x, n: int, chunk: int = 64):
-    """``lax.top_k(x, n)`` over the last axis, identical including ties (lower index first), from
-    the maxima of ``chunk``-wide slices.
+  """``lax.top_k(x, n)`` over the last axis, identical including ties (lower index first), from
+  the maxima of ``chunk``-wide slices.
 
-    Order the elements by (value descending, index ascending). Each of the top ``n`` lies in one
-    of the ``n`` slices whose best elements rank highest: a slice outside those holds no element
-    that outranks ``n`` others. So: one pass for the slice maxima, ``top_k`` over those, then
-    ``top_k`` over the ``n * chunk`` elements of the chosen slices taken in index order. On CPU a
-    ``top_k`` over a long axis is far slower than a max reduction over it.
-    """
-    *lead, width = x.shape
-    if width <= 4 * chunk or n > width // chunk:
-        return lax.top_k(x, n)
-    pad = (-width) % chunk
-    slices = jnp.pad(x, [(0, 0)] * len(lead) + [(0, pad)], constant_values=-jnp.inf)
-    slices = slices.reshape(*lead, -1, chunk)                       # [..., slices, chunk]
-    _, chosen = lax.top_k(jnp.max(slices, axis=-1), n)              # [..., n]
-    chosen = jnp.sort(chosen, axis=-1)                              # index order
-    cand = jnp.take_along_axis(slices, chosen[..., None], axis=-2)  # [..., n, chunk]
-    values, j = lax.top_k(cand.reshape(*lead, n * chunk), n)
-    index = jnp.take_along_axis(chosen, j // chunk, axis=-1) * chunk + j % chunk
-    return values, index.astype(jnp.int32)
+  Order the elements by (value descending, index ascending). Each of the top ``n`` lies in one
+  of the ``n`` slices whose best elements rank highest: a slice outside those holds no element
+  that outranks ``n`` others. So: one pass for the slice maxima, ``top_k`` over those, then
+  ``top_k`` over the ``n * chunk`` elements of the chosen slices taken in index order. On CPU a
+  ``top_k`` over a long axis is far slower than a max reduction over it.
+  """
+  *lead, width = x.shape
+  if width <= 4 * chunk or n > width // chunk:
+    return lax.top_k(x, n)
+  pad = (-width) % chunk
+  slices = jnp.pad(x, [(0, 0)] * len(lead) + [(0, pad)], constant_values=-jnp.inf)
+  slices = slices.reshape(*lead, -1, chunk)  # [..., slices, chunk]
+  _, chosen = lax.top_k(jnp.max(slices, axis=-1), n)  # [..., n]
+  chosen = jnp.sort(chosen, axis=-1)  # index order
+  cand = jnp.take_along_axis(slices, chosen[..., None], axis=-2)  # [..., n, chunk]
+  values, j = lax.top_k(cand.reshape(*lead, n * chunk), n)
+  index = jnp.take_along_axis(chosen, j // chunk, axis=-1) * chunk + j % chunk
+  return values, index.astype(jnp.int32)
 
 
 def _two_stage_top_k(x, n: int):
-    """``lax.top_k(x.reshape(batch, beam * vocab), n)`` computed in two stages.
+  """``lax.top_k(x.reshape(batch, beam * vocab), n)`` computed in two stages.
 
-    ``x`` is ``[batch, beam, vocab]``; returns values and flat indices into
-    ``beam * vocab``, both ``[batch, n]``, identical to the flat ``top_k``
-    including ties (lower flat index first). The flat top ``n`` lies within the
-    union of each beam's top ``n``, so ``top_k`` runs per beam, then over the
-    ``beam * n`` survivors, which are laid out beam-major and, within a beam, in
-    the per-beam order (value descending, ties by lower token). This avoids one
-    large ``top_k`` over ``beam * vocab``, which is slow on CPU inside loops.
-    """
-    batch, beam, vocab = x.shape
-    m = min(n, vocab)
-    v1, i1 = chunked_top_k(x, m)                              # [batch, beam, m]
-    vals, j = lax.top_k(v1.reshape(batch, beam * m), n)       # [batch, n]
-    tok = jnp.take_along_axis(i1.reshape(batch, beam * m), j, axis=1)
-    return vals, (j // m) * vocab + tok
+  ``x`` is ``[batch, beam, vocab]``; returns values and flat indices into
+  ``beam * vocab``, both ``[batch, n]``, identical to the flat ``top_k``
+  including ties (lower flat index first). The flat top ``n`` lies within the
+  union of each beam's top ``n``, so ``top_k`` runs per beam, then over the
+  ``beam * n`` survivors, which are laid out beam-major and, within a beam, in
+  the per-beam order (value descending, ties by lower token). This avoids one
+  large ``top_k`` over ``beam * vocab``, which is slow on CPU inside loops.
+  """
+  batch, beam, vocab = x.shape
+  m = min(n, vocab)
+  v1, i1 = chunked_top_k(x, m)  # [batch, beam, m]
+  vals, j = lax.top_k(v1.reshape(batch, beam * m), n)  # [batch, n]
+  tok = jnp.take_along_axis(i1.reshape(batch, beam * m), j, axis=1)
+  return vals, (j // m) * vocab + tok
 
 
 def _log_probs(logits):
-    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
 
 
 def _segment_ends(max_len: int, segment: int | None, grow) -> list[int]:
-    """Step counts at which the loop pauses to grow the cache: [segment, 2*segment, ..., max_len]
-    (just [max_len] without ``grow``)."""
-    if segment is not None and segment < 1:
-        raise ValueError(f"search: segment must be positive, got {segment}")
-    if grow is None or segment is None or segment >= max_len:
-        return [max_len]
-    return list(range(segment, max_len, segment)) + [max_len]
+  """Step counts at which the loop pauses to grow the cache: [segment, 2*segment, ..., max_len]
+  (just [max_len] without ``grow``)."""
+  if segment is not None and segment < 1:
+    raise ValueError(f"search: segment must be positive, got {segment}")
+  if grow is None or segment is None or segment >= max_len:
+    return [max_len]
+  return list(range(segment, max_len, segment)) + [max_len]
 
 
 def _segmented_loop(cond, body, state, max_len, segment, grow, get_t, get_cache, set_cache):
-    """``lax.while_loop(cond, body, state)`` run as one loop per segment of steps, growing the
-    cache by each segment's length in between (see module doc)."""
-    ends = _segment_ends(max_len, segment, grow)
-    for i, end in enumerate(ends):
-        if i:
-            state = set_cache(state, grow(get_cache(state), end - ends[i - 1]))
-        state = lax.while_loop(lambda s, end=end: cond(s) & (get_t(s) < end), body, state)
-    return state
+  """``lax.while_loop(cond, body, state)`` run as one loop per segment of steps, growing the
+  cache by each segment's length in between (see module doc)."""
+  ends = _segment_ends(max_len, segment, grow)
+  for i, end in enumerate(ends):
+    if i:
+      state = set_cache(state, grow(get_cache(state), end - ends[i - 1]))
+    state = lax.while_loop(lambda s, end=end: cond(s) & (get_t(s) < end), body, state)
+  return state
 
 
-def _decode(step_fn: StepFn, cache, batch_size: int, max_len: int, choose, eos_id: int, max_lens,
-            grow=None, segment=None):
-    """Shared loop of greedy/sampling; ``choose(logp [batch, vocab], t) -> [batch]`` tokens."""
+def _decode(
+  step_fn: StepFn,
+  cache,
+  batch_size: int,
+  max_len: int,
+  choose,
+  eos_id: int,
+  max_lens,
+  grow=None,
+  segment=None,
+):
+  """Shared loop of greedy/sampling; ``choose(logp [batch, vocab], t) -> [batch]`` tokens."""
+  if max_lens is not None:
+    max_lens = jnp.asarray(max_lens, jnp.int32)
+
+  def cond(state):
+    t, _, _, done, _ = state
+    return (t < max_len) & ~jnp.all(done)
+
+  def body(state):
+    t, ids, prev, done, cache = state
+    logits, cache = step_fn(prev[:, None], cache)
+    tok = choose(_log_probs(logits), t).astype(jnp.int32)
     if max_lens is not None:
-        max_lens = jnp.asarray(max_lens, jnp.int32)
+      tok = jnp.where(t + 1 >= max_lens, eos_id, tok)
+    tok = jnp.where(done, PAD_ID, tok)
+    ids = lax.dynamic_update_slice(ids, tok[:, None], (0, t))
+    return t + 1, ids, tok, done | (tok == eos_id), cache
 
-    def cond(state):
-        t, _, _, done, _ = state
-        return (t < max_len) & ~jnp.all(done)
+  init = (
+    jnp.int32(0),
+    jnp.full((batch_size, max_len), PAD_ID, jnp.int32),
+    jnp.zeros((batch_size,), jnp.int32),  # start symbol
+    jnp.zeros((batch_size,), bool),
+    cache,
+  )
+  state = _segmented_loop(
+    cond,
+    body,
+    init,
+    max_len,
+    segment,
+    grow,
+    lambda st: st[0],
+    lambda st: st[4],
+    lambda st, c: st[:4] + (c,),
+  )
+  return state[1]
 
-    def body(state):
-        t, ids, prev, done, cache = state
-        logits, cache = step_fn(prev[:, None], cache)
-        tok = choose(_log_probs(logits), t).astype(jnp.int32)
-        if max_lens is not None:
-            tok = jnp.where(t + 1 >= max_lens, eos_id, tok)
-        tok = jnp.where(done, PAD_ID, tok)
-        ids = lax.dynamic_update_slice(ids, tok[:, None], (0, t))
-        return t + 1, ids, tok, done | (tok == eos_id), cache
 
-    init = (
-        jnp.int32(0),
-        jnp.full((batch_size, max_len), PAD_ID, jnp.int32),
-        jnp.zeros((batch_size,), jnp.int32),  # start symbol
-        jnp.zeros((batch_size,), bool),
-        cache,
+def greedy_search(
+  step_fn: StepFn,
+  cache,
+  batch_size: int,
+  max_len: int,
+  *,
+  eos_id: int = EOS_ID,
+  max_lens=None,
+  grow=None,
+  segment=None,
+):
+  """Argmax decoding; stops early once every sequence has emitted EOS.
+
+  Args:
+    cache: pytree with leaves ``[batch, ...]`` (or rank 0).
+    max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
+    grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
+  Returns:
+    ids ``[batch, max_len]`` int32, PAD after EOS.
+  """
+  # Argmax of the float32 log-probs (not the raw logits) so ties break exactly
+  # as in beam search; beam_size=1 reproduces this function.
+  return _decode(
+    step_fn,
+    cache,
+    batch_size,
+    max_len,
+    lambda logp, t: jnp.argmax(logp, axis=-1),
+    eos_id,
+    max_lens,
+    grow,
+    segment,
+  )
+
+
+def sample(
+  step_fn: StepFn,
+  cache,
+  rng,
+  batch_size: int,
+  max_len: int,
+  *,
+  temperature=1.0,
+  top_k: int = 0,
+  eos_id: int = EOS_ID,
+  max_lens=None,
+  grow=None,
+  segment=None,
+):
+  """Ancestral sampling from ``softmax(logits / temperature)``, optionally over the top-k only.
+
+  Step ``t`` uses ``jax.random.fold_in(rng, t)``, so the output is a deterministic
+  function of ``rng``. ``top_k=0`` samples from the full vocabulary; ``top_k=1``
+  (or a Python ``temperature == 0``) equals ``greedy_search``.
+
+  Returns:
+    ids ``[batch, max_len]`` int32, PAD after EOS.
+  """
+  if isinstance(temperature, (int, float)) and temperature == 0:
+    return greedy_search(
+      step_fn,
+      cache,
+      batch_size,
+      max_len,
+      eos_id=eos_id,
+      max_lens=max_lens,
+      grow=grow,
+      segment=segment,
     )
-    state = _segmented_loop(cond, body, init, max_len, segment, grow, lambda st: st[0],
-                            lambda st: st[4], lambda st, c: st[:4] + (c,))
-    return state[1]
 
+  def choose(logp, t):
+    key = jax.random.fold_in(rng, t)
+    if top_k > 0:
+      vals, idx = lax.top_k(logp, top_k)  # [batch, k], ties -> lower id first
+      j = jax.random.categorical(key, vals / temperature, axis=-1)
+      return jnp.take_along_axis(idx, j[:, None], axis=-1)[:, 0]
+    return jax.random.categorical(key, logp / temperature, axis=-1)
 
-def greedy_search(step_fn: StepFn, cache, batch_size: int, max_len: int, *, eos_id: int = EOS_ID,
-                  max_lens=None, grow=None, segment=None):
-    """Argmax decoding; stops early once every sequence has emitted EOS.
-
-    Args:
-      cache: pytree with leaves ``[batch, ...]`` (or rank 0).
-      max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
-      grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
-    Returns:
-      ids ``[batch, max_len]`` int32, PAD after EOS.
-    """
-    # Argmax of the float32 log-probs (not the raw logits) so ties break exactly
-    # as in beam search; beam_size=1 reproduces this function.
-    return _decode(step_fn, cache, batch_size, max_len,
-                   lambda logp, t: jnp.argmax(logp, axis=-1), eos_id, max_lens, grow, segment)
-
-
-def sample(step_fn: StepFn, cache, rng, batch_size: int, max_len: int, *, temperature=1.0,
-           top_k: int = 0, eos_id: int = EOS_ID, max_lens=None, grow=None, segment=None):
-    """Ancestral sampling from ``softmax(logits / temperature)``, optionally over the top-k only.
-
-    Step ``t`` uses ``jax.random.fold_in(rng, t)``, so the output is a deterministic
-    function of ``rng``. ``top_k=0`` samples from the full vocabulary; ``top_k=1``
-    (or a Python ``temperature == 0``) equals ``greedy_search``.
-
-    Returns:
-      ids ``[batch, max_len]`` int32, PAD after EOS.
-    """
-    if isinstance(temperature, (int, float)) and temperature == 0:
-        return greedy_search(step_fn, cache, batch_size, max_len, eos_id=eos_id, max_lens=max_lens,
-                             grow=grow, segment=segment)
-
-    def choose(logp, t):
-        key = jax.random.fold_in(rng, t)
-        if top_k > 0:
-            vals, idx = lax.top_k(logp, top_k)  # [batch, k], ties -> lower id first
-            j = jax.random.categorical(key, vals / temperature, axis=-1)
-            return jnp.take_along_axis(idx, j[:, None], axis=-1)[:, 0]
-        return jax.random.categorical(key, logp / temperature, axis=-1)
-
-    return _decode(step_fn, cache, batch_size, max_len, choose, eos_id, max_lens, grow, segment)
+  return _decode(step_fn, cache, batch_size, max_len, choose, eos_id, max_lens, grow, segment)
 
 
 class _BeamState(NamedTuple):
-    t: jax.Array           # [] steps taken = tokens generated per live hypothesis
-    tok: jax.Array         # [batch, beam] last token of each live hypothesis
-    live_seqs: jax.Array   # [batch, beam, max_len]
-    live_logp: jax.Array   # [batch, beam] summed log-probs, sorted descending; -inf = dead
-    cache: Any             # leaves [batch*beam, ...]
-    fin_seqs: jax.Array    # [batch, beam, max_len]
-    fin_scores: jax.Array  # [batch, beam] length-normalised, sorted descending; -inf = empty
-    fin_flags: jax.Array   # [batch, beam] bool, slot holds a finished hypothesis
-    done: jax.Array        # [batch] bool, finished set frozen
+  t: jax.Array  # [] steps taken = tokens generated per live hypothesis
+  tok: jax.Array  # [batch, beam] last token of each live hypothesis
+  live_seqs: jax.Array  # [batch, beam, max_len]
+  live_logp: jax.Array  # [batch, beam] summed log-probs, sorted descending; -inf = dead
+  cache: Any  # leaves [batch*beam, ...]
+  fin_seqs: jax.Array  # [batch, beam, max_len]
+  fin_scores: jax.Array  # [batch, beam] length-normalised, sorted descending; -inf = empty
+  fin_flags: jax.Array  # [batch, beam] bool, slot holds a finished hypothesis
+  done: jax.Array  # [batch] bool, finished set frozen
 
 
-def beam_search(step_fn: StepFn, cache, batch_size: int, max_len: int, *, beam_size: int = 4,
-                alpha=0.6, eos_id: int = EOS_ID, max_lens=None, grow=None, segment=None):
-    """Beam search with the GNMT length penalty (Wu et al. 2016; Vaswani et al. 2017).
+def beam_search(
+  step_fn: StepFn,
+  cache,
+  batch_size: int,
+  max_len: int,
+  *,
+  beam_size: int = 4,
+  alpha=0.6,
+  eos_id: int = EOS_ID,
+  max_lens=None,
+  grow=None,
+  segment=None,
+):
+  """Beam search with the GNMT length penalty (Wu et al. 2016; Vaswani et al. 2017).
 
-    Scoring: a hypothesis of ``len`` generated tokens, *counting its EOS*, with summed
-    log-probability ``logp`` scores ``logp / ((5 + len) / 6) ** alpha``. E.g. ``[a, b, EOS]``
-    has ``len = 3``; a hypothesis forced to finish by ``max_lens`` counts the forced EOS,
-    which itself costs log-prob 0. A hypothesis still live at ``max_len`` (no EOS) has
-    ``len = max_len``.
+  Scoring: a hypothesis of ``len`` generated tokens, *counting its EOS*, with summed
+  log-probability ``logp`` scores ``logp / ((5 + len) / 6) ** alpha``. E.g. ``[a, b, EOS]``
+  has ``len = 3``; a hypothesis forced to finish by ``max_lens`` counts the forced EOS,
+  which itself costs log-prob 0. A hypothesis still live at ``max_len`` (no EOS) has
+  ``len = max_len``.
 
-    Each step expands every live beam over the vocabulary and takes the top ``2*beam``
-    candidates. EOS candidates ranked within the top ``beam`` (i.e. ones that would occupy
-    a beam) move to the finished set, which keeps the ``beam`` best scores; the live set
-    is the top ``beam`` non-EOS candidates (there are always enough among ``2*beam``).
-    A batch entry is done, and its finished set frozen, once the set is full and the best
-    live ``logp`` divided by the largest length penalty it can still get (at most
-    ``min(max_lens, max_len)`` tokens) cannot beat the worst finished score, or once no
-    live beam is left. With ``beam_size == 1`` an entry is done as soon as its hypothesis
-    finishes, so the result equals ``greedy_search`` exactly for any ``alpha``. The loop
-    ends when every entry is done or at ``max_len``; an entry with fewer than ``beam``
-    finished hypotheses is then filled with the best live ones (scored as above).
+  Each step expands every live beam over the vocabulary and takes the top ``2*beam``
+  candidates. EOS candidates ranked within the top ``beam`` (i.e. ones that would occupy
+  a beam) move to the finished set, which keeps the ``beam`` best scores; the live set
+  is the top ``beam`` non-EOS candidates (there are always enough among ``2*beam``).
+  A batch entry is done, and its finished set frozen, once the set is full and the best
+  live ``logp`` divided by the largest length penalty it can still get (at most
+  ``min(max_lens, max_len)`` tokens) cannot beat the worst finished score, or once no
+  live beam is left. With ``beam_size == 1`` an entry is done as soon as its hypothesis
+  finishes, so the result equals ``greedy_search`` exactly for any ``alpha``. The loop
+  ends when every entry is done or at ``max_len``; an entry with fewer than ``beam``
+  finished hypotheses is then filled with the best live ones (scored as above).
 
-    Args:
-      step_fn: see module doc; called with ``n = batch * beam_size``.
-      cache: pytree with leaves ``[batch, ...]`` (or rank 0); expanded here to
-        ``[batch * beam_size, ...]`` with ``expand_to_beams``.
-      alpha: length-penalty exponent (0 = plain log-prob).
-      max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
-      grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
-    Returns:
-      ids ``[batch, beam, max_len]`` int32 (PAD after EOS) and scores ``[batch, beam]``
-      float32, sorted best first. Slots with no hypothesis at all (only possible when
-      fewer than ``beam`` distinct ones exist) have score ``-inf``.
-    """
-    b, k = batch_size, beam_size
-    lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
-    lp_max = length_penalty(lmax, alpha)  # [] or [batch]
+  Args:
+    step_fn: see module doc; called with ``n = batch * beam_size``.
+    cache: pytree with leaves ``[batch, ...]`` (or rank 0); expanded here to
+      ``[batch * beam_size, ...]`` with ``expand_to_beams``.
+    alpha: length-penalty exponent (0 = plain log-prob).
+    max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
+    grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
+  Returns:
+    ids ``[batch, beam, max_len]`` int32 (PAD after EOS) and scores ``[batch, beam]``
+    float32, sorted best first. Slots with no hypothesis at all (only possible when
+    fewer than ``beam`` distinct ones exist) have score ``-inf``.
+  """
+  b, k = batch_size, beam_size
+  lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
+  lp_max = length_penalty(lmax, alpha)  # [] or [batch]
 
-    def body(s: _BeamState) -> _BeamState:
-        t = s.t
-        logits, cache = step_fn(s.tok.reshape(b * k, 1), s.cache)
-        logp = _log_probs(logits)
-        vocab = logp.shape[-1]
-        logp = logp.reshape(b, k, vocab)
-        if max_lens is not None:
-            eos_only = jnp.where(jnp.arange(vocab) == eos_id, 0.0, NEG_INF)
-            forced = (t + 1 >= jnp.asarray(max_lens, jnp.int32))[:, None, None]
-            logp = jnp.where(forced, eos_only, logp)
+  def body(s: _BeamState) -> _BeamState:
+    t = s.t
+    logits, cache = step_fn(s.tok.reshape(b * k, 1), s.cache)
+    logp = _log_probs(logits)
+    vocab = logp.shape[-1]
+    logp = logp.reshape(b, k, vocab)
+    if max_lens is not None:
+      eos_only = jnp.where(jnp.arange(vocab) == eos_id, 0.0, NEG_INF)
+      forced = (t + 1 >= jnp.asarray(max_lens, jnp.int32))[:, None, None]
+      logp = jnp.where(forced, eos_only, logp)
 
-        # Top 2k continuations over all beams x vocabulary; ties -> lower (beam, token).
-        cand = s.live_logp[:, :, None] + logp                  # [b, k, vocab]
-        vals, flat = _two_stage_top_k(cand, 2 * k)             # [b, 2k]
-        src, tok = flat // vocab, (flat % vocab).astype(jnp.int32)
-        seqs = _take_beams(s.live_seqs, src)
-        seqs = lax.dynamic_update_slice(seqs, tok[:, :, None], (0, 0, t))
-        is_eos = tok == eos_id
+    # Top 2k continuations over all beams x vocabulary; ties -> lower (beam, token).
+    cand = s.live_logp[:, :, None] + logp  # [b, k, vocab]
+    vals, flat = _two_stage_top_k(cand, 2 * k)  # [b, 2k]
+    src, tok = flat // vocab, (flat % vocab).astype(jnp.int32)
+    seqs = _take_beams(s.live_seqs, src)
+    seqs = lax.dynamic_update_slice(seqs, tok[:, :, None], (0, 0, t))
+    is_eos = tok == eos_id
 
-        # Finished: EOS among the top k, merged with the previous finished set.
-        new_fin = is_eos[:, :k] & (vals[:, :k] > NEG_INF) & ~s.done[:, None]
-        new_scores = jnp.where(new_fin, vals[:, :k] / length_penalty(t + 1, alpha), NEG_INF)
-        all_scores = jnp.concatenate([s.fin_scores, new_scores], axis=1)
-        all_flags = jnp.concatenate([s.fin_flags, new_fin], axis=1)
-        all_seqs = jnp.concatenate([s.fin_seqs, seqs[:, :k]], axis=1)
-        fin_scores, keep = lax.top_k(jnp.where(all_flags, all_scores, NEG_INF), k)
-        fin_flags = jnp.take_along_axis(all_flags, keep, axis=1)
-        fin_seqs = _take_beams(all_seqs, keep)
+    # Finished: EOS among the top k, merged with the previous finished set.
+    new_fin = is_eos[:, :k] & (vals[:, :k] > NEG_INF) & ~s.done[:, None]
+    new_scores = jnp.where(new_fin, vals[:, :k] / length_penalty(t + 1, alpha), NEG_INF)
+    all_scores = jnp.concatenate([s.fin_scores, new_scores], axis=1)
+    all_flags = jnp.concatenate([s.fin_flags, new_fin], axis=1)
+    all_seqs = jnp.concatenate([s.fin_seqs, seqs[:, :k]], axis=1)
+    fin_scores, keep = lax.top_k(jnp.where(all_flags, all_scores, NEG_INF), k)
+    fin_flags = jnp.take_along_axis(all_flags, keep, axis=1)
+    fin_seqs = _take_beams(all_seqs, keep)
 
-        # Live: best k non-EOS continuations; the cache follows its source beams.
-        live_logp, pick = lax.top_k(jnp.where(is_eos, NEG_INF, vals), k)
-        live_seqs = _take_beams(seqs, pick)
-        live_tok = jnp.take_along_axis(tok, pick, axis=1)
-        cache = gather_beams(cache, jnp.take_along_axis(src, pick, axis=1), b, k)
+    # Live: best k non-EOS continuations; the cache follows its source beams.
+    live_logp, pick = lax.top_k(jnp.where(is_eos, NEG_INF, vals), k)
+    live_seqs = _take_beams(seqs, pick)
+    live_tok = jnp.take_along_axis(tok, pick, axis=1)
+    cache = gather_beams(cache, jnp.take_along_axis(src, pick, axis=1), b, k)
 
-        full = jnp.all(fin_flags, axis=1)
-        if k == 1:
-            stop = full | (live_logp[:, 0] == NEG_INF)
-        else:
-            # logp <= 0, so logp / lp(L) is largest at the largest reachable lp(L).
-            best_lp = jnp.maximum(length_penalty(t + 2, alpha), lp_max)
-            bound = live_logp[:, 0] / best_lp
-            worst = jnp.where(full, fin_scores[:, -1], NEG_INF)
-            stop = bound <= worst
-        return _BeamState(t + 1, live_tok, live_seqs, live_logp, cache,
-                          fin_seqs, fin_scores, fin_flags, s.done | stop)
-
-    def cond(s: _BeamState):
-        return (s.t < max_len) & ~jnp.all(s.done)
-
-    seqs0 = jnp.full((b, k, max_len), PAD_ID, jnp.int32)
-    init = _BeamState(
-        t=jnp.int32(0),
-        tok=jnp.zeros((b, k), jnp.int32),  # start symbol
-        live_seqs=seqs0,
-        # All beams start identical: only beam 0 is alive so the first step expands it once.
-        live_logp=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1)),
-        cache=expand_to_beams(cache, k),
-        fin_seqs=seqs0,
-        fin_scores=jnp.full((b, k), NEG_INF, jnp.float32),
-        fin_flags=jnp.zeros((b, k), bool),
-        done=jnp.zeros((b,), bool),
+    full = jnp.all(fin_flags, axis=1)
+    if k == 1:
+      stop = full | (live_logp[:, 0] == NEG_INF)
+    else:
+      # logp <= 0, so logp / lp(L) is largest at the largest reachable lp(L).
+      best_lp = jnp.maximum(length_penalty(t + 2, alpha), lp_max)
+      bound = live_logp[:, 0] / best_lp
+      worst = jnp.where(full, fin_scores[:, -1], NEG_INF)
+      stop = bound <= worst
+    return _BeamState(
+      t + 1, live_tok, live_seqs, live_logp, cache, fin_seqs, fin_scores, fin_flags, s.done | stop
     )
-    s = _segmented_loop(cond, body, init, max_len, segment, grow, lambda st: st.t,
-                        lambda st: st.cache, lambda st, c: st._replace(cache=c))
 
-    # Fill entries with fewer than k finished hypotheses from the live ones, then sort.
-    live_scores = s.live_logp / length_penalty(s.t, alpha)
-    scores = jnp.concatenate([s.fin_scores, live_scores], axis=1)       # [b, 2k]
-    is_fin = jnp.concatenate([s.fin_flags, jnp.zeros((b, k), bool)], axis=1)
-    seqs = jnp.concatenate([s.fin_seqs, s.live_seqs], axis=1)
-    # Finished first (best first), then live (best first); keep k; sort by score.
-    chosen = jnp.lexsort((-scores, ~is_fin), axis=-1)[:, :k]
-    scores = jnp.take_along_axis(scores, chosen, axis=1)
-    order = jnp.argsort(-scores, axis=1, stable=True)
-    chosen = jnp.take_along_axis(chosen, order, axis=1)
-    return _take_beams(seqs, chosen), jnp.take_along_axis(scores, order, axis=1)
+  def cond(s: _BeamState):
+    return (s.t < max_len) & ~jnp.all(s.done)
+
+  seqs0 = jnp.full((b, k, max_len), PAD_ID, jnp.int32)
+  init = _BeamState(
+    t=jnp.int32(0),
+    tok=jnp.zeros((b, k), jnp.int32),  # start symbol
+    live_seqs=seqs0,
+    # All beams start identical: only beam 0 is alive so the first step expands it once.
+    live_logp=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1)),
+    cache=expand_to_beams(cache, k),
+    fin_seqs=seqs0,
+    fin_scores=jnp.full((b, k), NEG_INF, jnp.float32),
+    fin_flags=jnp.zeros((b, k), bool),
+    done=jnp.zeros((b,), bool),
+  )
+  s = _segmented_loop(
+    cond,
+    body,
+    init,
+    max_len,
+    segment,
+    grow,
+    lambda st: st.t,
+    lambda st: st.cache,
+    lambda st, c: st._replace(cache=c),
+  )
+
+  # Fill entries with fewer than k finished hypotheses from the live ones, then sort.
+  live_scores = s.live_logp / length_penalty(s.t, alpha)
+  scores = jnp.concatenate([s.fin_scores, live_scores], axis=1)  # [b, 2k]
+  is_fin = jnp.concatenate([s.fin_flags, jnp.zeros((b, k), bool)], axis=1)
+  seqs = jnp.concatenate([s.fin_seqs, s.live_seqs], axis=1)
+  # Finished first (best first), then live (best first); keep k; sort by score.
+  chosen = jnp.lexsort((-scores, ~is_fin), axis=-1)[:, :k]
+  scores = jnp.take_along_axis(scores, chosen, axis=1)
+  order = jnp.argsort(-scores, axis=1, stable=True)
+  chosen = jnp.take_along_axis(chosen, order, axis=1)
+  return _take_beams(seqs, chosen), jnp.take_along_axis(scores, order, axis=1)

@@ -4,6 +4,7 @@
 
 The last line is `params: <N>`.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,6 +18,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_c
 def parameter_table(params) -> list[tuple[str, tuple[int, ...], int]]:
   """(path, shape, size) for every parameter array of a (possibly abstract) params tree."""
   import jax
+
   rows = []
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     name = "/".join(str(getattr(k, "key", k)) for k in path)
@@ -27,16 +29,21 @@ def parameter_table(params) -> list[tuple[str, tuple[int, ...], int]]:
 def main(argv):
   del argv
   from model.build import abstract_params
+
   cfg = _CONFIG.value
   if cfg.model.vocab_size <= 0:
-    raise app.UsageError("model.vocab_size must be set (e.g. --config.model.vocab_size=37000) to "
-                         "count parameters without a vocabulary")
+    raise app.UsageError(
+      "model.vocab_size must be set (e.g. --config.model.vocab_size=37000) to "
+      "count parameters without a vocabulary"
+    )
   rows = parameter_table(abstract_params(cfg.model))
   width = max(len(r[0]) for r in rows)
   for name, shape, size in rows:
     print(f"{name:<{width}}  {str(shape):<20} {size:>12,}")
   print(f"params: {sum(r[2] for r in rows)}")
 
+
 if __name__ == "__main__":
   from configs.flags import parse
+
   app.run(main, flags_parser=parse)

@@ -6,17 +6,24 @@ Token id 0 is padding; targets end with EOS and are shifted right inside `decode
 forcing), so position t predicts targets[:, t]. Packed rows carry segment ids and positions.
 Incremental decoding: `init_cache` once per batch, then `decode_step` per target position.
 """
+
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 
 from model import masks
 from model.config import TransformerConfig
 from model.dropout import Dropout
-from model.layers import (DecoderLayer, Embed, EncoderLayer, layer_norm, maybe_remat,
-                          sinusoidal_encoding)
+from model.layers import (
+  DecoderLayer,
+  Embed,
+  EncoderLayer,
+  layer_norm,
+  maybe_remat,
+  sinusoidal_encoding,
+)
 
 
 def shift_right(targets: jax.Array, segmentation: jax.Array | None = None) -> jax.Array:
@@ -42,12 +49,14 @@ def check_tokens(owner: str, name: str, tokens, like=None, like_name=None):
   if tokens.ndim != 2:
     raise ValueError(f"{owner}: {name} must be [batch, length] token ids, got shape {tokens.shape}")
   if like is not None and like.shape != tokens.shape:
-    raise ValueError(f"{owner}: {like_name} shape {like.shape} must equal {name} shape "
-                     f"{tokens.shape}")
+    raise ValueError(
+      f"{owner}: {like_name} shape {like.shape} must equal {name} shape {tokens.shape}"
+    )
 
 
 class Encoder(nn.Module):
   """Embedding + positions, dropout, N encoder layers (and a final LayerNorm with pre-LN)."""
+
   config: TransformerConfig
   embed: Embed
 
@@ -68,13 +77,23 @@ class Encoder(nn.Module):
 
 class Decoder(nn.Module):
   """Embedding + positions, dropout, N decoder layers, (final LayerNorm,) output projection."""
+
   config: TransformerConfig
   embed: Embed
   cross_attention: bool = True
 
   @nn.compact
-  def __call__(self, decoder_inputs, positions, memory, self_mask, cross_mask, deterministic,
-               decode=False, return_weights=False):
+  def __call__(
+    self,
+    decoder_inputs,
+    positions,
+    memory,
+    self_mask,
+    cross_mask,
+    deterministic,
+    decode=False,
+    return_weights=False,
+  ):
     """decoder_inputs: [batch, tgt_len] ids (already shifted) -> [batch, tgt_len, vocab] logits."""
     cfg = self.config
     if decode:  # the position of each incremental step is counted in the cache
@@ -84,35 +103,46 @@ class Decoder(nn.Module):
         positions = jnp.broadcast_to(position.value, decoder_inputs.shape)
         position.value = position.value + 1
     y = self.embed(decoder_inputs) + sinusoidal_encoding(positions, cfg.d_model).astype(
-        cfg.compute_dtype)
+      cfg.compute_dtype
+    )
     y = Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
     layer = maybe_remat(DecoderLayer, cfg, static_argnums=(5, 6, 7))
     for i in range(cfg.num_layers):
       y = layer(cfg, self.cross_attention, name=f"layer_{i}")(
-          y, memory, self_mask, cross_mask, deterministic, decode, return_weights)
+        y, memory, self_mask, cross_mask, deterministic, decode, return_weights
+      )
     if cfg.pre_ln:
       y = layer_norm("final_norm", cfg)(y)
     if cfg.share_embeddings:
       logits = self.embed.attend(y)
     else:
-      logits = nn.Dense(cfg.vocab_size, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
-                        kernel_init=nn.with_logical_partitioning(
-                            nn.initializers.xavier_uniform(), ("embed", "vocab")),
-                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-                        name="logits")(y)
+      logits = nn.Dense(
+        cfg.vocab_size,
+        dtype=cfg.compute_dtype,
+        param_dtype=jnp.float32,
+        kernel_init=nn.with_logical_partitioning(
+          nn.initializers.xavier_uniform(), ("embed", "vocab")
+        ),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+        name="logits",
+      )(y)
     return logits
 
 
 class Transformer(nn.Module):
   """Encoder-decoder Transformer. Source and target share one vocabulary when
   `share_embeddings` (the paper ties the two embeddings and the pre-softmax projection)."""
+
   config: TransformerConfig
 
   def setup(self):
     cfg = self.config
     src_embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name="embed")
-    tgt_embed = src_embed if cfg.share_embeddings else Embed(
-        cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name="target_embed")
+    tgt_embed = (
+      src_embed
+      if cfg.share_embeddings
+      else Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name="target_embed")
+    )
     self.encoder = Encoder(cfg, src_embed)
     self.decoder = Decoder(cfg, tgt_embed)
 
@@ -127,8 +157,17 @@ class Transformer(nn.Module):
       inputs_position = default_positions(inputs)
     return self.encoder(inputs, inputs_position, inputs_segmentation, deterministic)
 
-  def decode(self, encoded, inputs, targets, targets_position=None, inputs_segmentation=None,
-             targets_segmentation=None, deterministic=True, return_weights=False):
+  def decode(
+    self,
+    encoded,
+    inputs,
+    targets,
+    targets_position=None,
+    inputs_segmentation=None,
+    targets_segmentation=None,
+    deterministic=True,
+    return_weights=False,
+  ):
     """Teacher-forced decoder over whole target rows.
 
     encoded: [batch, src_len, d_model]; inputs: [batch, src_len] ids (for the source mask);
@@ -137,12 +176,18 @@ class Transformer(nn.Module):
     check_tokens("Transformer", "targets", targets)
     check_tokens("Transformer", "inputs", inputs)
     if encoded.ndim != 3 or encoded.shape[:2] != inputs.shape:
-      raise ValueError(f"Transformer.decode: encoded {encoded.shape} must be [batch, src_len, "
-                       f"d_model] matching inputs {inputs.shape}")
+      raise ValueError(
+        f"Transformer.decode: encoded {encoded.shape} must be [batch, src_len, "
+        f"d_model] matching inputs {inputs.shape}"
+      )
     if targets.shape[0] != inputs.shape[0]:
-      raise ValueError(f"Transformer: batch sizes differ: inputs {inputs.shape}, targets {targets.shape}")
-    for name, arr in (("targets_position", targets_position),
-                      ("targets_segmentation", targets_segmentation)):
+      raise ValueError(
+        f"Transformer: batch sizes differ: inputs {inputs.shape}, targets {targets.shape}"
+      )
+    for name, arr in (
+      ("targets_position", targets_position),
+      ("targets_segmentation", targets_segmentation),
+    ):
       if arr is not None:
         check_tokens("Transformer", "targets", targets, arr, name)
     if targets_position is None:
@@ -150,15 +195,37 @@ class Transformer(nn.Module):
     decoder_inputs = shift_right(targets, targets_segmentation)
     self_mask = masks.decoder_self_mask(targets, targets_segmentation)
     cross = masks.cross_mask(targets, inputs, targets_segmentation, inputs_segmentation)
-    return self.decoder(decoder_inputs, targets_position, encoded, self_mask, cross, deterministic,
-                        return_weights=return_weights)
+    return self.decoder(
+      decoder_inputs,
+      targets_position,
+      encoded,
+      self_mask,
+      cross,
+      deterministic,
+      return_weights=return_weights,
+    )
 
-  def __call__(self, inputs, targets, inputs_position=None, targets_position=None,
-               inputs_segmentation=None, targets_segmentation=None, deterministic=True):
+  def __call__(
+    self,
+    inputs,
+    targets,
+    inputs_position=None,
+    targets_position=None,
+    inputs_segmentation=None,
+    targets_segmentation=None,
+    deterministic=True,
+  ):
     """[batch, src_len], [batch, tgt_len] ids -> [batch, tgt_len, vocab] logits."""
     encoded = self.encode(inputs, inputs_position, inputs_segmentation, deterministic)
-    return self.decode(encoded, inputs, targets, targets_position, inputs_segmentation,
-                       targets_segmentation, deterministic)
+    return self.decode(
+      encoded,
+      inputs,
+      targets,
+      targets_position,
+      inputs_segmentation,
+      targets_segmentation,
+      deterministic,
+    )
 
   def init_cache(self, encoded, inputs, max_decode_len: int):
     """Creates the decoding cache (call with `mutable=['cache']`): empty self-attention
@@ -178,6 +245,7 @@ class Transformer(nn.Module):
     """
     if ids.ndim != 2 or ids.shape[1] != 1:
       raise ValueError(f"Transformer.decode_step: ids must be [batch, 1], got {ids.shape}")
-    logits = self.decoder(ids, None, None, None, None, True, decode=True,
-                          return_weights=return_weights)
+    logits = self.decoder(
+      ids, None, None, None, None, True, decode=True, return_weights=return_weights
+    )
     return logits[:, 0, :]

@@ -1,4 +1,5 @@
 """Test setup: eight simulated CPU devices, set before JAX is imported anywhere."""
+
 import os
 import pathlib
 
@@ -10,6 +11,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   import atexit
   import shutil
   import tempfile
+
   _cache = tempfile.mkdtemp(prefix="jax-test-cache-")
   atexit.register(shutil.rmtree, _cache, ignore_errors=True)  # each session's cache is its own
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
@@ -24,8 +26,8 @@ SHARED = REPO.parent / "shared"
 
 @pytest.fixture(scope="session")
 def shared_data():
-    """Path to ../shared/data; skips the test when the folder is absent (a user's clone)."""
-    path = SHARED / "data"
-    if not path.is_dir():
-        pytest.skip(f"needs the shared corpora in {path} (present in CI, absent in a user's clone)")
-    return path
+  """Path to ../shared/data; skips the test when the folder is absent (a user's clone)."""
+  path = SHARED / "data"
+  if not path.is_dir():
+    pytest.skip(f"needs the shared corpora in {path} (present in CI, absent in a user's clone)")
+  return path

@@ -1,8 +1,9 @@
 """analysis/bleu_by_length.py: bucketing, per-bucket scores equal sacreBLEU on the subset, CLI."""
+
 import json
+import pathlib
 import subprocess
 import sys
-import pathlib
 
 import pytest
 from sacrebleu.metrics import BLEU
@@ -26,8 +27,9 @@ def test_scores_equal_sacrebleu_on_each_subset():
   first = BLEU().corpus_score([hyps[0], hyps[2]], [[refs[0], refs[2]]]).score
   assert out["buckets"][0]["bleu"]["sys"] == pytest.approx(first)
   assert out["all"]["bleu"]["sys"] == pytest.approx(BLEU().corpus_score(hyps, [refs]).score)
-  lower = bbl.bleu_by_length(sources, refs, {"sys": [h.upper() for h in hyps]}, [2, 5],
-                             lowercase=True)
+  lower = bbl.bleu_by_length(
+    sources, refs, {"sys": [h.upper() for h in hyps]}, [2, 5], lowercase=True
+  )
   assert lower["all"]["bleu"]["sys"] == pytest.approx(out["all"]["bleu"]["sys"])
   empty = bbl.bleu_by_length(sources, refs, {"sys": hyps}, [10, 20])
   assert empty["buckets"][1] == {"bucket": "11-20", "sentences": 0, "bleu": {"sys": None}}
@@ -40,6 +42,7 @@ def test_mismatched_lengths_name_the_system():
 
 def test_truncated_gz_names_the_file(tmp_path):
   import gzip
+
   cut = tmp_path / "cut.gz"
   cut.write_bytes(gzip.compress(b"a line\n" * 1000)[:-20])
   with pytest.raises(bbl.InputError, match="cut.gz: cannot read"):
@@ -52,15 +55,39 @@ def test_cli_writes_table_json_and_plot(tmp_path):
   ref.write_text("the cat sat on the mat\na dog ran in the big park\n")
   hyp.write_text("the cat sat on a mat\na dog ran in the big park\n")
   out_json, png = tmp_path / "o.json", tmp_path / "o.png"
-  proc = subprocess.run([sys.executable, "-m", "analysis.bleu_by_length", f"--source={src}",
-                         f"--reference={ref}", f"--hyp=m={hyp}", "--edges=10",
-                         f"--json={out_json}", f"--plot={png}"], cwd=ROOT, capture_output=True,
-                        text=True, timeout=120)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "analysis.bleu_by_length",
+      f"--source={src}",
+      f"--reference={ref}",
+      f"--hyp=m={hyp}",
+      "--edges=10",
+      f"--json={out_json}",
+      f"--plot={png}",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert proc.returncode == 0, proc.stderr
   assert "<=10" in proc.stdout and ">10" in proc.stdout
   assert json.loads(out_json.read_text())["buckets"][1]["bleu"]["m"] == pytest.approx(100.0)
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  bad = subprocess.run([sys.executable, "-m", "analysis.bleu_by_length", f"--source={src}",
-                        f"--reference={ref}", "--hyp=nofile"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)
+  bad = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "analysis.bleu_by_length",
+      f"--source={src}",
+      f"--reference={ref}",
+      "--hyp=nofile",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert bad.returncode == 2 and "--hyp=nofile: expected NAME=FILE" in bad.stderr

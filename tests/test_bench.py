@@ -1,5 +1,6 @@
 """bench.py and training/flops.py: the FLOP formulas by hand and against the models' own matrix
 products, each mode's JSON, a device sweep and the checks made before any work."""
+
 import concurrent.futures
 import gzip
 import json
@@ -16,9 +17,16 @@ from training import flops
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # A one-layer tiny model: these tests check fields and plumbing, not speed.
-SMALL = ["--config=configs/tiny.py", "--config.model.vocab_size=64",
-         "--config.model.num_layers=1", "--config.bench.batch_size=4",
-         "--config.bench.seq_len=8", "--steps=2", "--warmup=1", "--matmul_size=128"]
+SMALL = [
+  "--config=configs/tiny.py",
+  "--config.model.vocab_size=64",
+  "--config.model.num_layers=1",
+  "--config.bench.batch_size=4",
+  "--config.bench.seq_len=8",
+  "--steps=2",
+  "--warmup=1",
+  "--matmul_size=128",
+]
 
 
 def _model_cfg(**fields):
@@ -35,9 +43,14 @@ def test_flops_hand_count_one_layer():
   assert enc == 3072 + 576 + 3072
   # Decoder: self-attention on b·t tokens; cross Q, O on b·t and K, V on the b·s encoder
   # outputs; cross QKᵀ and AV over t × s; FFN; the d × vocab output projection on b·t.
-  dec = (2 * (4 * d * d) * (b * t) + 2 * 2 * b * t * t * d
-         + 2 * (2 * d * d) * (b * t) + 2 * (2 * d * d) * (b * s) + 2 * 2 * b * t * s * d
-         + 2 * (2 * d * f) * (b * t))
+  dec = (
+    2 * (4 * d * d) * (b * t)
+    + 2 * 2 * b * t * t * d
+    + 2 * (2 * d * d) * (b * t)
+    + 2 * (2 * d * d) * (b * s)
+    + 2 * 2 * b * t * s * d
+    + 2 * (2 * d * f) * (b * t)
+  )
   assert dec == 4096 + 1024 + 2048 + 1536 + 768 + 4096
   out = 2 * d * v * (b * t)
   assert out == 1280
@@ -56,15 +69,22 @@ def test_flops_scale_with_layers_and_reject_unknown_types():
   # Decoder-only: one stack over s + t tokens, the projection on the t target tokens only.
   lm = _model_cfg(type="decoder_only", vocab_size=10, d_model=8, d_ff=16, num_layers=1)
   length = 3 + 4
-  assert flops.forward_flops(lm, 2, 3, 4) == (2 * 4 * 64 * 2 * length + 2 * 2 * 2 * length ** 2 * 8
-                                              + 2 * 2 * 8 * 16 * 2 * length + out)
+  assert flops.forward_flops(lm, 2, 3, 4) == (
+    2 * 4 * 64 * 2 * length + 2 * 2 * 2 * length**2 * 8 + 2 * 2 * 8 * 16 * 2 * length + out
+  )
   with pytest.raises(ValueError, match="model.type='mamba'.*rnn_attention"):
     flops.forward_flops(_model_cfg(type="mamba", vocab_size=10), 2, 3, 4)
 
 
 def test_flops_hand_count_recurrent_one_layer():
-  cfg = _model_cfg(type="rnn_attention", vocab_size=10, d_model=4, num_layers=1,
-                   rnn_cell="gru", rnn_bidirectional=True)
+  cfg = _model_cfg(
+    type="rnn_attention",
+    vocab_size=10,
+    d_model=4,
+    num_layers=1,
+    rnn_cell="gru",
+    rnn_bidirectional=True,
+  )
   b, s, t, h, v = 2, 3, 4, 4, 10
   c, g = 2 * h, 3 * h  # encoder state [forward; backward]; GRU gates
   # Encoder, both directions: W x (x: the h-wide embedding) and U h over b·s positions.
@@ -72,8 +92,14 @@ def test_flops_hand_count_recurrent_one_layer():
   assert enc == 1152 + 1152
   # Decoder over b·t positions: s_0 = tanh(W c); W y_{t-1} and W_c c_t into the gates; U s;
   # tanh(W_o [s; y; c]) from 2h + c to h; the h × vocab output projection.
-  dec = (2 * c * h * b * t + 2 * h * g * b * t + 2 * c * g * b * t + 2 * h * g * b * t
-         + 2 * (2 * h + c) * h * b * t + 2 * h * v * b * t)
+  dec = (
+    2 * c * h * b * t
+    + 2 * h * g * b * t
+    + 2 * c * g * b * t
+    + 2 * h * g * b * t
+    + 2 * (2 * h + c) * h * b * t
+    + 2 * h * v * b * t
+  )
   assert dec == 512 + 768 + 1536 + 768 + 1024 + 640
   # Bahdanau attention: U h_j once per source state, W s_{t-1} per step, then per step the
   # scores vᵀ tanh(.) (h-wide) and the context Σ α h (c-wide) over the s source states.
@@ -90,7 +116,9 @@ def _matmul_flops(jaxpr) -> int:
   """2 × the multiply-adds of every dot_general in a jaxpr, into sub-jaxprs (a scan's body
   counted `length` times)."""
   import math
+
   import jax.extend.core as jcore
+
   total = 0
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == "dot_general":
@@ -108,24 +136,38 @@ def _matmul_flops(jaxpr) -> int:
   return total
 
 
-@pytest.mark.parametrize("fields", [
+@pytest.mark.parametrize(
+  "fields",
+  [
     pytest.param(dict(type="transformer"), id="transformer"),
     pytest.param(dict(type="decoder_only"), id="decoder_only"),
-    pytest.param(dict(type="decoder_only", share_embeddings=False, num_layers=2),
-                 id="decoder_only-unshared-2"),
+    pytest.param(
+      dict(type="decoder_only", share_embeddings=False, num_layers=2), id="decoder_only-unshared-2"
+    ),
     pytest.param(dict(type="rnn"), id="rnn-gru-bi"),
     pytest.param(dict(type="rnn_attention"), id="rnn_attention-gru-bi"),
-    pytest.param(dict(type="rnn_attention", rnn_cell="lstm", rnn_bidirectional=False, num_layers=2,
-                      share_embeddings=False), id="rnn_attention-lstm-uni-2-unshared"),
+    pytest.param(
+      dict(
+        type="rnn_attention",
+        rnn_cell="lstm",
+        rnn_bidirectional=False,
+        num_layers=2,
+        share_embeddings=False,
+      ),
+      id="rnn_attention-lstm-uni-2-unshared",
+    ),
     pytest.param(dict(type="rnn", rnn_cell="lstm", num_layers=3), id="rnn-lstm-bi-3"),
-])
+  ],
+)
 def test_flops_equal_the_models_matrix_products(fields):
   """The formula counts exactly the products the forward pass traces (no compilation: the
   jaxpr's dot_generals, scan bodies times their length). XLA's cost_analysis is no reference
   here: it counts elementwise work too, and a scan's body once."""
   import jax
   import jax.numpy as jnp
+
   from model.build import build_model
+
   cfg = _model_cfg(vocab_size=40, d_model=16, d_ff=32, num_heads=2, num_layers=1)
   cfg.update(fields)
   model = build_model(cfg)
@@ -146,20 +188,47 @@ def runs(tmp_path_factory):
   share one compilation cache: the sweep's first point is the single run's program, and the
   two decoding runs initialize the same parameters.
   """
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8 "
-                       "--xla_backend_optimization_level=0",
-             JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
+    JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+  )
   lanes = [
-      [("train", ["--config.num_devices=1", "--json={dir}/train.json", "--trace={dir}/trace"]),
-       ("sweep", ["--sweep=devices", "--sweep_values=1,2", "--sweep_parallelism=mesh",
-                  "--json={dir}/sweep.json"])],
-      [("decode", ["--mode=decode", "--config.bench.decode_len=5", "--config.bench.beam_size=2",
-                   "--json={dir}/decode.json"]),
-       ("decode_nocache", ["--mode=decode", "--config.bench.decode_len=3",
-                           "--config.bench.beam_size=1", "--decode_cache=false",
-                           "--json={dir}/decode.json"])],
+    [
+      ("train", ["--config.num_devices=1", "--json={dir}/train.json", "--trace={dir}/trace"]),
+      (
+        "sweep",
+        [
+          "--sweep=devices",
+          "--sweep_values=1,2",
+          "--sweep_parallelism=mesh",
+          "--json={dir}/sweep.json",
+        ],
+      ),
+    ],
+    [
+      (
+        "decode",
+        [
+          "--mode=decode",
+          "--config.bench.decode_len=5",
+          "--config.bench.beam_size=2",
+          "--json={dir}/decode.json",
+        ],
+      ),
+      (
+        "decode_nocache",
+        [
+          "--mode=decode",
+          "--config.bench.decode_len=3",
+          "--config.bench.beam_size=1",
+          "--decode_cache=false",
+          "--json={dir}/decode.json",
+        ],
+      ),
+    ],
   ]
   folders = {name: tmp_path_factory.mktemp(name) for lane in lanes for name, _ in lane}
   procs, stopping = [], threading.Event()
@@ -170,9 +239,18 @@ def runs(tmp_path_factory):
       if stopping.is_set():
         break
       proc = subprocess.Popen(
-          [sys.executable, str(REPO / "bench.py"), *SMALL,
-           *(a.format(dir=folders[name]) for a in args)],
-          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+          sys.executable,
+          str(REPO / "bench.py"),
+          *SMALL,
+          *(a.format(dir=folders[name]) for a in args),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+      )
       procs.append(proc)
       out, err = proc.communicate()
       results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -200,6 +278,7 @@ def test_searches_run_to_the_end_without_eos(runs):
   import jax
   import jax.numpy as jnp
   import numpy as np
+
   import bench
   from model import search
 
@@ -209,20 +288,21 @@ def test_searches_run_to_the_end_without_eos(runs):
 
   greedy = jax.jit(lambda: search.greedy_search(bench.without_eos(eos_first), {}, 2, 4))
   np.testing.assert_array_equal(greedy(), np.full((2, 4), 5))
-  beam = jax.jit(lambda: search.beam_search(bench.without_eos(eos_first), {}, 2, 4,
-                                            beam_size=2)[0])
+  beam = jax.jit(lambda: search.beam_search(bench.without_eos(eos_first), {}, 2, 4, beam_size=2)[0])
   ids = np.asarray(beam())
   assert ids.shape == (2, 2, 4) and np.all(ids > 1)
 
 
 def test_simulated_devices_flag(monkeypatch):
   import bench
+
   monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
   bench._simulate_cpu_devices(["bench.py", "--mode=train"])
   assert os.environ["XLA_FLAGS"] == "--xla_backend_optimization_level=0"
   bench._simulate_cpu_devices(["bench.py", "--sweep", "devices"])
-  assert os.environ["XLA_FLAGS"] == ("--xla_backend_optimization_level=0 "
-                                     "--xla_force_host_platform_device_count=8")
+  assert os.environ["XLA_FLAGS"] == (
+    "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=8"
+  )
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
   bench._simulate_cpu_devices(["bench.py", "--sweep=devices"])  # a count given: kept
   assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
@@ -230,20 +310,28 @@ def test_simulated_devices_flag(monkeypatch):
 
 def test_bad_settings_are_clear_errors(monkeypatch):
   import jax
+
   import bench
+
   monkeypatch.setattr(jax, "local_device_count", lambda: 8)
   c = tiny.get_config()
   c.model.vocab_size = 64
   c.bench.batch_size = 4
-  with pytest.raises(bench.Stop, match=r"2 of 4 points cannot run \(none was run\): pmap "
-                     r"num_devices=3, mesh num_devices=3: bench.batch_size=4 is not divisible "
-                     r"by 3 data-parallel"):
+  with pytest.raises(
+    bench.Stop,
+    match=r"2 of 4 points cannot run \(none was run\): pmap "
+    r"num_devices=3, mesh num_devices=3: bench.batch_size=4 is not divisible "
+    r"by 3 data-parallel",
+  ):
     bench.sweep_configs(c, "devices", ["1", "3"])
   with pytest.raises(bench.Stop, match="expected integers"):
     bench.sweep_configs(c, "seq_len", ["8", "x"])
-  with pytest.raises(bench.Stop, match=r"3 of 3 points cannot run \(none was run\): "
-                     r"bench.seq_len=16, bench.seq_len=32, bench.seq_len=64: bench.batch_size=4 is "
-                     r"not divisible by 8 data-parallel"):
+  with pytest.raises(
+    bench.Stop,
+    match=r"3 of 3 points cannot run \(none was run\): "
+    r"bench.seq_len=16, bench.seq_len=32, bench.seq_len=64: bench.batch_size=4 is "
+    r"not divisible by 8 data-parallel",
+  ):
     bench.sweep_configs(c, "seq_len", None)
   c.bench.batch_size = 8
   assert [p[0] for p in bench.sweep_configs(c, "seq_len", None)] == [16, 32, 64]  # max_len 64
@@ -256,25 +344,33 @@ def test_device_sweep_checks_every_point_with_its_data_parallel_size():
   """mesh.tensor=2: a mesh point needs an even device count, and splits the batch over
   devices / 2 only. Nothing runs when any point cannot."""
   import bench
+
   c = tiny.get_config()
   c.model.vocab_size = 64
   c.mesh.tensor = 2
   c.bench.batch_size = 4
   # pmap ignores the mesh, mesh on 1 device cannot hold tensor=2: refused before any point runs.
-  with pytest.raises(bench.Stop, match=r"1 of 4 points cannot run \(none was run\): mesh "
-                     r"num_devices=1: config error: 1 devices cannot be split into mesh"):
+  with pytest.raises(
+    bench.Stop,
+    match=r"1 of 4 points cannot run \(none was run\): mesh "
+    r"num_devices=1: config error: 1 devices cannot be split into mesh",
+  ):
     bench.sweep_configs(c, "devices", ["1", "2"], ("pmap", "mesh"))
   # 8 devices with tensor 2 split batch 4 four ways, not eight.
   points = bench.sweep_configs(c, "devices", ["2", "8"], ("mesh",))
   assert [(n, p) for n, p, _ in points] == [(2, "mesh"), (8, "mesh")]
   c.bench.batch_size = 2
-  with pytest.raises(bench.Stop, match=r"mesh num_devices=8: bench.batch_size=2 is not divisible "
-                     r"by 4 data-parallel device\(s\)"):
+  with pytest.raises(
+    bench.Stop,
+    match=r"mesh num_devices=8: bench.batch_size=2 is not divisible "
+    r"by 4 data-parallel device\(s\)",
+  ):
     bench.sweep_configs(c, "devices", ["2", "8"], ("mesh",))
 
 
 def test_failed_sweep_writes_the_points_done(tmp_path):
   import bench
+
   c = tiny.get_config()
   points = [(8, "mesh", c), (16, "mesh", c), (32, "mesh", c)]
 
@@ -293,15 +389,18 @@ def test_failed_sweep_writes_the_points_done(tmp_path):
   assert [p["sweep_value"] for p in data["points"]] == [8, 16]
   assert data["error"] == "seq_len=32 (mesh): RuntimeError: RESOURCE_EXHAUSTED: out of memory"
   done.clear()
-  assert [r["sweep_value"] for r in bench.run_points(points[:2], one, "seq_len", "train",
-                                                     None)] == [8, 16]
+  assert [
+    r["sweep_value"] for r in bench.run_points(points[:2], one, "seq_len", "train", None)
+  ] == [8, 16]
 
 
 def test_paired_timing_swaps_the_order_every_round(monkeypatch):
   """--paired: both sides compile and warm up, then alternate A B, B A, ...; the per-round
   ratio is B's median step over A's."""
   import types
+
   import bench
+
   clock, log = [0.0], []
   monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
 
@@ -312,13 +411,18 @@ def test_paired_timing_swaps_the_order_every_round(monkeypatch):
       clock[0] += first if not calls else step
       calls.append(1)
       log.append(name)
+
     return bench.Runner(name, call, None)
 
   a, b = runner("A", 5.0, 1.0), runner("B", 7.0, 2.0)
   firsts, times, ratios = bench.time_paired([a, b], steps=2, warmup=1, rounds=3)
   assert firsts == [5.0, 7.0]
   assert log == ["A", "A", "B", "B"] + ["A", "A", "B", "B"] + ["B", "B", "A", "A"] + [
-      "A", "A", "B", "B"]
+    "A",
+    "A",
+    "B",
+    "B",
+  ]
   assert times[0].tolist() == [1.0] * 6 and times[1].tolist() == [2.0] * 6
   assert ratios == [2.0, 2.0, 2.0]
 
@@ -327,7 +431,9 @@ def test_paired_result_holds_both_records_and_their_ratio(monkeypatch, tmp_path)
   """bench_paired on real runners (ours on both sides here: flax's example is not installed in
   the tests): both train records, the ratio of their median steps, no per-run memory peak."""
   import types
+
   import bench
+
   monkeypatch.setattr(bench, "_PEAK", types.SimpleNamespace(value="1e15"))
   c = tiny.get_config()
   c.model.update(vocab_size=64, num_layers=1)
@@ -343,7 +449,11 @@ def test_paired_result_holds_both_records_and_their_ratio(monkeypatch, tmp_path)
   assert sides == [False, True]
   assert set(result) == set(bench.PAIRED_FIELDS)
   assert (result["mode"], result["paired"], result["rounds"], result["steps_per_round"]) == (
-      "train", True, 3, 2)
+    "train",
+    True,
+    3,
+    2,
+  )
   ours, theirs = result["records"]
   for record in (ours, theirs):
     assert set(bench.TRAIN_FIELDS) <= set(record)
@@ -360,13 +470,36 @@ def test_child_argv_drops_the_parents_flags():
   """--separate_processes: each child gets the command line without --paired, --rounds, --json
   and --flax_wmt, in any of absl's spellings; everything else is passed on as it was."""
   import bench
-  argv = ["--config=configs/bench_tiny.py", "--config.bench.seq_len=32", "--paired",
-          "--separate_processes", "--rounds=4", "--json", "out.json", "--flax_wmt", "/f/wmt",
-          "--steps=5", "--nopaired", "--rounds", "2", "--json=x.json", "--flax_wmt=/g",
-          "--noseparate_processes", "--mode", "decode", "--decode_cache=false"]
-  assert bench.child_argv(argv) == ["--config=configs/bench_tiny.py",
-                                    "--config.bench.seq_len=32", "--steps=5", "--mode",
-                                    "decode", "--decode_cache=false"]
+
+  argv = [
+    "--config=configs/bench_tiny.py",
+    "--config.bench.seq_len=32",
+    "--paired",
+    "--separate_processes",
+    "--rounds=4",
+    "--json",
+    "out.json",
+    "--flax_wmt",
+    "/f/wmt",
+    "--steps=5",
+    "--nopaired",
+    "--rounds",
+    "2",
+    "--json=x.json",
+    "--flax_wmt=/g",
+    "--noseparate_processes",
+    "--mode",
+    "decode",
+    "--decode_cache=false",
+  ]
+  assert bench.child_argv(argv) == [
+    "--config=configs/bench_tiny.py",
+    "--config.bench.seq_len=32",
+    "--steps=5",
+    "--mode",
+    "decode",
+    "--decode_cache=false",
+  ]
 
 
 def test_paired_processes_alternate_and_give_flax_glibc_defaults(monkeypatch):
@@ -376,6 +509,7 @@ def test_paired_processes_alternate_and_give_flax_glibc_defaults(monkeypatch):
   is the ratio of the per-round medians, the records those of each side's median round."""
   import bench
   from training.host_memory import user_settings
+
   for name in user_settings():
     monkeypatch.delenv(name)
   steps = {False: iter([1.0, 1.2, 0.9, 1.1]), True: iter([1.5, 1.2, 1.8, 1.4])}
@@ -384,19 +518,31 @@ def test_paired_processes_alternate_and_give_flax_glibc_defaults(monkeypatch):
   def run(argv, env):
     flax = any(a.startswith("--flax_wmt=") for a in argv)
     calls.append((flax, argv, env))
-    return {"implementation": "flax" if flax else "ours", "step_time_s": next(steps[flax]),
-            "host_memory": "process default" if user_settings(env) else "kept",
-            "device_kind": "cpu", "dtype": "float32"}
+    return {
+      "implementation": "flax" if flax else "ours",
+      "step_time_s": next(steps[flax]),
+      "host_memory": "process default" if user_settings(env) else "kept",
+      "device_kind": "cpu",
+      "dtype": "float32",
+    }
 
-  argv = ["--config=configs/bench_tiny.py", "--steps=3", "--paired", "--separate_processes",
-          "--flax_wmt=/f/wmt", "--rounds=4", "--json=out.json"]
+  argv = [
+    "--config=configs/bench_tiny.py",
+    "--steps=3",
+    "--paired",
+    "--separate_processes",
+    "--flax_wmt=/f/wmt",
+    "--rounds=4",
+    "--json=out.json",
+  ]
   result = bench.bench_paired_processes(argv, "/f/wmt", "train", 3, 4, run=run)
   assert [flax for flax, _, _ in calls] == [False, True, True, False, False, True, True, False]
   ours_argv = ["--config=configs/bench_tiny.py", "--steps=3"]
   for flax, child, env in calls:
     assert child == (ours_argv + ["--flax_wmt=/f/wmt"] if flax else ours_argv)
-    assert (env.get("MALLOC_ARENA_MAX") == str(8 * os.cpu_count())) if flax else (
-        not user_settings(env))
+    assert (
+      (env.get("MALLOC_ARENA_MAX") == str(8 * os.cpu_count())) if flax else (not user_settings(env))
+    )
   assert set(result) == set(bench.PAIRED_FIELDS) | {"round_records"}
   assert result["separate_processes"] is True and result["steps_per_round"] == 3
   assert result["speedup_per_round"] == pytest.approx([1.5, 1.0, 2.0, 1.4 / 1.1])
@@ -417,8 +563,10 @@ def test_a_separate_process_reports_its_record_or_its_error(tmp_path):
   in the tests) gives a record with glibc's default host memory; a bad flag is one Stop that
   quotes the child's error."""
   import bench
-  env = bench.flax_environment(dict(
-      os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_backend_optimization_level=0"))
+
+  env = bench.flax_environment(
+    dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_backend_optimization_level=0")
+  )
   record = bench.run_child(SMALL + ["--config.num_devices=1"], env)
   assert record["host_memory"] == "process default"
   assert record["config"] == "configs/tiny.py" and record["implementation"] == "this repository"
@@ -429,9 +577,20 @@ def test_a_separate_process_reports_its_record_or_its_error(tmp_path):
 
 def test_paired_needs_flax_and_one_plain_benchmark(monkeypatch):
   import types
+
   import bench
-  values = dict(_PLOT_FROM=None, _MODE="train", _STEPS=2, _WARMUP=1, _PAIRED=True,
-                _FLAX_WMT=None, _SWEEP=None, _TRACE=None, _SEPARATE=False)
+
+  values = dict(
+    _PLOT_FROM=None,
+    _MODE="train",
+    _STEPS=2,
+    _WARMUP=1,
+    _PAIRED=True,
+    _FLAX_WMT=None,
+    _SWEEP=None,
+    _TRACE=None,
+    _SEPARATE=False,
+  )
   for name, value in values.items():
     monkeypatch.setattr(bench, name, types.SimpleNamespace(value=value))
   c = tiny.get_config()
@@ -450,16 +609,23 @@ def test_paired_needs_flax_and_one_plain_benchmark(monkeypatch):
 
 def test_cudnn_needs_an_even_train_length_and_a_gpu():
   import bench
+
   c = tiny.get_config()
   c.model.update(vocab_size=64, attention_impl="cudnn", dtype="bfloat16")
   c.bench.seq_len = 7
-  with pytest.raises(bench.Stop, match=r"model.attention_impl='cudnn' needs an even "
-                     r"bench.seq_len when training, got 7"):
+  with pytest.raises(
+    bench.Stop,
+    match=r"model.attention_impl='cudnn' needs an even "
+    r"bench.seq_len when training, got 7",
+  ):
     bench.check_config(c, "train")
   for mode in ("decode", "train"):  # decoding takes odd lengths; this host has no GPU either way
     c.bench.seq_len = 7 if mode == "decode" else 8
-    with pytest.raises(bench.Stop, match=r"model.attention_impl='cudnn' needs an NVIDIA GPU, "
-                       r"but JAX's backend here is 'cpu'"):
+    with pytest.raises(
+      bench.Stop,
+      match=r"model.attention_impl='cudnn' needs an NVIDIA GPU, "
+      r"but JAX's backend here is 'cpu'",
+    ):
       bench.check_config(c, mode)
   c.model.type = "rnn"  # the recurrent models have no attention_impl
   bench.check_config(c, "decode")
@@ -468,19 +634,33 @@ def test_cudnn_needs_an_even_train_length_and_a_gpu():
 def test_cudnn_on_a_cpu_is_a_one_line_error():
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run(
-      [sys.executable, str(REPO / "bench.py"), *SMALL, "--config.num_devices=1",
-       "--config.model.attention_impl=cudnn", "--config.model.dtype=bfloat16"],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      str(REPO / "bench.py"),
+      *SMALL,
+      "--config.num_devices=1",
+      "--config.model.attention_impl=cudnn",
+      "--config.model.dtype=bfloat16",
+    ],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 1, proc.stderr[-3000:]
   assert "Traceback" not in proc.stderr
-  assert ("bench.py: error: config error: model.attention_impl='cudnn' needs an NVIDIA GPU, but "
-          "JAX's backend here is 'cpu'; use model.attention_impl=xla\n") in proc.stderr
+  assert (
+    "bench.py: error: config error: model.attention_impl='cudnn' needs an NVIDIA GPU, but "
+    "JAX's backend here is 'cpu'; use model.attention_impl=xla\n"
+  ) in proc.stderr
 
 
 def test_utilization_reads_the_run_s_memory_before_measuring_the_peak(monkeypatch):
   """The measured peak's matmul raises the device's peak memory: the run's own peak is read
   before it. mfu = achieved / (per-device peak × devices)."""
   import jax
+
   import bench
 
   class Device:
@@ -491,7 +671,7 @@ def test_utilization_reads_the_run_s_memory_before_measuring_the_peak(monkeypatc
       return {"peak_bytes_in_use": Device.peak}
 
   def measuring_peak(device, dtype):
-    Device.peak = 10 ** 9  # the matmul's buffers
+    Device.peak = 10**9  # the matmul's buffers
     return 2e9, "measured"
 
   monkeypatch.setattr(jax, "local_devices", lambda: [Device(), Device()])
@@ -512,8 +692,11 @@ def test_utilization_reads_the_run_s_memory_before_measuring_the_peak(monkeypatc
 
 def test_datasheet_peaks_follow_the_matmul_precision(monkeypatch):
   import types
+
   import jax
+
   import bench
+
   assert bench.datasheet_peak("NVIDIA H200", "bfloat16") == 989.4e12
   assert bench.datasheet_peak("NVIDIA H200", "float32") == 494.7e12  # TF32 tensor cores
   assert bench.datasheet_peak("NVIDIA A100-SXM4-80GB", "float32") == 156e12
@@ -529,13 +712,16 @@ def test_datasheet_peaks_follow_the_matmul_precision(monkeypatch):
   assert bench.resolve_peak(None, "float32") == (2e12, "given")
 
 
-def test_the_measured_peak_is_the_best_of_two_samples_per_device_kind_and_dtype(monkeypatch,
-                                                                                caplog):
+def test_the_measured_peak_is_the_best_of_two_samples_per_device_kind_and_dtype(
+  monkeypatch, caplog
+):
   """bench_train samples the peak before its timed steps and utilization after them; a sample
   caught at half speed (a busy machine) is outvoted and warned about; a sweep's later points
   reuse the same yardstick without running the matmul again."""
   import types
+
   import bench
+
   calls = []
   rates = iter([1e11, 2e11, 3e11, 3.1e11])
 
@@ -565,6 +751,7 @@ def test_the_measured_peak_is_the_best_of_two_samples_per_device_kind_and_dtype(
 
 def test_peak_memory_is_only_reported_when_this_run_set_it(monkeypatch):
   import jax
+
   import bench
 
   class Device:
@@ -573,6 +760,7 @@ def test_peak_memory_is_only_reported_when_this_run_set_it(monkeypatch):
 
     def memory_stats(self):
       return {"peak_bytes_in_use": self.peak}
+
   monkeypatch.setattr(jax, "local_devices", lambda: [Device(100), Device(300)])
   assert bench.peak_memory(jax.local_devices()) == 300
   assert bench.own_peak_memory(None) == 300
@@ -587,8 +775,18 @@ def _ok(result):
 
 def test_plot_of_a_decode_sweep(tmp_path):
   import bench
-  records = [{"mode": "decode", "seq_len": n, "step_time_s": 0.01 * n, "step_time_p10_s": 0.009 * n,
-              "step_time_p90_s": 0.012 * n, "sent_per_s": 100.0 / n} for n in (8, 16, 32)]
+
+  records = [
+    {
+      "mode": "decode",
+      "seq_len": n,
+      "step_time_s": 0.01 * n,
+      "step_time_p10_s": 0.009 * n,
+      "step_time_p90_s": 0.012 * n,
+      "sent_per_s": 100.0 / n,
+    }
+    for n in (8, 16, 32)
+  ]
   bench.plot_sweep(records, "seq_len", tmp_path / "p" / "seq.png", "title")
   assert (tmp_path / "p" / "seq.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -597,10 +795,21 @@ def test_plot_from_saved_sweeps(tmp_path, capsys):
   import bench
 
   def sweep(config, model_type, scale):
-    points = [{"mode": "train", "seq_len": n, "model_type": model_type, "device_kind": "cpu",
-               "dtype": "float32", "batch_size": 4, "step_time_s": scale * n,
-               "step_time_p10_s": scale * n, "step_time_p90_s": scale * n,
-               "tokens_per_s": 1 / scale} for n in (8, 16)]
+    points = [
+      {
+        "mode": "train",
+        "seq_len": n,
+        "model_type": model_type,
+        "device_kind": "cpu",
+        "dtype": "float32",
+        "batch_size": 4,
+        "step_time_s": scale * n,
+        "step_time_p10_s": scale * n,
+        "step_time_p90_s": scale * n,
+        "tokens_per_s": 1 / scale,
+      }
+      for n in (8, 16)
+    ]
     return {"sweep": "seq_len", "mode": "train", "config": config, "points": points}
 
   a, b = tmp_path / "a.json", tmp_path / "b.json"
@@ -620,6 +829,7 @@ def test_plot_from_saved_sweeps(tmp_path, capsys):
 
 def test_train_json_has_every_field(runs):
   import bench
+
   proc, folder = runs("train")
   _ok(proc)
   record = json.loads((folder / "train.json").read_text())
@@ -635,25 +845,30 @@ def test_train_json_has_every_field(runs):
   cfg = _model_cfg(vocab_size=64, d_model=64, d_ff=128, num_heads=4, num_layers=1)
   assert record["model_flops_per_step"] == flops.train_flops(cfg, 4, 8, 8)
   assert record["mfu"] == pytest.approx(
-      record["model_flops_per_step"] / record["step_time_s"] / record["peak_flops_per_s"])
+    record["model_flops_per_step"] / record["step_time_s"] / record["peak_flops_per_s"]
+  )
   assert record["peak_flops_per_s_total"] == record["peak_flops_per_s"]  # one device
   assert record["peak_memory_bytes"] is None or record["peak_memory_bytes"] > 0
   from training.host_memory import user_settings  # bench.py keeps freed memory by default
+
   assert record["host_memory"] == ("process default" if user_settings() else "kept")
   assert "tokens_per_s" in proc.stdout and "mfu" in proc.stdout
   assert "(one device)" in proc.stdout and "(all devices)" in proc.stdout
   # --trace: one perfetto trace of the step, without Python frames (those would fill the
   # trace's event buffer while the first call compiles, before the timed steps' XLA ops).
-  trace, = (folder / "trace").glob("01_train_mesh_1dev_b4_l8/plugins/profile/*/"
-                                   "perfetto_trace.json.gz")
-  names = {e.get("name", "") for e in json.loads(gzip.decompress(trace.read_bytes()))
-           ["traceEvents"]}
+  (trace,) = (folder / "trace").glob(
+    "01_train_mesh_1dev_b4_l8/plugins/profile/*/perfetto_trace.json.gz"
+  )
+  names = {
+    e.get("name", "") for e in json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+  }
   assert "PjitFunction(train_step)" in names
   assert not [n for n in names if n.startswith("$")], "Python frames in the trace"
 
 
 def test_decode_json(runs):
   import bench
+
   proc, folder = runs("decode")
   _ok(proc)
   record = json.loads((folder / "decode.json").read_text())
@@ -677,14 +892,17 @@ def test_sweep_devices_writes_plot(runs):
   _ok(proc)
   data = json.loads((folder / "sweep.json").read_text())
   assert data["sweep"] == "devices"
-  assert [(p["parallelism"], p["num_devices"]) for p in data["points"]] == [("mesh", 1),
-                                                                            ("mesh", 2)]
+  assert [(p["parallelism"], p["num_devices"]) for p in data["points"]] == [
+    ("mesh", 1),
+    ("mesh", 2),
+  ]
   assert all(p["batch_size"] == 4 and p["tokens_per_s"] > 0 for p in data["points"])
   assert data["complete"] is True
   for p in data["points"]:  # achieved FLOP/s is the devices' total; so is the peak it meets
     assert p["peak_flops_per_s_total"] == pytest.approx(p["peak_flops_per_s"] * p["num_devices"])
-    assert p["mfu"] == pytest.approx(p["achieved_flops_per_s"] / p["peak_flops_per_s_total"],
-                                     rel=1e-12)
+    assert p["mfu"] == pytest.approx(
+      p["achieved_flops_per_s"] / p["peak_flops_per_s_total"], rel=1e-12
+    )
   png = folder / "sweep.png"
   assert data["plot"] == str(png) and png.read_bytes()[:4] == b"\x89PNG"
   assert "sweep: devices" in proc.stdout

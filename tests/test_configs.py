@@ -1,5 +1,6 @@
 """Every config in configs/ loads, builds its model and optimizer, and the README's results rows
 have the parameter counts their table prints. Shapes only (jax.eval_shape): nothing compiles."""
+
 import importlib
 import math
 import pathlib
@@ -11,16 +12,19 @@ from model.build import abstract_params
 from training.loop import fit_model_vocab
 from training.state import make_optimizer
 
-CONFIGS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py")
-                 if p.stem not in ("__init__", "common", "flags"))
+CONFIGS = sorted(
+  p.stem
+  for p in (pathlib.Path(__file__).parent.parent / "configs").glob("*.py")
+  if p.stem not in ("__init__", "common", "flags")
+)
 
 # The README's Multi30k table (shared 8000-piece vocabulary, tied embeddings).
 README_PARAMS = {
-    "multi30k_rnn": 4_019_200,                     # 4.02M
-    "multi30k_rnn_attention": 4_216_320,           # 4.22M
-    "multi30k_transformer_deen": 7_568_384,        # 7.57M
-    "multi30k_transformer_ende": 7_568_384,        # 7.57M
-    "multi30k_transformer_tiny_ende": 2_342_912,   # 2.34M
+  "multi30k_rnn": 4_019_200,  # 4.02M
+  "multi30k_rnn_attention": 4_216_320,  # 4.22M
+  "multi30k_transformer_deen": 7_568_384,  # 7.57M
+  "multi30k_transformer_ende": 7_568_384,  # 7.57M
+  "multi30k_transformer_tiny_ende": 2_342_912,  # 2.34M
 }
 
 
@@ -39,7 +43,9 @@ def test_readme_rows_have_configs():
 def test_config_builds_model_and_optimizer(name):
   config = _config(name)
   params = abstract_params(config.model)
-  n = sum(math.prod(x.shape) for x in jax.tree.leaves(params))  # not model.summary: it defines flags
+  n = sum(
+    math.prod(x.shape) for x in jax.tree.leaves(params)
+  )  # not model.summary: it defines flags
   assert n > 0
   if name in README_PARAMS:
     assert n == README_PARAMS[name], (name, n)

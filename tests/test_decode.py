@@ -1,5 +1,6 @@
 """End-to-end tests of decode.py: a tiny model trained for a few steps by train.py (once per
 module), then decode.py run as a user would, in subprocesses."""
+
 import json
 import os
 import pathlib
@@ -11,14 +12,24 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EXTRA = 3  # --max_extra_len of the runs here
 TRAIN_FLAGS = [
-    "--config=configs/tiny.py", "--config.num_train_steps=4", "--config.checkpoint_every_steps=2",
-    "--config.eval_every_steps=1000", "--config.log_every_steps=2", "--config.model.d_model=32",
-    "--config.model.d_ff=64", "--config.model.num_layers=1",
-    "--config.data.synthetic_num_train=200", "--config.data.synthetic_num_eval=16",
-    # Sentences of 4..6 words and model.max_len 8: every decode batch has one shape [rows, 8].
-    "--config.data.synthetic_max_len=6", "--config.data.max_len=8", "--config.model.max_len=8",
-    "--config.data.tokens_per_batch=256", "--config.eval.bleu_sentences=0",
-    "--config.eval.num_batches=1"]
+  "--config=configs/tiny.py",
+  "--config.num_train_steps=4",
+  "--config.checkpoint_every_steps=2",
+  "--config.eval_every_steps=1000",
+  "--config.log_every_steps=2",
+  "--config.model.d_model=32",
+  "--config.model.d_ff=64",
+  "--config.model.num_layers=1",
+  "--config.data.synthetic_num_train=200",
+  "--config.data.synthetic_num_eval=16",
+  # Sentences of 4..6 words and model.max_len 8: every decode batch has one shape [rows, 8].
+  "--config.data.synthetic_max_len=6",
+  "--config.data.max_len=8",
+  "--config.model.max_len=8",
+  "--config.data.tokens_per_batch=256",
+  "--config.eval.bleu_sentences=0",
+  "--config.eval.num_batches=1",
+]
 
 
 def _env():
@@ -28,8 +39,9 @@ def _env():
 
 
 def run(args, stdin=b"", check=True):
-  proc = subprocess.run([sys.executable, *args], cwd=REPO, input=stdin, capture_output=True,
-                        env=_env(), timeout=600)
+  proc = subprocess.run(
+    [sys.executable, *args], cwd=REPO, input=stdin, capture_output=True, env=_env(), timeout=600
+  )
   if check and proc.returncode != 0:
     raise AssertionError(f"{args[0]} exited {proc.returncode}:\n{proc.stderr.decode()[-3000:]}")
   return proc
@@ -56,8 +68,12 @@ def test_stdin_to_stdout_in_input_order(workdir):
   short = ["w1 w2 w3", "w5 w6 w7 w8 w9", "w3 w4", "w10 w11 w12 w13 w14 w15 w16"]
   long = " ".join(f"w{i}" for i in range(12))  # > model.max_len=8 tokens
   lines = [short[0], "", short[1], long, short[2], "   ", short[3]]
-  proc = decode(workdir, "--beam_size=1", f"--max_extra_len={EXTRA}",
-                stdin="".join(f"{l}\n" for l in lines).encode())
+  proc = decode(
+    workdir,
+    "--beam_size=1",
+    f"--max_extra_len={EXTRA}",
+    stdin="".join(f"{line}\n" for line in lines).encode(),
+  )
   out = proc.stdout.decode("utf-8").split("\n")
   assert out[-1] == "" and len(out) == len(lines) + 1, out
   assert out[1] == "" and out[5] == "", "empty (or blank) lines give empty lines"
@@ -71,26 +87,46 @@ def test_stdin_to_stdout_in_input_order(workdir):
   model = build_model(restored.config.model)
   vocab = restored.vocab
   for i, text in zip((0, 2, 4, 6), short):
-    alone = generate.translate_all(model, restored.params, [vocab.encode(text) + [EOS_ID]],
-                                   beam_size=1, max_extra_len=EXTRA)[0]
+    alone = generate.translate_all(
+      model, restored.params, [vocab.encode(text) + [EOS_ID]], beam_size=1, max_extra_len=EXTRA
+    )[0]
     assert out[i] == vocab.decode(alone.tolist()), (i, text)
   # The truncated line is translated from its first 7 words (+ EOS).
-  cut = generate.translate_all(model, restored.params, [vocab.encode(long)[:7] + [EOS_ID]],
-                               beam_size=1, max_extra_len=EXTRA)[0]
+  cut = generate.translate_all(
+    model, restored.params, [vocab.encode(long)[:7] + [EOS_ID]], beam_size=1, max_extra_len=EXTRA
+  )[0]
   assert out[3] == vocab.decode(cut.tolist())
 
 
 def test_split_scores_json_and_attention_plot(workdir, tmp_path):
   summary, png, hyps = tmp_path / "s.json", tmp_path / "a.png", tmp_path / "hyp.txt"
-  proc = decode(workdir, "--split=test", "--beam_size=2", "--checkpoint=2", f"--json={summary}",
-                f"--output={hyps}", f"--plot_attention={png}", "--plot_sentence=1")
+  proc = decode(
+    workdir,
+    "--split=test",
+    "--beam_size=2",
+    "--checkpoint=2",
+    f"--json={summary}",
+    f"--output={hyps}",
+    f"--plot_attention={png}",
+    "--plot_sentence=1",
+  )
   stdout = proc.stdout.decode()
   assert "BLEU|nrefs:1|" in stdout and "chrF2|" in stdout, stdout
   result = json.loads(summary.read_text())
   assert "BLEU|nrefs:1|case:lc|" in stdout, stdout
-  assert set(result) == {"bleu", "bleu_lowercase", "chrf", "sentences", "sent_per_s",
-                         "tokens_per_s", "beam_size", "alpha", "checkpoint_step", "checkpoint",
-                         "checkpoint_steps"}
+  assert set(result) == {
+    "bleu",
+    "bleu_lowercase",
+    "chrf",
+    "sentences",
+    "sent_per_s",
+    "tokens_per_s",
+    "beam_size",
+    "alpha",
+    "checkpoint_step",
+    "checkpoint",
+    "checkpoint_steps",
+  }
   assert result["checkpoint"] == "2" and result["checkpoint_steps"] == [2]
   assert isinstance(result["bleu"], float) and 0 <= result["bleu"] <= 100
   # Lowercasing can only merge n-grams, so matches (and BLEU) never go down.
@@ -132,12 +168,15 @@ def test_top_k_above_the_vocabulary_is_a_clear_error(workdir):
   proc = decode(workdir, "--temperature=1", "--top_k=100000", stdin=b"w1\n", check=False)
   assert proc.returncode == 2
   last = proc.stderr.decode().strip().splitlines()[-1]
-  assert last.startswith("decode.py: error: --top_k=100000: larger than the model's vocabulary"), last
+  assert last.startswith("decode.py: error: --top_k=100000: larger than the model's vocabulary"), (
+    last
+  )
   assert "Traceback" not in proc.stderr.decode()
 
 
 def test_gzip_input_and_top_k_without_temperature(workdir, tmp_path):
   import gzip
+
   text = b"w1 w2 w3\nw5 w6\n"
   plain, packed = tmp_path / "in.txt", tmp_path / "in.txt.gz"
   plain.write_bytes(text)
@@ -152,15 +191,20 @@ def test_gzip_input_and_top_k_without_temperature(workdir, tmp_path):
 
 
 def test_score_cased_lowercased_and_chrf():
-  code = ("import json, decode; print(json.dumps(decode.score(['The cat sat on the mat .'], "
-          "['the cat sat on the mat .'])[0]))")
+  code = (
+    "import json, decode; print(json.dumps(decode.score(['The cat sat on the mat .'], "
+    "['the cat sat on the mat .'])[0]))"
+  )
   out = json.loads(run(["-c", code]).stdout.decode())
   from sacrebleu.metrics import BLEU, CHRF
+
   assert out["bleu_lowercase"] == pytest.approx(100.0) and out["bleu"] < 100.0
-  assert out["bleu"] == pytest.approx(BLEU().corpus_score(["The cat sat on the mat ."],
-                                                          [["the cat sat on the mat ."]]).score)
-  assert out["chrf"] == pytest.approx(CHRF().corpus_score(["The cat sat on the mat ."],
-                                                          [["the cat sat on the mat ."]]).score)
+  assert out["bleu"] == pytest.approx(
+    BLEU().corpus_score(["The cat sat on the mat ."], [["the cat sat on the mat ."]]).score
+  )
+  assert out["chrf"] == pytest.approx(
+    CHRF().corpus_score(["The cat sat on the mat ."], [["the cat sat on the mat ."]]).score
+  )
 
 
 def test_ensemble_of_checkpoints(workdir, tmp_path):
@@ -171,15 +215,23 @@ def test_ensemble_of_checkpoints(workdir, tmp_path):
   assert decode(workdir, "--beam_size=1", "--checkpoint=ensemble:1", stdin=text).stdout == latest
   summary = tmp_path / "e.json"
   png = tmp_path / "a.png"
-  proc = decode(workdir, "--split=test", "--beam_size=2", "--checkpoint=ensemble:2",
-                f"--json={summary}", f"--output={tmp_path / 'hyp.txt'}",
-                f"--plot_attention={png}")  # the plot shows the newest member's attention
+  proc = decode(
+    workdir,
+    "--split=test",
+    "--beam_size=2",
+    "--checkpoint=ensemble:2",
+    f"--json={summary}",
+    f"--output={tmp_path / 'hyp.txt'}",
+    f"--plot_attention={png}",
+  )  # the plot shows the newest member's attention
   assert "an ensemble of the checkpoints of steps 2, 4" in proc.stderr.decode()
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   result = json.loads(summary.read_text())
   assert result["checkpoint_steps"] == [2, 4] and result["checkpoint_step"] == 4
   assert result["sentences"] == 16 and 0 <= result["bleu"] <= 100
-  for bad, message in (("ensemble:3", "2 checkpoints available"),
-                       ("ensemble:x", "expected ensemble:<k> with k an integer")):
+  for bad, message in (
+    ("ensemble:3", "2 checkpoints available"),
+    ("ensemble:x", "expected ensemble:<k> with k an integer"),
+  ):
     proc = decode(workdir, f"--checkpoint={bad}", stdin=text, check=False)
     assert proc.returncode == 2 and message in proc.stderr.decode(), proc.stderr.decode()[-500:]

@@ -1,6 +1,7 @@
 """analysis/flax_wmt.py: loading google/flax examples/wmt next to this repository's own top-level
 `train.py` / `decode.py` (same module names). Uses a stand-in directory with the example's import
 structure; the real example is timed by `bench.py --flax_wmt=<dir>` (README, Results)."""
+
 import importlib.util
 import sys
 import types
@@ -32,8 +33,11 @@ def test_load_does_not_shadow_our_modules(wmt_dir, monkeypatch):
   monkeypatch.delitem(sys.modules, "train", raising=False)
   wmt = flax_wmt.load(str(wmt_dir))
   assert (wmt.train.WHO, wmt.models.WHO, wmt.decode.WHO) == (
-      "flax train", "flax models", "flax decode")
-  assert sys.modules["decode"] is ours          # restored
+    "flax train",
+    "flax models",
+    "flax decode",
+  )
+  assert sys.modules["decode"] is ours  # restored
   assert "train" not in sys.modules and "models" not in sys.modules
   assert str(wmt_dir) not in sys.path
   for name in ("clu", "clu.metric_writers", "tensorflow_text"):  # stand-ins removed again
@@ -55,6 +59,7 @@ def test_import_error_names_the_directory(wmt_dir):
 
 def test_only_the_transformer(wmt_dir):
   from configs import multi30k_rnn
+
   with pytest.raises(flax_wmt.BaselineError, match="has only the transformer"):
     flax_wmt.model_config(flax_wmt.load(str(wmt_dir)), multi30k_rnn.get_config().model)
 
@@ -63,7 +68,9 @@ def test_pmap_devices_follow_num_devices():
   """flax's pmap runs on the devices bench times ours on (config.num_devices), not on all of
   this host's (8 simulated here)."""
   import jax
+
   from configs import tiny
+
   config = tiny.get_config()
   assert len(jax.local_devices()) == 8
   assert flax_wmt.pmap_devices(config, 16) == jax.local_devices()  # 0 = all
@@ -71,8 +78,11 @@ def test_pmap_devices_follow_num_devices():
   assert flax_wmt.pmap_devices(config, 3) == jax.local_devices()[:1]
   config.num_devices = 2
   assert flax_wmt.pmap_devices(config, 4) == jax.local_devices()[:2]
-  with pytest.raises(flax_wmt.BaselineError, match=r"bench.batch_size=3 is not divisible by the 2 "
-                     r"devices flax's pmap splits it over \(num_devices=2"):
+  with pytest.raises(
+    flax_wmt.BaselineError,
+    match=r"bench.batch_size=3 is not divisible by the 2 "
+    r"devices flax's pmap splits it over \(num_devices=2",
+  ):
     flax_wmt.pmap_devices(config, 3)
   config.num_devices = 9
   with pytest.raises(flax_wmt.BaselineError, match="num_devices=9, but this process has 8"):

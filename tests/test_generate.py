@@ -5,6 +5,7 @@ between sentences, beam search differs from greedy, and some sentences stop at E
 length limit while others are cut there. Compilations dominate the run time on CPU, so the
 tests share few shapes.
 """
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -19,17 +20,33 @@ PAD, EOS = 0, 1
 EXTRA = 4  # max_extra_len
 SRC_LEN = 12  # padded source width of the whole-batch calls
 # Source ids (EOS included) of mixed lengths: two in the 8-token bucket, six in the 12 one.
-SOURCES = [[5, 9, 7, EOS], [4, 11, 23, 8, 6, 13, 17, 9, 5, EOS],
-           [12, 20, 7, 7, 15, 22, 3, 9, 11, 10, EOS], [21, 6, 18, 9, 4, 10, 14, 16, 5, EOS],
-           [8, 16, 22, 5, 19, 11, 7, 13, 6, 20, 9, EOS], [10, 4, 6, 12, EOS],
-           [14, 15, 16, 17, 18, 19, 20, 21, 22, EOS], [9, 8, 7, 6, 5, 4, 23, 22, 21, 20, 19, EOS]]
+SOURCES = [
+  [5, 9, 7, EOS],
+  [4, 11, 23, 8, 6, 13, 17, 9, 5, EOS],
+  [12, 20, 7, 7, 15, 22, 3, 9, 11, 10, EOS],
+  [21, 6, 18, 9, 4, 10, 14, 16, 5, EOS],
+  [8, 16, 22, 5, 19, 11, 7, 13, 6, 20, 9, EOS],
+  [10, 4, 6, 12, EOS],
+  [14, 15, 16, 17, 18, 19, 20, 21, 22, EOS],
+  [9, 8, 7, 6, 5, 4, 23, 22, 21, 20, 19, EOS],
+]
 
 
 def random_model(num_layers: int, seed: int, eos_bias: float, max_len: int = 64):
   """A tiny Transformer and random (numpy) parameters; `eos_bias` is added to EOS's logit."""
-  cfg = ml_collections.ConfigDict(dict(
-      type="transformer", vocab_size=24, d_model=32, d_ff=64, num_heads=4, num_layers=num_layers,
-      dropout_rate=0.0, max_len=max_len, share_embeddings=False))
+  cfg = ml_collections.ConfigDict(
+    dict(
+      type="transformer",
+      vocab_size=24,
+      d_model=32,
+      d_ff=64,
+      num_heads=4,
+      num_layers=num_layers,
+      dropout_rate=0.0,
+      max_len=max_len,
+      share_embeddings=False,
+    )
+  )
   rng = np.random.default_rng(seed)
   flat = {}
   for path, leaf in traverse_util.flatten_dict(abstract_params(cfg)).items():
@@ -56,7 +73,7 @@ def tiny():
 def padded(sources, width=SRC_LEN):
   out = np.zeros((len(sources), width), np.int32)
   for i, s in enumerate(sources):
-    out[i, :len(s)] = s
+    out[i, : len(s)] = s
   return out
 
 
@@ -72,7 +89,7 @@ def reference(tiny):
     out = []
     while not out or out[-1] != EOS:
       targets = np.full((1, width), EOS, np.int32)  # filler after the prefix: not padding
-      targets[0, :len(out)] = out
+      targets[0, : len(out)] = out
       logits = np.array(logits_fn(params, padded([src]), targets)[0, len(out)])
       logits[PAD] = -np.inf
       out.append(EOS if len(out) + 1 >= len(src) + EXTRA else int(np.argmax(logits)))
@@ -84,7 +101,7 @@ def rows(ids):
   """[batch, length] -> per row the tokens up to and including EOS."""
   result = []
   for row in np.asarray(ids).tolist():
-    result.append(row[:row.index(EOS) + 1] if EOS in row else row)
+    result.append(row[: row.index(EOS) + 1] if EOS in row else row)
   return result
 
 
@@ -99,13 +116,14 @@ def test_greedy_cached_and_uncached_match_reference(tiny, reference):
   model, params = tiny
   inputs = padded(SOURCES)
   for use_cache in (True, False):
-    ids = generate.translate(model, params, inputs, beam_size=1, max_extra_len=EXTRA,
-                             use_cache=use_cache)
+    ids = generate.translate(
+      model, params, inputs, beam_size=1, max_extra_len=EXTRA, use_cache=use_cache
+    )
     assert ids.shape == (len(SOURCES), SRC_LEN + EXTRA)
     assert rows(ids) == reference, f"use_cache={use_cache}"
     # PAD after EOS only.
     for row, ref in zip(np.asarray(ids), reference):
-      assert (row[len(ref):] == PAD).all()
+      assert (row[len(ref) :] == PAD).all()
 
 
 def test_sinusoidal_positions_decode_past_max_len(reference):
@@ -123,11 +141,13 @@ def test_beam_cached_equals_uncached(tiny):
   model, params = tiny
   inputs = padded(SOURCES)
   cached = generate.translate(model, params, inputs, beam_size=2, max_extra_len=EXTRA)
-  uncached = generate.translate(model, params, inputs, beam_size=2, max_extra_len=EXTRA,
-                                use_cache=False)
+  uncached = generate.translate(
+    model, params, inputs, beam_size=2, max_extra_len=EXTRA, use_cache=False
+  )
   np.testing.assert_array_equal(cached, uncached)
-  assert rows(cached) != rows(generate.translate(model, params, inputs, beam_size=1,
-                                                 max_extra_len=EXTRA))
+  assert rows(cached) != rows(
+    generate.translate(model, params, inputs, beam_size=1, max_extra_len=EXTRA)
+  )
   for out, src in zip(rows(cached), SOURCES):  # per-sentence limit: src_len + EXTRA, EOS included
     assert out[-1] == EOS and len(out) <= len(src) + EXTRA
 
@@ -138,10 +158,12 @@ def test_growing_cache_changes_nothing(tiny):
   model, params = tiny
   inputs = padded(SOURCES)
   for beam in (1, 2):
-    whole = generate.translate(model, params, inputs, beam_size=beam, max_extra_len=EXTRA,
-                               segment=None)
-    grown = generate.translate(model, params, inputs, beam_size=beam, max_extra_len=EXTRA,
-                               segment=3)
+    whole = generate.translate(
+      model, params, inputs, beam_size=beam, max_extra_len=EXTRA, segment=None
+    )
+    grown = generate.translate(
+      model, params, inputs, beam_size=beam, max_extra_len=EXTRA, segment=3
+    )
     np.testing.assert_array_equal(grown, whole, err_msg=f"beam {beam}")
   with pytest.raises(ValueError, match="segment"):
     generate.translate(model, params, inputs, segment=0)
@@ -161,26 +183,42 @@ def test_length_batches_cover_every_sentence_once():
       assert b.inputs[row].tolist() == lists[i] + [0] * (length - len(lists[i]))
   shapes = {b.inputs.shape for b in batches}
   assert len(shapes) <= 6, shapes
-  assert [generate.bucket_length(n) for n in (0, 8, 9, 13, 17, 25, 33, 100)] == \
-      [8, 8, 12, 16, 24, 32, 48, 128]
+  assert [generate.bucket_length(n) for n in (0, 8, 9, 13, 17, 25, 33, 100)] == [
+    8,
+    8,
+    12,
+    16,
+    24,
+    32,
+    48,
+    128,
+  ]
 
 
 def test_translate_all_restores_input_order(tiny, reference):
   model, params = tiny
   # Batches [2, 8] and [8, 12] (the 12-bucket padded with two filler rows).
-  outputs = generate.translate_all(model, params, SOURCES, tokens_per_batch=96, beam_size=1,
-                                   max_extra_len=EXTRA)
+  outputs = generate.translate_all(
+    model, params, SOURCES, tokens_per_batch=96, beam_size=1, max_extra_len=EXTRA
+  )
   assert [o.tolist() for o in outputs] == [r[:-1] for r in reference]
 
 
-@pytest.mark.parametrize("how", [dict(beam_size=1), dict(beam_size=4),
-                                 dict(temperature=1.5, rng=jax.random.key(1)),
-                                 dict(temperature=1.5, top_k=20, rng=jax.random.key(1))])
+@pytest.mark.parametrize(
+  "how",
+  [
+    dict(beam_size=1),
+    dict(beam_size=4),
+    dict(temperature=1.5, rng=jax.random.key(1)),
+    dict(temperature=1.5, top_k=20, rng=jax.random.key(1)),
+  ],
+)
 def test_num_ids_keeps_outputs_inside_the_vocabulary(tiny, reference, how):
   model, params = tiny
   assert max(max(r) for r in reference) >= 10  # unrestricted, ids above 10 are chosen
-  ids = np.asarray(generate.translate(model, params, padded(SOURCES), max_extra_len=EXTRA,
-                                      num_ids=10, **how))
+  ids = np.asarray(
+    generate.translate(model, params, padded(SOURCES), max_extra_len=EXTRA, num_ids=10, **how)
+  )
   assert ids.max() < 10 and (ids == EOS).any(axis=1).all()
 
 
@@ -193,8 +231,15 @@ def test_num_ids_must_exceed_eos(tiny):
 def test_sampling_batches_of_one_shape_draw_different_noise(tiny):
   model, params = tiny
   # One 8-token sentence per batch (tokens_per_batch 8): six batches of the same shape.
-  outputs = generate.translate_all(model, params, [SOURCES[0]] * 6, tokens_per_batch=8,
-                                   temperature=2.0, max_extra_len=EXTRA, rng=jax.random.key(3))
+  outputs = generate.translate_all(
+    model,
+    params,
+    [SOURCES[0]] * 6,
+    tokens_per_batch=8,
+    temperature=2.0,
+    max_extra_len=EXTRA,
+    rng=jax.random.key(3),
+  )
   assert len({tuple(o.tolist()) for o in outputs}) > 1, [o.tolist() for o in outputs]
 
 
@@ -206,8 +251,9 @@ def test_attention_weights():
   np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
   assert (weights >= 0).all()
   # EOS is appended when the output has none.
-  np.testing.assert_allclose(generate.attention_weights(model, params, src, out), weights,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    generate.attention_weights(model, params, src, out), weights, atol=1e-6
+  )
 
 
 def test_same_shapes_do_not_recompile(tiny):
@@ -230,7 +276,9 @@ def test_cache_follows_reordered_hypotheses(tiny):
   once per sentence. After random reorders, every hypothesis's cached logits must equal the
   teacher-forced logits of its own prefix."""
   import jax.numpy as jnp
+
   from model import search
+
   model, params = tiny
   beams, steps = 3, 5
   inputs = jnp.asarray(padded(SOURCES[:2]))
@@ -252,8 +300,9 @@ def test_cache_follows_reordered_hypotheses(tiny):
     targets = np.concatenate([prefixes, np.full((batch * beams, steps - t), EOS)], axis=1)
     full = teacher_forced(jnp.repeat(inputs, beams, axis=0), jnp.asarray(targets))
     # (position t of the teacher-forced run sees the shifted prefix)
-    np.testing.assert_allclose(np.asarray(logits)[:, 2:], np.asarray(full[:, t, 2:]),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+      np.asarray(logits)[:, 2:], np.asarray(full[:, t, 2:]), rtol=1e-4, atol=1e-4
+    )
     # Reorder: each new hypothesis continues a random parent of the same sentence.
     parents = rng.integers(0, beams, (batch, beams))
     cache = search.gather_beams(cache, jnp.asarray(parents), batch, beams)
@@ -275,8 +324,11 @@ def test_ensemble_of_copies_decodes_as_the_model(tiny, reference):
   assert rows(ids) == reference
   beam = generate.translate(model, params, inputs, beam_size=2, max_extra_len=EXTRA)
   np.testing.assert_array_equal(
-      generate.translate(model, both, inputs, beam_size=2, max_extra_len=EXTRA, ensemble=True,
-                         segment=3), beam)
+    generate.translate(
+      model, both, inputs, beam_size=2, max_extra_len=EXTRA, ensemble=True, segment=3
+    ),
+    beam,
+  )
   with pytest.raises(ValueError, match="use_cache"):
     generate.translate(model, both, inputs, ensemble=True, use_cache=False)
 

@@ -1,5 +1,6 @@
 """training/host_memory.py: glibc keeps XLA:CPU's freed buffers, so a step does not page-fault
 its temporaries again; the environment's own malloc settings win."""
+
 import os
 import pathlib
 import platform
@@ -30,12 +31,14 @@ print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5
 
 
 def _faults(env_extra: dict) -> tuple[str, float]:
-  env = {k: v for k, v in os.environ.items()
-         if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+  env = {
+    k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"
+  }
   env.update(JAX_PLATFORMS="cpu", **env_extra)
   env.pop("XLA_FLAGS", None)
-  out = subprocess.run([sys.executable, "-c", PROGRAM], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-c", PROGRAM], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   applied, faults = out.stdout.split()
   return applied, float(faults)
@@ -57,5 +60,6 @@ def test_the_environment_s_own_settings_win():
   assert host_memory.user_settings({"PATH": "/bin"}) == []
   assert host_memory.user_settings({"MALLOC_ARENA_MAX": "4"}) == ["MALLOC_ARENA_MAX"]
   assert host_memory.user_settings({"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0"}) == [
-      "GLIBC_TUNABLES"]
+    "GLIBC_TUNABLES"
+  ]
   assert host_memory.user_settings({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX"}) == []

@@ -1,12 +1,13 @@
 """The model's mathematics against independent NumPy references and the paper's invariants."""
+
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import flax.linen as nn
 
 from model import attention, masks
 from model.config import TransformerConfig
@@ -14,8 +15,9 @@ from model.layers import sinusoidal_encoding
 from model.loss import smoothed_cross_entropy, token_accuracy
 from model.transformer import Transformer, shift_right
 
-TINY = TransformerConfig(vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_layers=2,
-                         dropout_rate=0.0, max_len=64)
+TINY = TransformerConfig(
+  vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_layers=2, dropout_rate=0.0, max_len=64
+)
 
 
 # ----------------------------------------------------------------------------- references
@@ -34,7 +36,9 @@ def np_attention(q, k, v, mask):
 @pytest.mark.parametrize("b,lq,lk,h,d", [(1, 1, 1, 1, 4), (2, 5, 7, 4, 8), (3, 9, 4, 2, 16)])
 def test_attention_matches_float64_reference(b, lq, lk, h, d):
   rng = np.random.default_rng(b * 100 + lq)
-  q, k, v = (rng.normal(size=s).astype(np.float32) for s in ((b, lq, h, d), (b, lk, h, d), (b, lk, h, d)))
+  q, k, v = (
+    rng.normal(size=s).astype(np.float32) for s in ((b, lq, h, d), (b, lk, h, d), (b, lk, h, d))
+  )
   mask = rng.random((b, 1, lq, lk)) > 0.4
   mask[0, 0, 0, :] = False  # one fully masked query row
   out = attention.dot_product_attention(q, k, v, mask)
@@ -43,8 +47,9 @@ def test_attention_matches_float64_reference(b, lq, lk, h, d):
   np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-4)
   np.testing.assert_array_equal(np.asarray(out)[0, 0], 0.0)
   # No mask at all.
-  np.testing.assert_allclose(attention.dot_product_attention(q, k, v), np_attention(q, k, v, True),
-                             atol=2e-5, rtol=1e-4)
+  np.testing.assert_allclose(
+    attention.dot_product_attention(q, k, v), np_attention(q, k, v, True), atol=2e-5, rtol=1e-4
+  )
 
 
 def test_masks_match_reference():
@@ -59,11 +64,17 @@ def test_masks_match_reference():
   np.testing.assert_array_equal(masks.causal_mask(5)[0, 0], causal)
   seg = tseg[:, None, :, None] == tseg[:, None, None, :]
   np.testing.assert_array_equal(masks.decoder_self_mask(tgt, tseg), pad & causal & seg)
-  enc = ((src > 0)[:, None, :, None] & (src > 0)[:, None, None, :]
-         & (sseg[:, None, :, None] == sseg[:, None, None, :]))
+  enc = (
+    (src > 0)[:, None, :, None]
+    & (src > 0)[:, None, None, :]
+    & (sseg[:, None, :, None] == sseg[:, None, None, :])
+  )
   np.testing.assert_array_equal(masks.encoder_self_mask(src, sseg), enc)
-  cross = ((tgt > 0)[:, None, :, None] & (src > 0)[:, None, None, :]
-           & (tseg[:, None, :, None] == sseg[:, None, None, :]))
+  cross = (
+    (tgt > 0)[:, None, :, None]
+    & (src > 0)[:, None, None, :]
+    & (tseg[:, None, :, None] == sseg[:, None, None, :])
+  )
   np.testing.assert_array_equal(masks.cross_mask(tgt, src, tseg, sseg), cross)
   assert masks.combine_masks(None, None) is None
   del rng
@@ -75,8 +86,12 @@ def test_positional_encoding_formula():
   i = np.arange(8)
   for b in range(2):
     for t in range(4):
-      np.testing.assert_allclose(pe[b, t, 0::2], np.sin(pos[b, t] / 10000 ** (2 * i / 16)), atol=1e-5)
-      np.testing.assert_allclose(pe[b, t, 1::2], np.cos(pos[b, t] / 10000 ** (2 * i / 16)), atol=1e-5)
+      np.testing.assert_allclose(
+        pe[b, t, 0::2], np.sin(pos[b, t] / 10000 ** (2 * i / 16)), atol=1e-5
+      )
+      np.testing.assert_allclose(
+        pe[b, t, 1::2], np.cos(pos[b, t] / 10000 ** (2 * i / 16)), atol=1e-5
+      )
 
 
 def test_shift_right_restarts_each_segment():
@@ -102,7 +117,8 @@ def test_label_smoothed_loss_matches_one_hot_reference(eps):
   assert float(n) == 3.0
   # Its gradient is (softmax - q) on weighted positions.
   grad = jax.grad(lambda x: smoothed_cross_entropy(x, jnp.asarray(tgt), jnp.asarray(w), eps)[0])(
-      jnp.asarray(logits))
+    jnp.asarray(logits)
+  )
   np.testing.assert_allclose(grad, (np.exp(logp) - q) * w[..., None], rtol=1e-4, atol=1e-6)
   correct, n = token_accuracy(jnp.asarray(logits), jnp.asarray(tgt), jnp.asarray(w))
   assert float(correct) == float(((logits.argmax(-1) == tgt) * w).sum())
@@ -114,8 +130,9 @@ def test_label_smoothed_loss_matches_one_hot_reference(eps):
   assert float(token_accuracy(near, jnp.asarray([[1]]))[0]) == 0.0
   assert float(token_accuracy(near, jnp.asarray([[0]]))[0]) == 1.0
   # The minimum (predicting q exactly) is zero.
-  best, _ = smoothed_cross_entropy(jnp.log(jnp.asarray(q, jnp.float32) + 1e-30), jnp.asarray(tgt),
-                                   None, eps)
+  best, _ = smoothed_cross_entropy(
+    jnp.log(jnp.asarray(q, jnp.float32) + 1e-30), jnp.asarray(tgt), None, eps
+  )
   assert abs(float(best)) < 1e-4
 
 
@@ -137,9 +154,9 @@ def test_causality(tiny):
   for t in range(targets.shape[1]):
     changed = targets.at[:, t].set((targets[:, t] + 7) % 38 + 2)
     out = apply(params, inputs, changed)
-    np.testing.assert_array_equal(out[:, :t + 1], base[:, :t + 1])  # t predicts token t from < t
+    np.testing.assert_array_equal(out[:, : t + 1], base[:, : t + 1])  # t predicts token t from < t
     if t + 1 < targets.shape[1]:
-      assert not np.allclose(out[:, t + 1:], base[:, t + 1:])
+      assert not np.allclose(out[:, t + 1 :], base[:, t + 1 :])
 
 
 def test_padding_never_leaks(tiny):
@@ -147,8 +164,9 @@ def test_padding_never_leaks(tiny):
   padded = inputs.at[:, 6:].set(0)
   base = apply(params, padded, targets)
   # More padding, or anything at all in the encoder output behind padding: same logits.
-  np.testing.assert_allclose(apply(params, jnp.pad(padded, ((0, 0), (0, 5))), targets), base,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    apply(params, jnp.pad(padded, ((0, 0), (0, 5))), targets), base, atol=1e-5
+  )
   encoded = model.apply({"params": params}, padded, method=Transformer.encode)
   poked = encoded.at[:, 6:].set(1e3 * jax.random.normal(jax.random.key(3), encoded[:, 6:].shape))
   out = model.apply({"params": params}, poked, padded, targets, method=Transformer.decode)
@@ -161,9 +179,18 @@ def test_packed_rows_equal_separate_sentences(tiny):
   b_src, b_tgt = [10, 11, 1], [12, 13, 14, 15, 1]
   pack = lambda x, y: jnp.asarray([x + y + [0] * (10 - len(x) - len(y))], jnp.int32)
   seg = lambda x, y: jnp.asarray([[1] * len(x) + [2] * len(y) + [0] * (10 - len(x) - len(y))])
-  pos = lambda x, y: jnp.asarray([list(range(len(x))) + list(range(len(y))) + [0] * (10 - len(x) - len(y))])
-  packed = model.apply({"params": params}, pack(a_src, b_src), pack(a_tgt, b_tgt),
-                       pos(a_src, b_src), pos(a_tgt, b_tgt), seg(a_src, b_src), seg(a_tgt, b_tgt))
+  pos = lambda x, y: jnp.asarray(
+    [list(range(len(x))) + list(range(len(y))) + [0] * (10 - len(x) - len(y))]
+  )
+  packed = model.apply(
+    {"params": params},
+    pack(a_src, b_src),
+    pack(a_tgt, b_tgt),
+    pos(a_src, b_src),
+    pos(a_tgt, b_tgt),
+    seg(a_src, b_src),
+    seg(a_tgt, b_tgt),
+  )
   alone_a = apply(params, jnp.asarray([a_src]), jnp.asarray([a_tgt]))
   alone_b = apply(params, jnp.asarray([b_src]), jnp.asarray([b_tgt]))
   np.testing.assert_allclose(packed[0, :3], alone_a[0], atol=1e-5)
@@ -174,37 +201,62 @@ def test_cached_decoding_equals_full_decoding(tiny):
   model, params, apply, inputs, targets = tiny
   full = apply(params, inputs, targets)
   encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
-  _, v = model.apply({"params": params}, encoded, inputs, targets.shape[1],
-                     method=Transformer.init_cache, mutable=["cache"])
+  _, v = model.apply(
+    {"params": params},
+    encoded,
+    inputs,
+    targets.shape[1],
+    method=Transformer.init_cache,
+    mutable=["cache"],
+  )
   cache = v["cache"]
-  step = jax.jit(lambda p, c, ids: model.apply({"params": p, "cache": c}, ids,
-                                               method=Transformer.decode_step, mutable=["cache"]))
+  step = jax.jit(
+    lambda p, c, ids: model.apply(
+      {"params": p, "cache": c}, ids, method=Transformer.decode_step, mutable=["cache"]
+    )
+  )
   prev = shift_right(targets)
   steps = []
   for t in range(targets.shape[1]):
-    logits, v = step(params, cache, prev[:, t:t + 1])
+    logits, v = step(params, cache, prev[:, t : t + 1])
     cache = v["cache"]
     steps.append(logits)
   assert np.max(np.abs(np.stack(steps, 1) - full)) <= 1e-5
 
 
-@pytest.mark.parametrize("config,paper", [("configs/wmt14_ende_base.py", 65e6),
-                                          ("configs/wmt14_ende_big.py", 213e6)])
+@pytest.mark.parametrize(
+  "config,paper", [("configs/wmt14_ende_base.py", 65e6), ("configs/wmt14_ende_big.py", 213e6)]
+)
 def test_parameter_counts_match_paper(config, paper):
-  out = subprocess.run([sys.executable, "-m", "model.summary", f"--config={config}"],
-                       capture_output=True, text=True, check=True).stdout
+  out = subprocess.run(
+    [sys.executable, "-m", "model.summary", f"--config={config}"],
+    capture_output=True,
+    text=True,
+    check=True,
+  ).stdout
   last = out.strip().splitlines()[-1]
   assert last.startswith("params: ")
   n = int(last.split()[1])
   assert abs(n - paper) / paper < 0.05, n
   # Exactly (the README's figures): no attention biases, tied embeddings and output projection.
-  assert n == {"configs/wmt14_ende_base.py": 63_045_632, "configs/wmt14_ende_big.py": 214_171_648}[config]
+  assert (
+    n
+    == {"configs/wmt14_ende_base.py": 63_045_632, "configs/wmt14_ende_big.py": 214_171_648}[config]
+  )
 
 
 @pytest.mark.parametrize("pre_ln,dtype", [(True, "bfloat16")])
 def test_forward_backward_finite(pre_ln, dtype):
-  cfg = TransformerConfig(**{**TINY.__dict__, "pre_ln": pre_ln, "dtype": dtype, "num_layers": 1,
-                             "dropout_rate": 0.1, "attention_dropout_rate": 0.1})
+  cfg = TransformerConfig(
+    **{
+      **TINY.__dict__,
+      "pre_ln": pre_ln,
+      "dtype": dtype,
+      "num_layers": 1,
+      "dropout_rate": 0.1,
+      "attention_dropout_rate": 0.1,
+    }
+  )
   model = Transformer(cfg)
   inputs = jnp.ones((2, 6), jnp.int32)
   targets = jnp.full((2, 5), 3, jnp.int32)
@@ -213,8 +265,9 @@ def test_forward_backward_finite(pre_ln, dtype):
 
   @jax.jit
   def loss_fn(p):
-    logits = model.apply({"params": p}, inputs, targets, deterministic=False,
-                         rngs={"dropout": jax.random.key(1)})
+    logits = model.apply(
+      {"params": p}, inputs, targets, deterministic=False, rngs={"dropout": jax.random.key(1)}
+    )
     assert logits.dtype == cfg.compute_dtype
     return smoothed_cross_entropy(logits, targets, None, 0.1)[0]
 
@@ -227,6 +280,7 @@ def test_forward_backward_finite(pre_ln, dtype):
 @pytest.mark.parametrize("rate", [0.1, 0.3])
 def test_dropout_masks_keep_the_rate_independently_of_position_and_key(rate):
   from model.dropout import keep_mask
+
   shape = (64, 128, 128)  # 1M elements: the standard error of a fraction is <= 0.0005
   a = np.asarray(keep_mask(jax.random.key(0), rate, shape))
   b = np.asarray(keep_mask(jax.random.key(1), rate, shape))
@@ -247,12 +301,14 @@ def test_dropout_masks_keep_the_rate_independently_of_position_and_key(rate):
 
 def test_dropout_scales_kept_values_and_rejects_a_bad_rate():
   from model.dropout import Dropout, dropout
+
   x = jnp.arange(1.0, 1001.0, dtype=jnp.bfloat16).reshape(10, 100)
   y = dropout(x, 0.2, jax.random.key(3))
   assert y.dtype == x.dtype and y.shape == x.shape
   kept = np.asarray(y != 0)
-  np.testing.assert_array_equal(np.asarray(y)[kept],
-                                np.asarray(x / jnp.asarray(0.8, jnp.bfloat16))[kept])
+  np.testing.assert_array_equal(
+    np.asarray(y)[kept], np.asarray(x / jnp.asarray(0.8, jnp.bfloat16))[kept]
+  )
   assert dropout(x, 0.0, jax.random.key(3)) is x
   assert Dropout(0.5).apply({}, x, deterministic=True) is x
   with pytest.raises(ValueError, match=r"dropout: rate must be in \[0, 1\), got 1.0"):
@@ -267,7 +323,9 @@ def np_transformer_one_layer(params, inputs, targets, d_model):
 
   def norm(x, q):
     mu = x.mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-6) * q["scale"] + q["bias"]
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-6) * q["scale"] + q[
+      "bias"
+    ]
 
   def positions(length):
     angle = np.arange(length)[:, None] / 10000 ** (np.arange(0, d_model, 2) / d_model)
@@ -276,8 +334,10 @@ def np_transformer_one_layer(params, inputs, targets, d_model):
     return pe
 
   def mha(q, x, memory, mask):
-    heads = [np.einsum("bld,dhk->blhk", src, q[n]["kernel"])
-             for n, src in (("query", x), ("key", memory), ("value", memory))]
+    heads = [
+      np.einsum("bld,dhk->blhk", src, q[n]["kernel"])
+      for n, src in (("query", x), ("key", memory), ("value", memory))
+    ]
     return np.einsum("blhk,hkd->bld", np_attention(*heads, mask), q["out"]["kernel"])
 
   def ffn(q, x):
@@ -287,16 +347,22 @@ def np_transformer_one_layer(params, inputs, targets, d_model):
   src_ok, tgt_ok = inputs > 0, targets > 0
   enc, dec = p["encoder"]["layer_0"], p["decoder"]["layer_0"]
   x = table[inputs] * np.sqrt(d_model) + positions(inputs.shape[1])
-  x = norm(x + mha(enc["self_attention"], x, x, (src_ok[:, None, :, None] & src_ok[:, None, None, :])),
-           enc["attention_block"]["norm"])
+  x = norm(
+    x + mha(enc["self_attention"], x, x, (src_ok[:, None, :, None] & src_ok[:, None, None, :])),
+    enc["attention_block"]["norm"],
+  )
   x = norm(x + ffn(enc["ffn"], x), enc["ffn_block"]["norm"])
   shifted = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]
   y = table[shifted] * np.sqrt(d_model) + positions(targets.shape[1])
   causal = np.tril(np.ones((targets.shape[1],) * 2, bool))[None, None]
-  y = norm(y + mha(dec["self_attention"], y, y, causal & tgt_ok[:, None, :, None]),
-           dec["self_attention_block"]["norm"])
-  y = norm(y + mha(dec["cross_attention"], y, x, tgt_ok[:, None, :, None] & src_ok[:, None, None, :]),
-           dec["cross_attention_block"]["norm"])
+  y = norm(
+    y + mha(dec["self_attention"], y, y, causal & tgt_ok[:, None, :, None]),
+    dec["self_attention_block"]["norm"],
+  )
+  y = norm(
+    y + mha(dec["cross_attention"], y, x, tgt_ok[:, None, :, None] & src_ok[:, None, None, :]),
+    dec["cross_attention_block"]["norm"],
+  )
   y = norm(y + ffn(dec["ffn"], y), dec["ffn_block"]["norm"])
   return y @ table.T
 
@@ -309,7 +375,8 @@ def test_one_layer_forward_matches_numpy_reference():
   params = nn.unbox(model.init(jax.random.key(0), inputs, targets)["params"])
   rng = np.random.default_rng(0)  # move every parameter (LayerNorm scales and biases included)
   params = jax.tree_util.tree_map(
-      lambda a: (np.asarray(a) + 0.3 * rng.standard_normal(a.shape)).astype(np.float32), params)
+    lambda a: (np.asarray(a) + 0.3 * rng.standard_normal(a.shape)).astype(np.float32), params
+  )
   got = np.asarray(model.apply({"params": params}, inputs, targets))
   want = np_transformer_one_layer(params, inputs, targets, cfg.d_model)
   ok = targets > 0
@@ -355,8 +422,12 @@ def test_bad_shapes_raise_value_errors_naming_arguments():
   with pytest.raises(ValueError, match="batch sizes differ"):
     model.init(jax.random.key(0), jnp.ones((2, 3), jnp.int32), jnp.ones((1, 3), jnp.int32))
   with pytest.raises(ValueError, match="targets_segmentation shape"):
-    model.init(jax.random.key(0), jnp.ones((1, 3), jnp.int32), jnp.ones((1, 3), jnp.int32),
-               targets_segmentation=jnp.ones((1, 4), jnp.int32))
+    model.init(
+      jax.random.key(0),
+      jnp.ones((1, 3), jnp.int32),
+      jnp.ones((1, 3), jnp.int32),
+      targets_segmentation=jnp.ones((1, 4), jnp.int32),
+    )
   with pytest.raises(ValueError, match="loss: logits"):
     smoothed_cross_entropy(jnp.ones((2, 3, 5)), jnp.ones((2, 4), jnp.int32))
 
@@ -368,17 +439,33 @@ def test_config_errors_are_clear():
     TransformerConfig(vocab_size=10, d_model=32, num_heads=4, dtype="float64x")
   with pytest.raises(ValueError, match=r"model.d_model=9: must be even \(the sinusoidal"):
     TransformerConfig(vocab_size=10, d_model=9, num_heads=3)
-  with pytest.raises(ValueError, match=r"model.attention_impl='cudnn': .* multiple of 8 .* "
-                                       r"d_k = 40 / 4 = 10"):
-    TransformerConfig(vocab_size=10, d_model=40, num_heads=4, dtype="bfloat16",
-                      attention_impl="cudnn")
-  TransformerConfig(vocab_size=10, d_model=64, num_heads=4, dtype="bfloat16", attention_impl="cudnn")
+  with pytest.raises(
+    ValueError,
+    match=r"model.attention_impl='cudnn': .* multiple of 8 .* "
+    r"d_k = 40 / 4 = 10",
+  ):
+    TransformerConfig(
+      vocab_size=10, d_model=40, num_heads=4, dtype="bfloat16", attention_impl="cudnn"
+    )
+  TransformerConfig(
+    vocab_size=10, d_model=64, num_heads=4, dtype="bfloat16", attention_impl="cudnn"
+  )
   from model.build import build_model
+
   with pytest.raises(ValueError, match="model.type='lstm9' is unknown; valid types: transformer"):
     build_model({"type": "lstm9", "vocab_size": 10})
-  out = subprocess.run([sys.executable, "-m", "model.summary", "--config=configs/tiny.py",
-                        "--config.model.vocab_size=50", "--config.model.no_such_field=3"],
-                       capture_output=True, text=True)
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "model.summary",
+      "--config=configs/tiny.py",
+      "--config.model.vocab_size=50",
+      "--config.model.no_such_field=3",
+    ],
+    capture_output=True,
+    text=True,
+  )
   assert out.returncode == 2
   assert "unknown config field 'config.model.no_such_field'" in out.stderr
   assert "Traceback" not in out.stderr

@@ -5,6 +5,7 @@ padding, packing, causality, search, and the model.type registry.
 Each tiny model runs everything once in a single jitted function (`_run`, cached by `results`), so
 every test of that model shares one compilation (keeps the file fast on 2 cores).
 """
+
 import functools
 import logging
 
@@ -32,7 +33,7 @@ MAX_LENS = np.array([3, 6, 5], np.int32)  # per-sentence output limits, EOS incl
 def _pad(rows, length):
   out = np.zeros((len(rows), length), np.int32)
   for i, r in enumerate(rows):
-    out[i, :len(r)] = r
+    out[i, : len(r)] = r
   return out
 
 
@@ -43,7 +44,11 @@ def _pack(groups, length):
     col = 0
     for s, sentence in enumerate(group):
       n = len(sentence)
-      tok[i, col:col + n], pos[i, col:col + n], seg[i, col:col + n] = sentence, range(n), s + 1
+      tok[i, col : col + n], pos[i, col : col + n], seg[i, col : col + n] = (
+        sentence,
+        range(n),
+        s + 1,
+      )
       col += n
   return tok, pos, seg
 
@@ -85,8 +90,9 @@ def _run(model, full, rng):
     return apply(encoded, inputs, MAX_DECODE, method="init_cache", mutable=["cache"])[1]["cache"]
 
   def step(cache, ids):
-    logits, state = model.apply({"params": params, "cache": cache}, ids[:, None],
-                                method="decode_step", mutable=["cache"])
+    logits, state = model.apply(
+      {"params": params, "cache": cache}, ids[:, None], method="decode_step", mutable=["cache"]
+    )
     return state["cache"], logits
 
   out = {}
@@ -96,9 +102,19 @@ def _run(model, full, rng):
   out["cache_leaves"] = [jnp.shape(x) for x in jax.tree_util.tree_leaves(cache)]
 
   def loss(p):  # packed rows, dropout on
-    logits = model.apply({"params": p}, P_IN, P_TGT, P_IN_POS, P_TGT_POS, P_IN_SEG, P_TGT_SEG,
-                         deterministic=False, rngs={"dropout": jax.random.fold_in(rng, 1)})
+    logits = model.apply(
+      {"params": p},
+      P_IN,
+      P_TGT,
+      P_IN_POS,
+      P_TGT_POS,
+      P_IN_SEG,
+      P_TGT_SEG,
+      deterministic=False,
+      rngs={"dropout": jax.random.fold_in(rng, 1)},
+    )
     return _xent(logits, P_TGT)
+
   out["loss"], out["grads"] = jax.value_and_grad(loss)(params)
   if not full:
     out["logits"] = apply(INPUTS, TARGETS)
@@ -107,20 +123,35 @@ def _run(model, full, rng):
   step_fn = lambda ids, cache: (lambda c, lg: (_no_pad(lg), c))(*step(cache, ids[:, 0]))
   batch = INPUTS.shape[0]
   out["greedy"] = search.greedy_search(step_fn, cache, batch, MAX_DECODE, max_lens=MAX_LENS)
-  out["beams"], out["beam_scores"] = search.beam_search(step_fn, cache, batch, MAX_DECODE,
-                                                        beam_size=3, max_lens=MAX_LENS)
+  out["beams"], out["beam_scores"] = search.beam_search(
+    step_fn, cache, batch, MAX_DECODE, beam_size=3, max_lens=MAX_LENS
+  )
   # The same search with self-attention buffers grown 2 positions at a time (none for RNNs).
   grown = generate.decoder_state(model, params, INPUTS, MAX_DECODE, segment=2)
   out["grows"] = grown.grow is not None
-  out["beams_grown"], _ = search.beam_search(grown.step, grown.cache, batch, MAX_DECODE,
-                                             beam_size=3, max_lens=MAX_LENS, grow=grown.grow,
-                                             segment=grown.segment)
+  out["beams_grown"], _ = search.beam_search(
+    grown.step,
+    grown.cache,
+    batch,
+    MAX_DECODE,
+    beam_size=3,
+    max_lens=MAX_LENS,
+    grow=grown.grow,
+    segment=grown.segment,
+  )
   # An ensemble of two copies of the model (members on a leading axis) searches as the model.
   copies = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), params)
   ens = generate.ensemble_decoder_state(model, copies, INPUTS, MAX_DECODE, segment=2)
-  out["beams_ensemble"], _ = search.beam_search(ens.step, ens.cache, batch, MAX_DECODE,
-                                                beam_size=3, max_lens=MAX_LENS, grow=ens.grow,
-                                                segment=ens.segment)
+  out["beams_ensemble"], _ = search.beam_search(
+    ens.step,
+    ens.cache,
+    batch,
+    MAX_DECODE,
+    beam_size=3,
+    max_lens=MAX_LENS,
+    grow=ens.grow,
+    segment=ens.segment,
+  )
   # One teacher-forced batch: the targets, the changed targets and the greedy outputs.
   rows = apply(jnp.tile(INPUTS, (3, 1)), jnp.concatenate([TARGETS, CHANGED, out["greedy"]]))
   out["logits"], out["changed"], out["greedy_tf"] = jnp.split(rows, 3)
@@ -130,38 +161,54 @@ def _run(model, full, rng):
     seq = jnp.asarray([SRC[1] + [SEP_ID] + TGT[1][:-1]])
     length = seq.shape[1]
     full = CausalStack(model.config).apply(
-        {"params": params["decoder"]}, seq, jnp.arange(length)[None], masks.causal_mask(length),
-        True)
-    out["by_hand"] = full[0, len(SRC[1]):]
+      {"params": params["decoder"]}, seq, jnp.arange(length)[None], masks.causal_mask(length), True
+    )
+    out["by_hand"] = full[0, len(SRC[1]) :]
   return out
 
 
 def _rnn(cell, bidirectional, layers, attention=False, share=True):
-  cfg = RNNConfig(vocab_size=VOCAB, d_model=32, num_layers=layers, dropout_rate=0.1,
-                  rnn_cell=cell, rnn_bidirectional=bidirectional, share_embeddings=share)
+  cfg = RNNConfig(
+    vocab_size=VOCAB,
+    d_model=32,
+    num_layers=layers,
+    dropout_rate=0.1,
+    rnn_cell=cell,
+    rnn_bidirectional=bidirectional,
+    share_embeddings=share,
+  )
   return RNNSeq2Seq(cfg, attention=attention)
 
 
 def _decoder_only(pre_ln, share, layers):
-  return DecoderOnly(TransformerConfig(vocab_size=VOCAB, d_model=32, d_ff=64, num_heads=4,
-                                       num_layers=layers, dropout_rate=0.1, pre_ln=pre_ln,
-                                       share_embeddings=share))
+  return DecoderOnly(
+    TransformerConfig(
+      vocab_size=VOCAB,
+      d_model=32,
+      d_ff=64,
+      num_heads=4,
+      num_layers=layers,
+      dropout_rate=0.1,
+      pre_ln=pre_ln,
+      share_embeddings=share,
+    )
+  )
 
 
 # name -> (model, full): every model gets shapes, gradients and cached decoding; `full` ones also
 # padding, packing, causality and search (one per model type keeps the compile time down).
 MODELS = {
-    "rnn-gru-bi-1": (lambda: _rnn("gru", True, 1), True),
-    "rnn-gru-uni-1": (lambda: _rnn("gru", False, 1), False),
-    "rnn-lstm-bi-1": (lambda: _rnn("lstm", True, 1), False),
-    "rnn-lstm-uni-2-unshared": (lambda: _rnn("lstm", False, 2, share=False), False),
-    "attention-lstm-bi-1": (lambda: _rnn("lstm", True, 1, attention=True), True),
-    "decoder_only-pre-unshared-2": (lambda: _decoder_only(True, False, 2), True),
+  "rnn-gru-bi-1": (lambda: _rnn("gru", True, 1), True),
+  "rnn-gru-uni-1": (lambda: _rnn("gru", False, 1), False),
+  "rnn-lstm-bi-1": (lambda: _rnn("lstm", True, 1), False),
+  "rnn-lstm-uni-2-unshared": (lambda: _rnn("lstm", False, 2, share=False), False),
+  "attention-lstm-bi-1": (lambda: _rnn("lstm", True, 1, attention=True), True),
+  "decoder_only-pre-unshared-2": (lambda: _decoder_only(True, False, 2), True),
 }
 FULL = [name for name, (_, full) in MODELS.items() if full]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def results(name):
   make, full = MODELS[name]
   return jax.tree_util.tree_map(np.asarray, _run(make(), full, jax.random.key(0)))
@@ -202,8 +249,13 @@ def test_packed_rows_equal_separate_sentences(name):
   for row, group in enumerate(PACK):
     for s, i in enumerate(group):
       where = P_TGT_SEG[row] == s + 1
-      np.testing.assert_allclose(r["packed"][row][where], r["logits"][i][VALID[i]], atol=1e-5,
-                                 rtol=1e-5, err_msg=f"row {row} segment {s + 1}")
+      np.testing.assert_allclose(
+        r["packed"][row][where],
+        r["logits"][i][VALID[i]],
+        atol=1e-5,
+        rtol=1e-5,
+        err_msg=f"row {row} segment {s + 1}",
+      )
 
 
 @full_models
@@ -211,9 +263,9 @@ def test_causality(name):
   """Logits at target position t see targets[:t] only."""
   r = results(name)
   before = VALID.copy()
-  before[:, CHANGED_AT + 1:] = False
+  before[:, CHANGED_AT + 1 :] = False
   np.testing.assert_allclose(r["changed"][before], r["logits"][before], atol=1e-5, rtol=1e-5)
-  assert not np.allclose(r["changed"][:, CHANGED_AT + 1:], r["logits"][:, CHANGED_AT + 1:])
+  assert not np.allclose(r["changed"][:, CHANGED_AT + 1 :], r["logits"][:, CHANGED_AT + 1 :])
 
 
 @full_models
@@ -255,13 +307,14 @@ def test_decoder_only_layout(name):
   """The logits are those of `source <sep> target` at the SEP position and after: exactly one per
   target token, so a loss over targets never sees source positions."""
   r = results(name)
-  np.testing.assert_allclose(r["logits"][1, :len(TGT[1])], r["by_hand"], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(r["logits"][1, : len(TGT[1])], r["by_hand"], atol=1e-5, rtol=1e-5)
 
 
 def test_decoder_only_loss_unchanged_by_projecting_targets_only():
   """Only the target part is projected to the vocabulary; the loss (and the logits) equal those
   of projecting every source and target position and slicing the target part afterwards."""
   from model.loss import smoothed_cross_entropy
+
   for share in (True, False):
     model = _decoder_only(True, share, 1)
     params = model.init(jax.random.key(1), P_IN, P_TGT)["params"]
@@ -270,9 +323,10 @@ def test_decoder_only_loss_unchanged_by_projecting_targets_only():
     def losses(p):
       logits = model.apply({"params": p}, *batch)
       tokens, positions, mask = combined_sequence(*batch)
-      every = CausalStack(model.config).apply({"params": p["decoder"]}, tokens, positions, mask,
-                                              True)
-      old = every[:, P_IN.shape[1]:]
+      every = CausalStack(model.config).apply(
+        {"params": p["decoder"]}, tokens, positions, mask, True
+      )
+      old = every[:, P_IN.shape[1] :]
       loss = lambda lg: smoothed_cross_entropy(lg, P_TGT, P_TGT > 0, 0.1)[0]
       return logits, old, loss(logits), loss(old)
 
@@ -284,12 +338,14 @@ def test_decoder_only_loss_unchanged_by_projecting_targets_only():
 
 def test_sep_id_matches_the_tokenizer():
   from data.tokenizer import SEP_ID as DATA_SEP_ID
+
   assert SEP_ID == DATA_SEP_ID
 
 
 # ----------------------------------------------------------------------------- registry
 def _model_cfg(**overrides):
   from configs.common import base_config
+
   cfg = base_config().model
   cfg.update(dict(vocab_size=VOCAB, d_model=32, num_layers=1))
   cfg.update(overrides)
@@ -313,6 +369,7 @@ def test_unknown_type_lists_valid_types():
 
 def test_ignored_options_warn_only_when_changed(caplog):
   from model import build
+
   with caplog.at_level(logging.WARNING):
     for kind in MODEL_TYPES:
       build_model(_model_cfg(type=kind))

@@ -7,6 +7,7 @@ Two toy decoders drive the searches:
 Both are wrapped in module-level jitted runners taking the model as data, so tests with the
 same shapes share one compilation (keeps the file fast on 2 cores).
 """
+
 import functools
 import math
 
@@ -16,8 +17,14 @@ import numpy as np
 import pytest
 
 from model import search
-from model.search import (beam_search, expand_to_beams, gather_beams, greedy_search,
-                          length_penalty, sample)
+from model.search import (
+  beam_search,
+  expand_to_beams,
+  gather_beams,
+  greedy_search,
+  length_penalty,
+  sample,
+)
 
 PAD, EOS = 0, 1
 NEG = -1e4  # logit of tokens that should never be chosen
@@ -28,15 +35,15 @@ _STEPS = [0]
 
 
 def _tick():
-    _STEPS[0] += 1
+  _STEPS[0] += 1
 
 
 def count_steps(fn):
-    """Runs ``fn()`` and returns (result, number of step_fn calls executed)."""
-    _STEPS[0] = 0
-    out = jax.block_until_ready(fn())
-    jax.effects_barrier()
-    return out, _STEPS[0]
+  """Runs ``fn()`` and returns (result, number of step_fn calls executed)."""
+  _STEPS[0] = 0
+  out = jax.block_until_ready(fn())
+  jax.effects_barrier()
+  return out, _STEPS[0]
 
 
 # ----------------------------------------------------------------------------- table model
@@ -46,57 +53,56 @@ A, B = 2, 3
 
 
 def table_step(table, offs):
-    """logits = ``table[min(pos, L-1), prev] + offs[row]``; cache = {'i': 0-d, 'row': [n]}."""
+  """logits = ``table[min(pos, L-1), prev] + offs[row]``; cache = {'i': 0-d, 'row': [n]}."""
 
-    def step_fn(ids, cache):
-        jax.debug.callback(_tick)
-        i, row = cache["i"], cache["row"]
-        logits = table[jnp.minimum(i, table.shape[0] - 1), ids[:, 0]] + offs[row]
-        return logits, {"i": i + 1, "row": row}
+  def step_fn(ids, cache):
+    jax.debug.callback(_tick)
+    i, row = cache["i"], cache["row"]
+    logits = table[jnp.minimum(i, table.shape[0] - 1), ids[:, 0]] + offs[row]
+    return logits, {"i": i + 1, "row": row}
 
-    return step_fn
+  return step_fn
 
 
 def _table_args(table, offs, batch):
-    offs = jnp.zeros((batch, table.shape[-1]), table.dtype) if offs is None else offs
-    return table_step(table, offs), {"i": jnp.int32(0), "row": jnp.arange(batch)}
+  offs = jnp.zeros((batch, table.shape[-1]), table.dtype) if offs is None else offs
+  return table_step(table, offs), {"i": jnp.int32(0), "row": jnp.arange(batch)}
 
 
 @functools.partial(jax.jit, static_argnames=("batch", "max_len"))
 def table_greedy(table, offs=None, *, batch=1, max_len=T_MAXLEN):
-    return greedy_search(*_table_args(table, offs, batch), batch, max_len)
+  return greedy_search(*_table_args(table, offs, batch), batch, max_len)
 
 
 @functools.partial(jax.jit, static_argnames=("batch", "max_len", "beam"))
 def table_beam(table, alpha, offs=None, *, batch=1, max_len=T_MAXLEN, beam=2):
-    return beam_search(*_table_args(table, offs, batch), batch, max_len, beam_size=beam,
-                       alpha=alpha)
+  return beam_search(*_table_args(table, offs, batch), batch, max_len, beam_size=beam, alpha=alpha)
 
 
 @functools.partial(jax.jit, static_argnames=("batch", "max_len", "top_k"))
 def table_sample(table, key, temperature, *, batch, max_len, top_k):
-    step_fn, cache = _table_args(table, None, batch)
-    return sample(step_fn, cache, key, batch, max_len, temperature=temperature, top_k=top_k)
+  step_fn, cache = _table_args(table, None, batch)
+  return sample(step_fn, cache, key, batch, max_len, temperature=temperature, top_k=top_k)
 
 
 def eos_table():
-    """[T_LEN, V, V] table where every (pos, prev) gives EOS with probability ~1."""
-    t = np.full((T_LEN, T_VOCAB, T_VOCAB), NEG, np.float32)
-    t[..., EOS] = 0.0
-    return t
+  """[T_LEN, V, V] table where every (pos, prev) gives EOS with probability ~1."""
+  t = np.full((T_LEN, T_VOCAB, T_VOCAB), NEG, np.float32)
+  t[..., EOS] = 0.0
+  return t
 
 
 def logps(**p):
-    """Row of log-probs from token probabilities, e.g. logps(A=.5, EOS=.5); others ~0."""
-    names = {"PAD": PAD, "EOS": EOS, "A": A, "B": B, "C": 4}
-    row = np.full(T_VOCAB, NEG, np.float32)
-    for k, v in p.items():
-        row[names[k]] = v if v <= 0 else math.log(v)
-    return row
+  """Row of log-probs from token probabilities, e.g. logps(A=.5, EOS=.5); others ~0."""
+  names = {"PAD": PAD, "EOS": EOS, "A": A, "B": B, "C": 4}
+  row = np.full(T_VOCAB, NEG, np.float32)
+  for k, v in p.items():
+    row[names[k]] = v if v <= 0 else math.log(v)
+  return row
 
 
 def padded(prefix, max_len=T_MAXLEN):
-    return list(prefix) + [PAD] * (max_len - len(prefix))
+  return list(prefix) + [PAD] * (max_len - len(prefix))
 
 
 # ----------------------------------------------------------------------------- hash model
@@ -106,203 +112,222 @@ _HW = np.array([pow(31, j, HASH) for j in range(H_LEN)], np.int32)
 
 
 def hash_step(w, offs, dtype=jnp.float32):
-    """Step fn: logits = ``w[i, hash(prefix)] + offs[row]`` cast to ``dtype``.
+  """Step fn: logits = ``w[i, hash(prefix)] + offs[row]`` cast to ``dtype``.
 
-    Cache: 'hist' [n, L] int32 (fed tokens, read back for the hash), 'kv' [n, L, 2] float,
-    'row' [n] int32 (batch row, gives per-row offsets), 'i' 0-d position.
-    """
+  Cache: 'hist' [n, L] int32 (fed tokens, read back for the hash), 'kv' [n, L, 2] float,
+  'row' [n] int32 (batch row, gives per-row offsets), 'i' 0-d position.
+  """
 
-    def step_fn(ids, cache):
-        jax.debug.callback(_tick)
-        i = cache["i"]
-        n = ids.shape[0]
-        assert jnp.ndim(i) == 0 and cache["hist"].shape[0] == cache["kv"].shape[0] == n
-        hist = cache["hist"].at[:, i].set(ids[:, 0])
-        h = (hist * _HW).sum(-1) % HASH
-        kv = cache["kv"].at[:, i, :].set(ids.astype(jnp.float32))
-        logits = (w[i, h] + offs[cache["row"]]).astype(dtype)
-        return logits, {"hist": hist, "kv": kv, "row": cache["row"], "i": i + 1}
+  def step_fn(ids, cache):
+    jax.debug.callback(_tick)
+    i = cache["i"]
+    n = ids.shape[0]
+    assert jnp.ndim(i) == 0 and cache["hist"].shape[0] == cache["kv"].shape[0] == n
+    hist = cache["hist"].at[:, i].set(ids[:, 0])
+    h = (hist * _HW).sum(-1) % HASH
+    kv = cache["kv"].at[:, i, :].set(ids.astype(jnp.float32))
+    logits = (w[i, h] + offs[cache["row"]]).astype(dtype)
+    return logits, {"hist": hist, "kv": kv, "row": cache["row"], "i": i + 1}
 
-    return step_fn
+  return step_fn
 
 
 def hash_cache(batch=H_BATCH, max_len=H_LEN):
-    return {"hist": jnp.zeros((batch, max_len), jnp.int32),
-            "kv": jnp.zeros((batch, max_len, 2), jnp.float32),
-            "row": jnp.arange(batch, dtype=jnp.int32),
-            "i": jnp.int32(0)}
+  return {
+    "hist": jnp.zeros((batch, max_len), jnp.int32),
+    "kv": jnp.zeros((batch, max_len, 2), jnp.float32),
+    "row": jnp.arange(batch, dtype=jnp.int32),
+    "i": jnp.int32(0),
+  }
 
 
 @functools.partial(jax.jit, static_argnames=("dtype",))
 def hash_greedy(w, offs, max_lens=None, *, dtype=jnp.float32):
-    return greedy_search(hash_step(w, offs, dtype), hash_cache(), H_BATCH, H_LEN, max_lens=max_lens)
+  return greedy_search(hash_step(w, offs, dtype), hash_cache(), H_BATCH, H_LEN, max_lens=max_lens)
 
 
 @functools.partial(jax.jit, static_argnames=("beam", "dtype"))
 def hash_beam(w, offs, alpha, max_lens=None, *, beam, dtype=jnp.float32):
-    return beam_search(hash_step(w, offs, dtype), hash_cache(), H_BATCH, H_LEN, beam_size=beam,
-                       alpha=alpha, max_lens=max_lens)
+  return beam_search(
+    hash_step(w, offs, dtype),
+    hash_cache(),
+    H_BATCH,
+    H_LEN,
+    beam_size=beam,
+    alpha=alpha,
+    max_lens=max_lens,
+  )
 
 
 @functools.partial(jax.jit, static_argnames=("top_k",))
 def hash_sample(w, offs, key, temperature=1.0, max_lens=None, *, top_k):
-    return sample(hash_step(w, offs), hash_cache(), key, H_BATCH, H_LEN, temperature=temperature,
-                  top_k=top_k, max_lens=max_lens)
+  return sample(
+    hash_step(w, offs),
+    hash_cache(),
+    key,
+    H_BATCH,
+    H_LEN,
+    temperature=temperature,
+    top_k=top_k,
+    max_lens=max_lens,
+  )
 
 
 def hash_model(seed, eos_bias=0.0, scale=2.0, row_eos=None):
-    """Random weights [L, HASH, V] and per-row offsets [batch, V] (float32, as jax arrays)."""
-    rng = np.random.default_rng(seed)
-    w = rng.normal(size=(H_LEN, HASH, H_VOCAB)).astype(np.float32) * scale
-    w[..., EOS] += eos_bias
-    w[..., PAD] = NEG
-    offs = rng.normal(size=(H_BATCH, H_VOCAB)).astype(np.float32)
-    if row_eos is not None:
-        offs[:, EOS] += np.asarray(row_eos, np.float32)
-    return jnp.asarray(w), jnp.asarray(offs)
+  """Random weights [L, HASH, V] and per-row offsets [batch, V] (float32, as jax arrays)."""
+  rng = np.random.default_rng(seed)
+  w = rng.normal(size=(H_LEN, HASH, H_VOCAB)).astype(np.float32) * scale
+  w[..., EOS] += eos_bias
+  w[..., PAD] = NEG
+  offs = rng.normal(size=(H_BATCH, H_VOCAB)).astype(np.float32)
+  if row_eos is not None:
+    offs[:, EOS] += np.asarray(row_eos, np.float32)
+  return jnp.asarray(w), jnp.asarray(offs)
 
 
 def hash_logp_fn(w, offs, row):
-    """Reference log-probs (float64) of batch row ``row``: prefix tuple -> [V]."""
-    w, offs = np.asarray(w, np.float64), np.asarray(offs, np.float64)
+  """Reference log-probs (float64) of batch row ``row``: prefix tuple -> [V]."""
+  w, offs = np.asarray(w, np.float64), np.asarray(offs, np.float64)
 
-    def logp_fn(prefix):
-        seq = (0,) + tuple(prefix)
-        h = sum(int(s) * int(_HW[j]) for j, s in enumerate(seq)) % HASH
-        x = w[len(prefix), h] + offs[row]
-        return x - np.logaddexp.reduce(x)
+  def logp_fn(prefix):
+    seq = (0,) + tuple(prefix)
+    h = sum(int(s) * int(_HW[j]) for j, s in enumerate(seq)) % HASH
+    x = w[len(prefix), h] + offs[row]
+    return x - np.logaddexp.reduce(x)
 
-    return logp_fn
+  return logp_fn
 
 
 # ----------------------------------------------------------------------------- references
 
 
 def _lp(n, alpha):
-    return ((5.0 + n) / 6.0) ** alpha
+  return ((5.0 + n) / 6.0) ** alpha
 
 
 def _forced(vocab):
-    x = np.full(vocab, -INF)
-    x[EOS] = 0.0
-    return x
+  x = np.full(vocab, -INF)
+  x[EOS] = 0.0
+  return x
 
 
 def ref_greedy(logp_fn, max_len, max_len_b=None):
-    out = []
-    for t in range(max_len):
-        forced = max_len_b is not None and t + 1 >= max_len_b
-        tok = EOS if forced else int(np.argmax(logp_fn(tuple(out))))
-        out.append(tok)
-        if tok == EOS:
-            break
-    return padded(out, max_len)
+  out = []
+  for t in range(max_len):
+    forced = max_len_b is not None and t + 1 >= max_len_b
+    tok = EOS if forced else int(np.argmax(logp_fn(tuple(out))))
+    out.append(tok)
+    if tok == EOS:
+      break
+  return padded(out, max_len)
 
 
 def ref_beam(logp_fn, vocab, max_len, k, alpha, max_len_b=None):
-    """Plain-Python beam search following the documented rules; [(score, ids)] best first."""
-    lmax = max_len if max_len_b is None else min(max_len_b, max_len)
-    live, fin, t, done = [((), 0.0)], [], 0, False
-    while t < max_len and not done:
-        cands = []
-        for bi, (seq, score) in enumerate(live):
-            lp = _forced(vocab) if max_len_b is not None and t + 1 >= max_len_b else logp_fn(seq)
-            cands += [(score + lp[v], bi * vocab + v, seq + (v,)) for v in range(vocab)]
-        cands = sorted((c for c in cands if c[0] > -INF), key=lambda c: (-c[0], c[1]))[:2 * k]
-        new_fin = [(c[0] / _lp(t + 1, alpha), c[2]) for c in cands[:k] if c[2][-1] == EOS]
-        fin = sorted(fin + new_fin, key=lambda f: -f[0])[:k]
-        live = [(c[2], c[0]) for c in cands if c[2][-1] != EOS][:k]
-        t += 1
-        if k == 1:
-            done = len(fin) == k or not live
-        else:
-            bound = live[0][1] / max(_lp(t + 1, alpha), _lp(lmax, alpha)) if live else -INF
-            done = bound <= (fin[-1][0] if len(fin) == k else -INF)
-    out = fin + sorted(((s / _lp(t, alpha), seq) for seq, s in live), key=lambda f: -f[0])
-    return [(s, padded(seq, max_len)) for s, seq in sorted(out[:k], key=lambda f: -f[0])]
+  """Plain-Python beam search following the documented rules; [(score, ids)] best first."""
+  lmax = max_len if max_len_b is None else min(max_len_b, max_len)
+  live, fin, t, done = [((), 0.0)], [], 0, False
+  while t < max_len and not done:
+    cands = []
+    for bi, (seq, score) in enumerate(live):
+      lp = _forced(vocab) if max_len_b is not None and t + 1 >= max_len_b else logp_fn(seq)
+      cands += [(score + lp[v], bi * vocab + v, seq + (v,)) for v in range(vocab)]
+    cands = sorted((c for c in cands if c[0] > -INF), key=lambda c: (-c[0], c[1]))[: 2 * k]
+    new_fin = [(c[0] / _lp(t + 1, alpha), c[2]) for c in cands[:k] if c[2][-1] == EOS]
+    fin = sorted(fin + new_fin, key=lambda f: -f[0])[:k]
+    live = [(c[2], c[0]) for c in cands if c[2][-1] != EOS][:k]
+    t += 1
+    if k == 1:
+      done = len(fin) == k or not live
+    else:
+      bound = live[0][1] / max(_lp(t + 1, alpha), _lp(lmax, alpha)) if live else -INF
+      done = bound <= (fin[-1][0] if len(fin) == k else -INF)
+  out = fin + sorted(((s / _lp(t, alpha), seq) for seq, s in live), key=lambda f: -f[0])
+  return [(s, padded(seq, max_len)) for s, seq in sorted(out[:k], key=lambda f: -f[0])]
 
 
 def replay_score(logp_fn, ids, alpha, vocab, max_len_b=None):
-    """Score of a returned row by replaying the model: logp / lp(len), len counting EOS."""
-    ids = list(ids)
-    n = ids.index(EOS) + 1 if EOS in ids else len(ids)
-    total = 0.0
-    for t in range(n):
-        forced = max_len_b is not None and t + 1 >= max_len_b
-        lp = _forced(vocab) if forced else logp_fn(tuple(ids[:t]))
-        total += lp[ids[t]]
-    return total / _lp(n, alpha)
+  """Score of a returned row by replaying the model: logp / lp(len), len counting EOS."""
+  ids = list(ids)
+  n = ids.index(EOS) + 1 if EOS in ids else len(ids)
+  total = 0.0
+  for t in range(n):
+    forced = max_len_b is not None and t + 1 >= max_len_b
+    lp = _forced(vocab) if forced else logp_fn(tuple(ids[:t]))
+    total += lp[ids[t]]
+  return total / _lp(n, alpha)
 
 
 def assert_pad_after_eos(row):
-    row = list(np.asarray(row))
-    if EOS in row:
-        assert all(x == PAD for x in row[row.index(EOS) + 1:]), row
+  row = list(np.asarray(row))
+  if EOS in row:
+    assert all(x == PAD for x in row[row.index(EOS) + 1 :]), row
 
 
 def assert_matches_ref(ids, scores, ref):
-    np.testing.assert_array_equal(ids, [r[1] for r in ref])
-    np.testing.assert_allclose(scores, [r[0] for r in ref], rtol=2e-5)
+  np.testing.assert_array_equal(ids, [r[1] for r in ref])
+  np.testing.assert_allclose(scores, [r[0] for r in ref], rtol=2e-5)
 
 
 # ----------------------------------------------------------------------------- helpers
 
 
 def test_length_penalty_values():
-    assert float(length_penalty(1, 0.6)) == pytest.approx(1.0)
-    assert float(length_penalty(4, 0.6)) == pytest.approx(1.5 ** 0.6)
-    assert float(length_penalty(7, 0.0)) == 1.0
+  assert float(length_penalty(1, 0.6)) == pytest.approx(1.0)
+  assert float(length_penalty(4, 0.6)) == pytest.approx(1.5**0.6)
+  assert float(length_penalty(7, 0.0)) == 1.0
 
 
 def test_expand_and_gather_beams():
-    tree = {"a": jnp.arange(6).reshape(2, 3), "i": jnp.int32(7), "b": jnp.arange(2.0)}
-    ex = expand_to_beams(tree, 2)
-    assert ex["i"].shape == () and int(ex["i"]) == 7
-    np.testing.assert_array_equal(ex["a"], [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]])
-    np.testing.assert_array_equal(ex["b"], [0, 0, 1, 1])
-    rows = {"x": jnp.arange(6) * 10, "i": jnp.int32(3)}  # batch 2 x beam 3
-    g = gather_beams(rows, jnp.array([[2, 2, 0], [1, 0, 0]]), 2, 3)
-    np.testing.assert_array_equal(g["x"], [20, 20, 0, 40, 30, 30])
-    assert int(g["i"]) == 3
-    g2 = gather_beams(rows, jnp.array([[1], [2]]), 2, 3)  # fewer new beams
-    np.testing.assert_array_equal(g2["x"], [10, 50])
+  tree = {"a": jnp.arange(6).reshape(2, 3), "i": jnp.int32(7), "b": jnp.arange(2.0)}
+  ex = expand_to_beams(tree, 2)
+  assert ex["i"].shape == () and int(ex["i"]) == 7
+  np.testing.assert_array_equal(ex["a"], [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]])
+  np.testing.assert_array_equal(ex["b"], [0, 0, 1, 1])
+  rows = {"x": jnp.arange(6) * 10, "i": jnp.int32(3)}  # batch 2 x beam 3
+  g = gather_beams(rows, jnp.array([[2, 2, 0], [1, 0, 0]]), 2, 3)
+  np.testing.assert_array_equal(g["x"], [20, 20, 0, 40, 30, 30])
+  assert int(g["i"]) == 3
+  g2 = gather_beams(rows, jnp.array([[1], [2]]), 2, 3)  # fewer new beams
+  np.testing.assert_array_equal(g2["x"], [10, 50])
 
 
 @pytest.mark.parametrize("batch,beam,vocab", [(3, 4, 50), (2, 1, 7), (2, 3, 4), (1, 2, 2)])
 def test_two_stage_top_k_equals_flat_top_k(batch, beam, vocab):
-    rng = np.random.default_rng(batch * 100 + beam * 10 + vocab)
-    n = 2 * beam
-    for ties in (False, True):
-        if ties:  # few distinct values -> many ties within and across beams, plus -inf rows
-            x = rng.integers(0, 3, (batch, beam, vocab)).astype(np.float32)
-            x[:, 1:] = np.where(rng.random((batch, beam - 1, 1)) < 0.5, -INF, x[:, 1:])
-        else:
-            x = rng.standard_normal((batch, beam, vocab)).astype(np.float32)
-        vals, flat = jax.jit(search._two_stage_top_k, static_argnums=1)(jnp.asarray(x), n)
-        ref_vals, ref_flat = jax.lax.top_k(jnp.asarray(x).reshape(batch, beam * vocab), n)
-        np.testing.assert_array_equal(vals, ref_vals)
-        np.testing.assert_array_equal(flat, ref_flat)
-    x = np.full((batch, beam, vocab), -INF, np.float32)  # all -inf: lowest flat indices
-    _, flat = search._two_stage_top_k(jnp.asarray(x), n)
-    np.testing.assert_array_equal(flat, np.tile(np.arange(n), (batch, 1)))
+  rng = np.random.default_rng(batch * 100 + beam * 10 + vocab)
+  n = 2 * beam
+  for ties in (False, True):
+    if ties:  # few distinct values -> many ties within and across beams, plus -inf rows
+      x = rng.integers(0, 3, (batch, beam, vocab)).astype(np.float32)
+      x[:, 1:] = np.where(rng.random((batch, beam - 1, 1)) < 0.5, -INF, x[:, 1:])
+    else:
+      x = rng.standard_normal((batch, beam, vocab)).astype(np.float32)
+    vals, flat = jax.jit(search._two_stage_top_k, static_argnums=1)(jnp.asarray(x), n)
+    ref_vals, ref_flat = jax.lax.top_k(jnp.asarray(x).reshape(batch, beam * vocab), n)
+    np.testing.assert_array_equal(vals, ref_vals)
+    np.testing.assert_array_equal(flat, ref_flat)
+  x = np.full((batch, beam, vocab), -INF, np.float32)  # all -inf: lowest flat indices
+  _, flat = search._two_stage_top_k(jnp.asarray(x), n)
+  np.testing.assert_array_equal(flat, np.tile(np.arange(n), (batch, 1)))
 
 
 @pytest.mark.parametrize("width,n,chunk", [(1000, 8, 16), (777, 3, 8), (300, 8, 64), (513, 2, 32)])
 def test_chunked_top_k_equals_top_k(width, n, chunk):
-    """Including ties (lower index first), -inf entries, a width not divisible by the chunk and
-    the fallback to plain top_k when there are too few chunks."""
-    rng = np.random.default_rng(width + n)
-    cases = [rng.standard_normal((3, 2, width)),
-             rng.integers(0, 4, (3, 2, width)).astype(np.float64),
-             np.where(rng.random((3, 2, width)) < 0.97, -INF, rng.standard_normal((3, 2, width))),
-             np.full((3, 2, width), -INF)]
-    fn = jax.jit(search.chunked_top_k, static_argnums=(1, 2))
-    for x in cases:
-        x = jnp.asarray(x, jnp.float32)
-        vals, idx = fn(x, n, chunk)
-        ref_vals, ref_idx = jax.lax.top_k(x, n)
-        np.testing.assert_array_equal(vals, ref_vals)
-        np.testing.assert_array_equal(idx, ref_idx)
+  """Including ties (lower index first), -inf entries, a width not divisible by the chunk and
+  the fallback to plain top_k when there are too few chunks."""
+  rng = np.random.default_rng(width + n)
+  cases = [
+    rng.standard_normal((3, 2, width)),
+    rng.integers(0, 4, (3, 2, width)).astype(np.float64),
+    np.where(rng.random((3, 2, width)) < 0.97, -INF, rng.standard_normal((3, 2, width))),
+    np.full((3, 2, width), -INF),
+  ]
+  fn = jax.jit(search.chunked_top_k, static_argnums=(1, 2))
+  for x in cases:
+    x = jnp.asarray(x, jnp.float32)
+    vals, idx = fn(x, n, chunk)
+    ref_vals, ref_idx = jax.lax.top_k(x, n)
+    np.testing.assert_array_equal(vals, ref_vals)
+    np.testing.assert_array_equal(idx, ref_idx)
 
 
 # ----------------------------------------------------------------------------- greedy / sampling
@@ -310,269 +335,273 @@ def test_chunked_top_k_equals_top_k(width, n, chunk):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_greedy_matches_reference_and_pads(seed):
-    # Per-row EOS offsets: rows 0/1 (almost) never finish, rows 2/3 finish early.
-    w, offs = hash_model(seed, row_eos=[-30.0, -30.0, 1.0, 4.0])
-    ids = np.asarray(hash_greedy(w, offs))
-    assert ids.shape == (H_BATCH, H_LEN) and ids.dtype == np.int32
-    for r, row in enumerate(ids):
-        assert list(row) == ref_greedy(hash_logp_fn(w, offs, r), H_LEN)
-        assert_pad_after_eos(row)
-    assert EOS not in ids[0] and EOS in ids[3]
+  # Per-row EOS offsets: rows 0/1 (almost) never finish, rows 2/3 finish early.
+  w, offs = hash_model(seed, row_eos=[-30.0, -30.0, 1.0, 4.0])
+  ids = np.asarray(hash_greedy(w, offs))
+  assert ids.shape == (H_BATCH, H_LEN) and ids.dtype == np.int32
+  for r, row in enumerate(ids):
+    assert list(row) == ref_greedy(hash_logp_fn(w, offs, r), H_LEN)
+    assert_pad_after_eos(row)
+  assert EOS not in ids[0] and EOS in ids[3]
 
 
 def test_greedy_stops_early():
-    t = eos_table()
-    t[0, 0] = logps(A=0.3, B=0.7)
-    t[1, B] = logps(A=0.6, B=0.4)
-    ids, steps = count_steps(lambda: table_greedy(jnp.asarray(t), jnp.zeros((2, T_VOCAB)), batch=2))
-    np.testing.assert_array_equal(ids, [padded([B, A, EOS])] * 2)
-    assert steps == 3  # stopped once every row emitted EOS, not after T_MAXLEN steps
+  t = eos_table()
+  t[0, 0] = logps(A=0.3, B=0.7)
+  t[1, B] = logps(A=0.6, B=0.4)
+  ids, steps = count_steps(lambda: table_greedy(jnp.asarray(t), jnp.zeros((2, T_VOCAB)), batch=2))
+  np.testing.assert_array_equal(ids, [padded([B, A, EOS])] * 2)
+  assert steps == 3  # stopped once every row emitted EOS, not after T_MAXLEN steps
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sample_top_k_1_equals_greedy(seed):
-    w, offs = hash_model(seed, eos_bias=0.3)
-    greedy = hash_greedy(w, offs)
-    for temp in (1.0, 0.3):
-        s = hash_sample(w, offs, jax.random.key(seed), temp, top_k=1)
-        np.testing.assert_array_equal(s, greedy)
+  w, offs = hash_model(seed, eos_bias=0.3)
+  greedy = hash_greedy(w, offs)
+  for temp in (1.0, 0.3):
+    s = hash_sample(w, offs, jax.random.key(seed), temp, top_k=1)
+    np.testing.assert_array_equal(s, greedy)
 
 
 def test_sample_deterministic_given_rng_and_pads():
-    w, offs = hash_model(3, scale=0.5)
-    a = hash_sample(w, offs, jax.random.key(0), top_k=4)
-    np.testing.assert_array_equal(a, hash_sample(w, offs, jax.random.key(0), top_k=4))
-    assert not np.array_equal(a, hash_sample(w, offs, jax.random.key(1), top_k=4))
-    for row in np.asarray(a):
-        assert_pad_after_eos(row)
-    # Raw uint32 keys work too.
-    np.testing.assert_array_equal(hash_sample(w, offs, jax.random.PRNGKey(5), top_k=4),
-                                  hash_sample(w, offs, jax.random.PRNGKey(5), top_k=4))
+  w, offs = hash_model(3, scale=0.5)
+  a = hash_sample(w, offs, jax.random.key(0), top_k=4)
+  np.testing.assert_array_equal(a, hash_sample(w, offs, jax.random.key(0), top_k=4))
+  assert not np.array_equal(a, hash_sample(w, offs, jax.random.key(1), top_k=4))
+  for row in np.asarray(a):
+    assert_pad_after_eos(row)
+  # Raw uint32 keys work too.
+  np.testing.assert_array_equal(
+    hash_sample(w, offs, jax.random.PRNGKey(5), top_k=4),
+    hash_sample(w, offs, jax.random.PRNGKey(5), top_k=4),
+  )
 
 
 def test_sample_distribution_temperature_and_top_k():
-    p = np.array([0.0, 0.0, 0.5, 0.3, 0.2])
-    t = eos_table()
-    t[0, 0] = logps(A=0.5, B=0.3, C=0.2)
-    n, key = 4000, jax.random.key(7)
+  p = np.array([0.0, 0.0, 0.5, 0.3, 0.2])
+  t = eos_table()
+  t[0, 0] = logps(A=0.5, B=0.3, C=0.2)
+  n, key = 4000, jax.random.key(7)
 
-    def freqs(temperature=1.0, top_k=0):
-        ids = table_sample(jnp.asarray(t), key, temperature, batch=n, max_len=1, top_k=top_k)
-        return np.bincount(np.asarray(ids[:, 0]), minlength=T_VOCAB) / n
+  def freqs(temperature=1.0, top_k=0):
+    ids = table_sample(jnp.asarray(t), key, temperature, batch=n, max_len=1, top_k=top_k)
+    return np.bincount(np.asarray(ids[:, 0]), minlength=T_VOCAB) / n
 
-    np.testing.assert_allclose(freqs(), p, atol=0.03)
-    q = p ** 2 / (p ** 2).sum()  # temperature 0.5 squares the probabilities
-    np.testing.assert_allclose(freqs(temperature=0.5), q, atol=0.03)
-    f = freqs(top_k=2)
-    assert f[4] == 0.0
-    np.testing.assert_allclose(f[2:4], [0.625, 0.375], atol=0.03)
+  np.testing.assert_allclose(freqs(), p, atol=0.03)
+  q = p**2 / (p**2).sum()  # temperature 0.5 squares the probabilities
+  np.testing.assert_allclose(freqs(temperature=0.5), q, atol=0.03)
+  f = freqs(top_k=2)
+  assert f[4] == 0.0
+  np.testing.assert_allclose(f[2:4], [0.625, 0.375], atol=0.03)
 
 
 # ----------------------------------------------------------------------------- beam search
 
 
-@pytest.mark.parametrize("seed,alpha,dtype", [(0, 0.6, jnp.float32), (1, 0.0, jnp.float32),
-                                              (2, 1.0, jnp.float32), (3, 0.6, jnp.bfloat16)])
+@pytest.mark.parametrize(
+  "seed,alpha,dtype",
+  [(0, 0.6, jnp.float32), (1, 0.0, jnp.float32), (2, 1.0, jnp.float32), (3, 0.6, jnp.bfloat16)],
+)
 def test_beam_size_1_equals_greedy(seed, alpha, dtype):
-    w, offs = hash_model(seed, eos_bias=0.3)
-    greedy = hash_greedy(w, offs, dtype=dtype)
-    ids, scores = hash_beam(w, offs, alpha, beam=1, dtype=dtype)
-    assert ids.shape == (H_BATCH, 1, H_LEN) and scores.shape == (H_BATCH, 1)
-    np.testing.assert_array_equal(ids[:, 0], greedy)
-    assert np.isfinite(np.asarray(scores)).all()
-    if dtype == jnp.float32:  # and with per-sentence max lengths
-        max_lens = jnp.array([3, 100, 5, 1])
-        ids, _ = hash_beam(w, offs, alpha, max_lens, beam=1)
-        np.testing.assert_array_equal(ids[:, 0], hash_greedy(w, offs, max_lens))
+  w, offs = hash_model(seed, eos_bias=0.3)
+  greedy = hash_greedy(w, offs, dtype=dtype)
+  ids, scores = hash_beam(w, offs, alpha, beam=1, dtype=dtype)
+  assert ids.shape == (H_BATCH, 1, H_LEN) and scores.shape == (H_BATCH, 1)
+  np.testing.assert_array_equal(ids[:, 0], greedy)
+  assert np.isfinite(np.asarray(scores)).all()
+  if dtype == jnp.float32:  # and with per-sentence max lengths
+    max_lens = jnp.array([3, 100, 5, 1])
+    ids, _ = hash_beam(w, offs, alpha, max_lens, beam=1)
+    np.testing.assert_array_equal(ids[:, 0], hash_greedy(w, offs, max_lens))
 
 
 def test_beam_size_1_stops_at_first_eos():
-    """[EOS] (p=.5) is greedy's choice, but with alpha=.6 the live [A, EOS] (p=.49) scores better:
-    -0.713 / 1.097 = -0.650 > -0.693. beam_size=1 still returns greedy's [EOS], also while another
-    batch row (always C, never EOS) keeps the loop running; beam_size=2 finds [A, EOS]."""
-    t = eos_table()
-    t[0, 0] = logps(EOS=0.5, A=0.49, B=0.01)
-    t = jnp.asarray(t)
-    offs = jnp.zeros((2, T_VOCAB)).at[1, EOS].set(-3e4).at[1, 4].set(3e4)
-    greedy = table_greedy(t, offs, batch=2)
-    np.testing.assert_array_equal(greedy, [padded([EOS]), [4] * T_MAXLEN])
-    ids, scores = table_beam(t, 0.6, offs, batch=2, beam=1)
-    np.testing.assert_array_equal(ids[:, 0], greedy)
-    assert float(scores[0, 0]) == pytest.approx(math.log(0.5), rel=1e-5)
-    ids, scores = table_beam(t, 0.6, beam=2)
-    np.testing.assert_array_equal(ids[0], [padded([A, EOS]), padded([EOS])])
-    np.testing.assert_allclose(scores[0], [math.log(0.49) / _lp(2, 0.6), math.log(0.5)], rtol=1e-5)
+  """[EOS] (p=.5) is greedy's choice, but with alpha=.6 the live [A, EOS] (p=.49) scores better:
+  -0.713 / 1.097 = -0.650 > -0.693. beam_size=1 still returns greedy's [EOS], also while another
+  batch row (always C, never EOS) keeps the loop running; beam_size=2 finds [A, EOS]."""
+  t = eos_table()
+  t[0, 0] = logps(EOS=0.5, A=0.49, B=0.01)
+  t = jnp.asarray(t)
+  offs = jnp.zeros((2, T_VOCAB)).at[1, EOS].set(-3e4).at[1, 4].set(3e4)
+  greedy = table_greedy(t, offs, batch=2)
+  np.testing.assert_array_equal(greedy, [padded([EOS]), [4] * T_MAXLEN])
+  ids, scores = table_beam(t, 0.6, offs, batch=2, beam=1)
+  np.testing.assert_array_equal(ids[:, 0], greedy)
+  assert float(scores[0, 0]) == pytest.approx(math.log(0.5), rel=1e-5)
+  ids, scores = table_beam(t, 0.6, beam=2)
+  np.testing.assert_array_equal(ids[0], [padded([A, EOS]), padded([EOS])])
+  np.testing.assert_allclose(scores[0], [math.log(0.49) / _lp(2, 0.6), math.log(0.5)], rtol=1e-5)
 
 
 def _two_path_table():
-    """Greedy takes A (p=.55), after which everything is weak; B (p=.45) -> EOS (p=.99)."""
-    t = eos_table()
-    t[0, 0] = logps(A=0.55, B=0.45)
-    t[1, A] = logps(EOS=0.33, A=0.34, B=0.33)
-    t[1, B] = logps(EOS=0.99, A=0.005, B=0.005)
-    return jnp.asarray(t)
+  """Greedy takes A (p=.55), after which everything is weak; B (p=.45) -> EOS (p=.99)."""
+  t = eos_table()
+  t[0, 0] = logps(A=0.55, B=0.45)
+  t[1, A] = logps(EOS=0.33, A=0.34, B=0.33)
+  t[1, B] = logps(EOS=0.99, A=0.005, B=0.005)
+  return jnp.asarray(t)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_beam_finds_better_sequence_than_greedy(alpha):
-    t = _two_path_table()
-    np.testing.assert_array_equal(table_greedy(t)[0], padded([A, A, EOS]))
-    ids, scores = table_beam(t, alpha)
-    np.testing.assert_array_equal(ids[0, 0], padded([B, EOS]))
-    expect = (math.log(0.45) + math.log(0.99)) / ((5 + 2) / 6) ** alpha
-    assert float(scores[0, 0]) == pytest.approx(expect, rel=1e-5)
-    greedy_score = (math.log(0.55) + math.log(0.34)) / ((5 + 3) / 6) ** alpha
-    assert float(scores[0, 0]) > greedy_score
+  t = _two_path_table()
+  np.testing.assert_array_equal(table_greedy(t)[0], padded([A, A, EOS]))
+  ids, scores = table_beam(t, alpha)
+  np.testing.assert_array_equal(ids[0, 0], padded([B, EOS]))
+  expect = (math.log(0.45) + math.log(0.99)) / ((5 + 2) / 6) ** alpha
+  assert float(scores[0, 0]) == pytest.approx(expect, rel=1e-5)
+  greedy_score = (math.log(0.55) + math.log(0.34)) / ((5 + 3) / 6) ** alpha
+  assert float(scores[0, 0]) > greedy_score
 
 
 def _length_penalty_table():
-    """Short [EOS] has log-prob -0.9; long [A, A, A, EOS] has log(1 - e^-0.9) + 2 log .8."""
-    t = eos_table()
-    t[0, 0] = logps(EOS=-0.9, A=math.log(1 - math.exp(-0.9)))
-    t[1, A] = t[2, A] = logps(EOS=0.2, A=0.8)
-    return jnp.asarray(t)
+  """Short [EOS] has log-prob -0.9; long [A, A, A, EOS] has log(1 - e^-0.9) + 2 log .8."""
+  t = eos_table()
+  t[0, 0] = logps(EOS=-0.9, A=math.log(1 - math.exp(-0.9)))
+  t[1, A] = t[2, A] = logps(EOS=0.2, A=0.8)
+  return jnp.asarray(t)
 
 
 def test_length_penalty_choice_and_scores():
-    t = _length_penalty_table()
-    short, short_logp = padded([EOS]), -0.9
-    long, long_logp = padded([A, A, A, EOS]), math.log(1 - math.exp(-0.9)) + 2 * math.log(0.8)
-    assert long_logp == pytest.approx(-0.968123, abs=1e-6)
+  t = _length_penalty_table()
+  short, short_logp = padded([EOS]), -0.9
+  long, long_logp = padded([A, A, A, EOS]), math.log(1 - math.exp(-0.9)) + 2 * math.log(0.8)
+  assert long_logp == pytest.approx(-0.968123, abs=1e-6)
 
-    # alpha = 0: plain log-prob, the short hypothesis wins.
-    ids, scores = table_beam(t, 0.0)
-    np.testing.assert_array_equal(ids[0], [short, long])
-    np.testing.assert_allclose(scores[0], [-0.9, -0.968123], rtol=1e-5)
+  # alpha = 0: plain log-prob, the short hypothesis wins.
+  ids, scores = table_beam(t, 0.0)
+  np.testing.assert_array_equal(ids[0], [short, long])
+  np.testing.assert_allclose(scores[0], [-0.9, -0.968123], rtol=1e-5)
 
-    # alpha = 0.6: score = logp / ((5 + len) / 6)^0.6 with len counting EOS: len 1 -> lp 1,
-    # len 4 -> lp 1.5^0.6 = 1.27542, so the long one wins with -0.968123 / 1.27542 = -0.759059.
-    ids, scores = table_beam(t, 0.6)
-    np.testing.assert_array_equal(ids[0], [long, short])
-    np.testing.assert_allclose(scores[0], [-0.759059, -0.9], rtol=1e-5)
-    np.testing.assert_allclose(scores[0], [long_logp / 1.5 ** 0.6, short_logp], rtol=1e-5)
+  # alpha = 0.6: score = logp / ((5 + len) / 6)^0.6 with len counting EOS: len 1 -> lp 1,
+  # len 4 -> lp 1.5^0.6 = 1.27542, so the long one wins with -0.968123 / 1.27542 = -0.759059.
+  ids, scores = table_beam(t, 0.6)
+  np.testing.assert_array_equal(ids[0], [long, short])
+  np.testing.assert_allclose(scores[0], [-0.759059, -0.9], rtol=1e-5)
+  np.testing.assert_allclose(scores[0], [long_logp / 1.5**0.6, short_logp], rtol=1e-5)
 
 
 def test_beam_early_stop():
-    (ids, _), steps = count_steps(lambda: table_beam(_length_penalty_table(), 0.0))
-    # After step 4 both slots are finished and the live beams have log-prob ~ -1e4.
-    assert steps == 4
-    # No early stop while a live beam can still win: uniform over A, B, C, EOS impossible.
-    t = np.zeros((T_LEN, T_VOCAB, T_VOCAB), np.float32)
-    t[..., EOS] = t[..., PAD] = NEG
-    (ids, scores), steps = count_steps(lambda: table_beam(jnp.asarray(t), 0.6))
-    assert steps == T_MAXLEN
-    assert (np.asarray(ids) > EOS).all()  # filled with live hypotheses of length max_len
-    expect = T_MAXLEN * math.log(1 / 3) / _lp(T_MAXLEN, 0.6)
-    np.testing.assert_allclose(scores, np.full((1, 2), expect), rtol=1e-5)
+  (ids, _), steps = count_steps(lambda: table_beam(_length_penalty_table(), 0.0))
+  # After step 4 both slots are finished and the live beams have log-prob ~ -1e4.
+  assert steps == 4
+  # No early stop while a live beam can still win: uniform over A, B, C, EOS impossible.
+  t = np.zeros((T_LEN, T_VOCAB, T_VOCAB), np.float32)
+  t[..., EOS] = t[..., PAD] = NEG
+  (ids, scores), steps = count_steps(lambda: table_beam(jnp.asarray(t), 0.6))
+  assert steps == T_MAXLEN
+  assert (np.asarray(ids) > EOS).all()  # filled with live hypotheses of length max_len
+  expect = T_MAXLEN * math.log(1 / 3) / _lp(T_MAXLEN, 0.6)
+  np.testing.assert_allclose(scores, np.full((1, 2), expect), rtol=1e-5)
 
 
 def test_beam_bound_uses_max_length_penalty():
-    """After step 2 the finished set is full ([EOS] -0.799, [B, EOS] -1.397/lp(2) = -1.197) and the
-    live [B, A] (-1.598) scored at its current length (-1.598/lp(2) = -1.370) looks hopeless, but
-    its bound with lp(max_len) is -1.598/lp(8) = -0.737, and it goes on to [B, A, A, EOS] at
-    -1.598/lp(4) = -1.065 (alpha = 1)."""
-    t = eos_table()
-    t[0, 0] = logps(EOS=0.45, B=0.45, A=0.1)
-    t[1, B] = logps(EOS=0.55, A=0.45)
-    t[2, A] = logps(A=1.0)
-    (ids, scores), steps = count_steps(lambda: table_beam(jnp.asarray(t), 1.0))
-    np.testing.assert_array_equal(ids[0], [padded([EOS]), padded([B, A, A, EOS])])
-    expect = [math.log(0.45), (math.log(0.45) * 2) / _lp(4, 1.0)]
-    np.testing.assert_allclose(scores[0], expect, rtol=1e-5)
-    assert steps == 4
+  """After step 2 the finished set is full ([EOS] -0.799, [B, EOS] -1.397/lp(2) = -1.197) and the
+  live [B, A] (-1.598) scored at its current length (-1.598/lp(2) = -1.370) looks hopeless, but
+  its bound with lp(max_len) is -1.598/lp(8) = -0.737, and it goes on to [B, A, A, EOS] at
+  -1.598/lp(4) = -1.065 (alpha = 1)."""
+  t = eos_table()
+  t[0, 0] = logps(EOS=0.45, B=0.45, A=0.1)
+  t[1, B] = logps(EOS=0.55, A=0.45)
+  t[2, A] = logps(A=1.0)
+  (ids, scores), steps = count_steps(lambda: table_beam(jnp.asarray(t), 1.0))
+  np.testing.assert_array_equal(ids[0], [padded([EOS]), padded([B, A, A, EOS])])
+  expect = [math.log(0.45), (math.log(0.45) * 2) / _lp(4, 1.0)]
+  np.testing.assert_allclose(scores[0], expect, rtol=1e-5)
+  assert steps == 4
 
 
 @pytest.mark.parametrize("seed,beam,alpha", [(0, 4, 0.6), (1, 3, 0.0), (2, 4, 1.2), (3, 3, 0.6)])
 def test_beam_matches_reference_and_cache_follows_beams(seed, beam, alpha):
-    """The step function reads history from the cache: a wrong cache gather changes the result."""
-    w, offs = hash_model(seed, eos_bias=-0.5)
-    (ids, scores), steps = count_steps(lambda: hash_beam(w, offs, alpha, beam=beam))
-    ids, scores = np.asarray(ids), np.asarray(scores)
-    assert ids.shape == (H_BATCH, beam, H_LEN) and scores.shape == (H_BATCH, beam)
-    assert steps <= H_LEN
-    for b in range(H_BATCH):
-        logp_fn = hash_logp_fn(w, offs, b)
-        assert_matches_ref(ids[b], scores[b], ref_beam(logp_fn, H_VOCAB, H_LEN, beam, alpha))
-        assert (np.diff(scores[b]) <= 0).all()  # best first
-        for row, s in zip(ids[b], scores[b]):
-            assert_pad_after_eos(row)
-            assert s == pytest.approx(replay_score(logp_fn, row, alpha, H_VOCAB), rel=2e-5)
+  """The step function reads history from the cache: a wrong cache gather changes the result."""
+  w, offs = hash_model(seed, eos_bias=-0.5)
+  (ids, scores), steps = count_steps(lambda: hash_beam(w, offs, alpha, beam=beam))
+  ids, scores = np.asarray(ids), np.asarray(scores)
+  assert ids.shape == (H_BATCH, beam, H_LEN) and scores.shape == (H_BATCH, beam)
+  assert steps <= H_LEN
+  for b in range(H_BATCH):
+    logp_fn = hash_logp_fn(w, offs, b)
+    assert_matches_ref(ids[b], scores[b], ref_beam(logp_fn, H_VOCAB, H_LEN, beam, alpha))
+    assert (np.diff(scores[b]) <= 0).all()  # best first
+    for row, s in zip(ids[b], scores[b]):
+      assert_pad_after_eos(row)
+      assert s == pytest.approx(replay_score(logp_fn, row, alpha, H_VOCAB), rel=2e-5)
 
 
 def test_beam_without_cache_reorder_is_wrong(monkeypatch):
-    """Sanity check of the test above: with the cache gather disabled the result changes."""
-    w, offs = hash_model(0, eos_bias=-0.5)
-    ref = ref_beam(hash_logp_fn(w, offs, 0), H_VOCAB, H_LEN, 4, 0.6)
-    monkeypatch.setattr(search, "gather_beams", lambda tree, idx, b, k: tree)
-    ids, _ = beam_search(hash_step(w, offs), hash_cache(), H_BATCH, H_LEN, beam_size=4, alpha=0.6)
-    assert not np.array_equal(np.asarray(ids[0]), [r[1] for r in ref])
+  """Sanity check of the test above: with the cache gather disabled the result changes."""
+  w, offs = hash_model(0, eos_bias=-0.5)
+  ref = ref_beam(hash_logp_fn(w, offs, 0), H_VOCAB, H_LEN, 4, 0.6)
+  monkeypatch.setattr(search, "gather_beams", lambda tree, idx, b, k: tree)
+  ids, _ = beam_search(hash_step(w, offs), hash_cache(), H_BATCH, H_LEN, beam_size=4, alpha=0.6)
+  assert not np.array_equal(np.asarray(ids[0]), [r[1] for r in ref])
 
 
 def test_beam_eos_per_beam_finished_stay_finished():
-    """Beams finish at different steps; finished rows keep their EOS and are PAD afterwards."""
-    w, offs = hash_model(11, eos_bias=0.5)
-    ids, scores = hash_beam(w, offs, 0.6, beam=4)
-    ids, scores = np.asarray(ids), np.asarray(scores)
-    lengths = set()
-    for b in range(H_BATCH):
-        logp_fn = hash_logp_fn(w, offs, b)
-        assert_matches_ref(ids[b], scores[b], ref_beam(logp_fn, H_VOCAB, H_LEN, 4, 0.6))
-        for row, s in zip(ids[b], scores[b]):
-            assert EOS in row  # all hypotheses finished in this case
-            assert_pad_after_eos(row)
-            lengths.add(list(row).index(EOS) + 1)
-            assert s == pytest.approx(replay_score(logp_fn, row, 0.6, H_VOCAB), rel=2e-5)
-    assert len(lengths) > 2  # hypotheses finished at different steps were all kept
+  """Beams finish at different steps; finished rows keep their EOS and are PAD afterwards."""
+  w, offs = hash_model(11, eos_bias=0.5)
+  ids, scores = hash_beam(w, offs, 0.6, beam=4)
+  ids, scores = np.asarray(ids), np.asarray(scores)
+  lengths = set()
+  for b in range(H_BATCH):
+    logp_fn = hash_logp_fn(w, offs, b)
+    assert_matches_ref(ids[b], scores[b], ref_beam(logp_fn, H_VOCAB, H_LEN, 4, 0.6))
+    for row, s in zip(ids[b], scores[b]):
+      assert EOS in row  # all hypotheses finished in this case
+      assert_pad_after_eos(row)
+      lengths.add(list(row).index(EOS) + 1)
+      assert s == pytest.approx(replay_score(logp_fn, row, 0.6, H_VOCAB), rel=2e-5)
+  assert len(lengths) > 2  # hypotheses finished at different steps were all kept
 
 
 def test_max_lens_force_termination():
-    w, offs = hash_model(4, eos_bias=-30.0)  # EOS ~never chosen freely
-    max_lens = jnp.array([2, 4, 100, 9])
-    greedy = np.asarray(hash_greedy(w, offs, max_lens))
-    sampled = np.asarray(hash_sample(w, offs, jax.random.key(0), 1.0, max_lens, top_k=0))
-    ids, scores = hash_beam(w, offs, 0.6, max_lens, beam=3)
-    ids, scores = np.asarray(ids), np.asarray(scores)
-    for out in (greedy, sampled, ids[:, 0], ids[:, 1], ids[:, 2]):
-        assert list(out[0, 1:]) == padded([EOS], H_LEN - 1) and out[0, 0] > EOS
-        assert list(out[1, 3:]) == padded([EOS], H_LEN - 3) and (out[1, :3] > EOS).all()
-        assert (out[2] > EOS).all()  # max_lens above max_len: truncated at max_len, no EOS
-        assert out[3, -1] == EOS and (out[3, :-1] > EOS).all()  # max_lens == max_len
-    for b in range(H_BATCH):
-        logp_fn, mlb = hash_logp_fn(w, offs, b), int(max_lens[b])
-        assert_matches_ref(ids[b], scores[b], ref_beam(logp_fn, H_VOCAB, H_LEN, 3, 0.6, mlb))
-        for row, s in zip(ids[b], scores[b]):
-            assert s == pytest.approx(replay_score(logp_fn, row, 0.6, H_VOCAB, mlb), rel=2e-5)
-    # The forced EOS costs log-prob 0 and counts in the length: row 0 scores logp(tok0) / lp(2).
-    tok0 = ids[0, 0, 0]
-    assert scores[0, 0] == pytest.approx(hash_logp_fn(w, offs, 0)(())[tok0] / _lp(2, 0.6), rel=1e-5)
-    # Live hypotheses at max_len (row 2) are scored with len = max_len.
-    assert scores[2, 0] == pytest.approx(
-        replay_score(hash_logp_fn(w, offs, 2), ids[2, 0], 0.6, H_VOCAB), rel=1e-5)
+  w, offs = hash_model(4, eos_bias=-30.0)  # EOS ~never chosen freely
+  max_lens = jnp.array([2, 4, 100, 9])
+  greedy = np.asarray(hash_greedy(w, offs, max_lens))
+  sampled = np.asarray(hash_sample(w, offs, jax.random.key(0), 1.0, max_lens, top_k=0))
+  ids, scores = hash_beam(w, offs, 0.6, max_lens, beam=3)
+  ids, scores = np.asarray(ids), np.asarray(scores)
+  for out in (greedy, sampled, ids[:, 0], ids[:, 1], ids[:, 2]):
+    assert list(out[0, 1:]) == padded([EOS], H_LEN - 1) and out[0, 0] > EOS
+    assert list(out[1, 3:]) == padded([EOS], H_LEN - 3) and (out[1, :3] > EOS).all()
+    assert (out[2] > EOS).all()  # max_lens above max_len: truncated at max_len, no EOS
+    assert out[3, -1] == EOS and (out[3, :-1] > EOS).all()  # max_lens == max_len
+  for b in range(H_BATCH):
+    logp_fn, mlb = hash_logp_fn(w, offs, b), int(max_lens[b])
+    assert_matches_ref(ids[b], scores[b], ref_beam(logp_fn, H_VOCAB, H_LEN, 3, 0.6, mlb))
+    for row, s in zip(ids[b], scores[b]):
+      assert s == pytest.approx(replay_score(logp_fn, row, 0.6, H_VOCAB, mlb), rel=2e-5)
+  # The forced EOS costs log-prob 0 and counts in the length: row 0 scores logp(tok0) / lp(2).
+  tok0 = ids[0, 0, 0]
+  assert scores[0, 0] == pytest.approx(hash_logp_fn(w, offs, 0)(())[tok0] / _lp(2, 0.6), rel=1e-5)
+  # Live hypotheses at max_len (row 2) are scored with len = max_len.
+  assert scores[2, 0] == pytest.approx(
+    replay_score(hash_logp_fn(w, offs, 2), ids[2, 0], 0.6, H_VOCAB), rel=1e-5
+  )
 
 
 def test_max_lens_stop_loop_early():
-    w, offs = hash_model(4, eos_bias=-30.0)
-    max_lens = jnp.array([2, 3, 3, 1])
-    assert count_steps(lambda: hash_greedy(w, offs, max_lens))[1] == 3
-    assert count_steps(lambda: hash_beam(w, offs, 0.6, max_lens, beam=3))[1] == 3
+  w, offs = hash_model(4, eos_bias=-30.0)
+  max_lens = jnp.array([2, 3, 3, 1])
+  assert count_steps(lambda: hash_greedy(w, offs, max_lens))[1] == 3
+  assert count_steps(lambda: hash_beam(w, offs, 0.6, max_lens, beam=3))[1] == 3
 
 
 def test_jit_compiles_once():
-    traces = []
+  traces = []
 
-    @jax.jit
-    def decode(w, offs, max_lens):
-        traces.append(1)
-        step_fn = hash_step(w, offs)
-        ids, scores = beam_search(step_fn, hash_cache(), H_BATCH, H_LEN, beam_size=2,
-                                  max_lens=max_lens)
-        return ids, scores, greedy_search(step_fn, hash_cache(), H_BATCH, H_LEN)
+  @jax.jit
+  def decode(w, offs, max_lens):
+    traces.append(1)
+    step_fn = hash_step(w, offs)
+    ids, scores = beam_search(step_fn, hash_cache(), H_BATCH, H_LEN, beam_size=2, max_lens=max_lens)
+    return ids, scores, greedy_search(step_fn, hash_cache(), H_BATCH, H_LEN)
 
-    w, offs = hash_model(0)
-    out1 = decode(w, offs, jnp.array([5, 9, 9, 2]))
-    out2 = decode(w * 0.5, offs, jnp.array([3, 9, 9, 9]))
-    out3 = decode(w, offs, jnp.array([5, 9, 9, 2]))
-    assert len(traces) == 1 and decode._cache_size() == 1
-    for a, b in zip(out1, out3):
-        np.testing.assert_array_equal(a, b)
-    assert not np.array_equal(out1[0], out2[0])
+  w, offs = hash_model(0)
+  out1 = decode(w, offs, jnp.array([5, 9, 9, 2]))
+  out2 = decode(w * 0.5, offs, jnp.array([3, 9, 9, 9]))
+  out3 = decode(w, offs, jnp.array([5, 9, 9, 2]))
+  assert len(traces) == 1 and decode._cache_size() == 1
+  for a, b in zip(out1, out3):
+    np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(out1[0], out2[0])

@@ -1,4 +1,5 @@
 """Training: the schedule, the step's invariants, parallel equivalence, train.py end to end."""
+
 import json
 import logging
 import pathlib
@@ -19,10 +20,17 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def tiny_config(**overrides):
   c = common.base_config()
-  c.model.update(d_model=32, d_ff=64, num_heads=4, num_layers=1, dropout_rate=0.0, max_len=32,
-                 vocab_size=36)
-  c.data.update(name="synthetic", tokens_per_batch=256, max_len=16, synthetic_num_train=2000,
-                synthetic_num_eval=64, synthetic_max_len=6)
+  c.model.update(
+    d_model=32, d_ff=64, num_heads=4, num_layers=1, dropout_rate=0.0, max_len=32, vocab_size=36
+  )
+  c.data.update(
+    name="synthetic",
+    tokens_per_batch=256,
+    max_len=16,
+    synthetic_num_train=2000,
+    synthetic_num_eval=64,
+    synthetic_max_len=6,
+  )
   c.optim.update(warmup_steps=10, learning_rate=1.0, label_smoothing=0.1)
   c.num_train_steps = 20
   c.log_every_steps = 5
@@ -55,6 +63,7 @@ def fixed_batches(n=5, rows=16, length=8, seed=0):
 
 def make_parallel(config):
   from training.loop import build_steps
+
   return build_steps(config)[1]
 
 
@@ -73,7 +82,7 @@ def test_schedule_equals_paper_formula():
   c = common.base_config()
   sched = learning_rate_schedule(c.optim, 512)
   for step in (1, 4000, 16000):
-    expected = 512 ** -0.5 * min(step ** -0.5, step * 4000 ** -1.5)
+    expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
     # The optimizer's count is 0-based: update number `step` uses count step - 1.
     np.testing.assert_allclose(float(sched(step - 1)), expected, rtol=1e-6)
   with pytest.raises(ValueError, match="optim.schedule='bogus'"):
@@ -110,7 +119,9 @@ def test_parallel_schemes_equal_one_device(reference_run, kind, mesh):
   assert np.all(np.diff(ref_losses[:3]) < 0) or ref_losses[-1] < ref_losses[0]
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
   atol = adam_atol(tiny_config(), len(batches))
-  for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)):
+  for a, b in zip(
+    jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)
+  ):
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=atol)
   if mesh == (2, 2, 2):  # really sharded: each device holds a piece of the big matrices
     emb = placed.params["embed"]["embedding"]
@@ -130,26 +141,39 @@ def test_dropout_on_a_mesh_equals_dropout_on_one_device(reference_run):
   batches = fixed_batches(n=3)
   drop = {"model.dropout_rate": 0.3, "model.attention_dropout_rate": 0.3}
   ref, ref_state, _, _ = run_losses(tiny_config(num_devices=1, **drop), batches)
-  losses, state, _, _ = run_losses(tiny_config(num_devices=8, parallelism="mesh", **{
-      "mesh.data": 4, "mesh.fsdp": 1, "mesh.tensor": 2}, **drop), batches)
+  losses, state, _, _ = run_losses(
+    tiny_config(
+      num_devices=8,
+      parallelism="mesh",
+      **{"mesh.data": 4, "mesh.fsdp": 1, "mesh.tensor": 2},
+      **drop,
+    ),
+    batches,
+  )
   np.testing.assert_allclose(losses, ref, rtol=1e-4)
   atol = adam_atol(tiny_config(), len(batches))
-  for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)):
+  for a, b in zip(
+    jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)
+  ):
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=atol)
   no_drop = reference_run[1]  # the same batches without dropout
   assert abs(no_drop[0] - ref[0]) > 1e-3, (no_drop[0], ref[0])
 
 
-@pytest.mark.parametrize("devices,accum,parallelism", [(1, 4, "mesh"), (8, 2, "mesh"),
-                                                     (2, 2, "pmap")])
+@pytest.mark.parametrize(
+  "devices,accum,parallelism", [(1, 4, "mesh"), (8, 2, "mesh"), (2, 2, "pmap")]
+)
 def test_gradient_accumulation_equals_one_big_step(reference_run, devices, accum, parallelism):
   batches, ref_losses, ref_state = reference_run
   losses, state, _, _ = run_losses(
-      tiny_config(num_devices=devices, parallelism=parallelism,
-                  **{"optim.grad_accum_steps": accum}), batches)
+    tiny_config(num_devices=devices, parallelism=parallelism, **{"optim.grad_accum_steps": accum}),
+    batches,
+  )
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5 if devices == 1 else 1e-4)
   atol = adam_atol(tiny_config(), len(batches))
-  for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)):
+  for a, b in zip(
+    jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)
+  ):
     np.testing.assert_allclose(a, b, rtol=1e-4 if devices == 1 else 1e-3, atol=atol)
 
 
@@ -157,21 +181,37 @@ def compiled_mesh_step(**overrides):
   """(train_step partial, Parallel, compiled HLO text) of the tiny model's step jitted over an
   8-device mesh with the given config overrides."""
   import functools
+
   from jax.sharding import NamedSharding, PartitionSpec
+
   from model.build import build_model
   from training import step as step_lib
   from training.state import make_optimizer
+
   c = tiny_config(num_devices=8, parallelism="mesh", **overrides)
   tx, schedule = make_optimizer(c)
-  step = functools.partial(step_lib.train_step, model=build_model(c.model), tx=tx,
-                           schedule=schedule, label_smoothing=0.1,
-                           grad_accum_steps=int(c.optim.grad_accum_steps))
+  step = functools.partial(
+    step_lib.train_step,
+    model=build_model(c.model),
+    tx=tx,
+    schedule=schedule,
+    label_smoothing=0.1,
+    grad_accum_steps=int(c.optim.grad_accum_steps),
+  )
   p = make_parallel(c)
   replicated = NamedSharding(p.mesh, PartitionSpec())
-  jitted = jax.jit(step, in_shardings=(p.state_sharding, par.batch_sharding(p.mesh), replicated),
-                   out_shardings=(p.state_sharding, replicated))
-  hlo = jitted.lower(p.init_state(jax.random.key(0)), p.place_batch(fixed_batches(1)[0]),
-                     jax.random.key(1)).compile().as_text()
+  jitted = jax.jit(
+    step,
+    in_shardings=(p.state_sharding, par.batch_sharding(p.mesh), replicated),
+    out_shardings=(p.state_sharding, replicated),
+  )
+  hlo = (
+    jitted.lower(
+      p.init_state(jax.random.key(0)), p.place_batch(fixed_batches(1)[0]), jax.random.key(1)
+    )
+    .compile()
+    .as_text()
+  )
   return step, p, hlo
 
 
@@ -179,13 +219,17 @@ def test_accumulation_on_a_data_mesh_gathers_nothing():
   """Each micro-batch must stay spread over every data-parallel device: taking consecutive rows
   made XLA all-gather each micro-batch and compute it on every device (k times the work)."""
   import functools
+
   step, p, hlo = compiled_mesh_step(**{"optim.grad_accum_steps": 2})
   assert "all-gather" not in hlo
   assert " while(" in hlo or " while " in hlo  # the micro-batches run in a loop (lax.scan)
   bad = jax.tree_util.tree_map(lambda x: x[:6], fixed_batches(1)[0])
-  with pytest.raises(ValueError, match=r"batch of 6 rows is not divisible by optim.grad_accum_steps=4"):
-    jax.eval_shape(functools.partial(step, grad_accum_steps=4), p.abstract_state, bad,
-                   jax.random.key(1))
+  with pytest.raises(
+    ValueError, match=r"batch of 6 rows is not divisible by optim.grad_accum_steps=4"
+  ):
+    jax.eval_shape(
+      functools.partial(step, grad_accum_steps=4), p.abstract_state, bad, jax.random.key(1)
+    )
 
 
 def test_tensor_parallel_step_moves_no_activations_between_devices():
@@ -200,20 +244,29 @@ def test_nonfinite_update_is_skipped_and_counted(reference_run):
   batches, _, _ = reference_run
   p = make_parallel(tiny_config(num_devices=1))
   state = p.init_state(jax.random.key(0))
-  state = state.replace(params=jax.tree_util.tree_map(lambda x: x.at[..., 0].set(jnp.nan)
-                                                      if x.ndim == 2 else x, state.params))
+  state = state.replace(
+    params=jax.tree_util.tree_map(
+      lambda x: x.at[..., 0].set(jnp.nan) if x.ndim == 2 else x, state.params
+    )
+  )
   before = p.host_state(state)
   new, m = p.train_step(state, batches[0], jax.random.key(1))
   after = p.host_state(new)
   assert int(m["nonfinite"]) == 1 and int(after.nonfinite_streak) == 1
   assert int(after.step) == 1
-  for a, b in zip(jax.tree_util.tree_leaves(before.params), jax.tree_util.tree_leaves(after.params)):
+  for a, b in zip(
+    jax.tree_util.tree_leaves(before.params), jax.tree_util.tree_leaves(after.params)
+  ):
     np.testing.assert_array_equal(a, b)
-  for a, b in zip(jax.tree_util.tree_leaves(before.opt_state),  # Adam's moments and count too
-                  jax.tree_util.tree_leaves(after.opt_state)):
+  for a, b in zip(
+    jax.tree_util.tree_leaves(before.opt_state),  # Adam's moments and count too
+    jax.tree_util.tree_leaves(after.opt_state),
+  ):
     np.testing.assert_array_equal(a, b)
-  # The skipped step did not advance the schedule: the next good step uses (and logs) its first rate.
+  # The skipped step did not advance the schedule: the next good step uses (and logs) its first
+  # rate.
   from training.state import make_optimizer
+
   schedule = make_optimizer(tiny_config(num_devices=1))[1]
   good = new.replace(params=p.init_state(jax.random.key(0)).params)
   _, m2 = p.train_step(good, batches[0], jax.random.key(2))
@@ -224,22 +277,34 @@ def test_nonfinite_update_is_skipped_and_counted(reference_run):
 
 def test_float16_training_and_cudnn_float32_are_refused():
   from training.loop import build_steps
-  with pytest.raises(ValueError, match=r"model.dtype='float16' cannot train here: there is no loss "
-                                       r"scaling"):
+
+  with pytest.raises(
+    ValueError,
+    match=r"model.dtype='float16' cannot train here: there is no loss "
+    r"scaling",
+  ):
     build_steps(tiny_config(num_devices=1, **{"model.dtype": "float16"}))
-  with pytest.raises(ValueError, match=r"model.attention_impl='cudnn': cuDNN's fused attention takes "
-                                       r"bfloat16 or float16 only"):
+  with pytest.raises(
+    ValueError,
+    match=r"model.attention_impl='cudnn': cuDNN's fused attention takes "
+    r"bfloat16 or float16 only",
+  ):
     build_steps(tiny_config(num_devices=1, **{"model.attention_impl": "cudnn"}))
 
 
 def test_bad_loop_settings_are_config_errors(tmp_path):
   from training.loop import Stop, build_steps, train
+
   for eps in (1.0, -0.1):
     with pytest.raises(ValueError, match=rf"optim.label_smoothing={eps} must be in \[0, 1\)"):
       build_steps(tiny_config(num_devices=1, **{"optim.label_smoothing": eps}))
   with pytest.raises(ValueError, match="model.attention_impl='cudnn' needs an even data.max_len"):
-    build_steps(tiny_config(num_devices=1, **{"model.attention_impl": "cudnn",
-                                              "model.dtype": "bfloat16", "data.max_len": 33}))
+    build_steps(
+      tiny_config(
+        num_devices=1,
+        **{"model.attention_impl": "cudnn", "model.dtype": "bfloat16", "data.max_len": 33},
+      )
+    )
   with pytest.raises(Stop, match=r"eval_every_steps=0 must be >= 1"):
     train(tiny_config(num_devices=1, eval_every_steps=0), tmp_path)
 
@@ -248,6 +313,7 @@ def test_model_vocab_size_is_fitted_to_the_vocabulary(caplog):
   """0 takes the vocabulary's size; fewer ids than the vocabulary is an error; more is a warning
   (those ids never occur but get logits and label-smoothing mass)."""
   from training.loop import Stop, fit_model_vocab
+
   config = tiny_config(num_devices=1, **{"model.vocab_size": 0})
   fit_model_vocab(config, 40)
   assert config.model.vocab_size == 40
@@ -262,13 +328,24 @@ def test_model_vocab_size_is_fitted_to_the_vocabulary(caplog):
 
 def test_logged_train_metrics_are_token_weighted_window_means():
   from training.loop import _accumulate, _window_means
+
   def step(loss, acc, tokens, grad_norm, nonfinite=0, lr=0.5):
-    return {"loss": jnp.float32(loss), "nll": jnp.float32(loss + 1), "accuracy": jnp.float32(acc),
-            "tokens": jnp.float32(tokens), "grad_norm": jnp.float32(grad_norm),
-            "learning_rate": jnp.float32(lr), "nonfinite": jnp.int32(nonfinite),
-            "nonfinite_streak": jnp.int32(nonfinite)}
-  steps = [step(2.0, 0.5, 100, 1.0), step(4.0, 0.25, 300, 3.0),
-           step(float("nan"), 0.0, 200, float("inf"), nonfinite=1, lr=0.25)]
+    return {
+      "loss": jnp.float32(loss),
+      "nll": jnp.float32(loss + 1),
+      "accuracy": jnp.float32(acc),
+      "tokens": jnp.float32(tokens),
+      "grad_norm": jnp.float32(grad_norm),
+      "learning_rate": jnp.float32(lr),
+      "nonfinite": jnp.int32(nonfinite),
+      "nonfinite_streak": jnp.int32(nonfinite),
+    }
+
+  steps = [
+    step(2.0, 0.5, 100, 1.0),
+    step(4.0, 0.25, 300, 3.0),
+    step(float("nan"), 0.0, 200, float("inf"), nonfinite=1, lr=0.25),
+  ]
   window = None
   for m in steps:
     window = _accumulate(window, m)
@@ -284,7 +361,10 @@ def test_logged_train_metrics_are_token_weighted_window_means():
 
 
 def test_bad_parallel_settings_are_clear():
-  with pytest.raises(ValueError, match=r"mesh.data × mesh.fsdp × mesh.tensor = 3 × 1 × 1 = 3, but there are 8 devices"):
+  with pytest.raises(
+    ValueError,
+    match=r"mesh.data × mesh.fsdp × mesh.tensor = 3 × 1 × 1 = 3, but there are 8 devices",
+  ):
     par.make_mesh({"data": 3, "fsdp": 1, "tensor": 1})
   with pytest.raises(ValueError, match="8 devices cannot be split into mesh"):
     par.make_mesh({"data": -1, "fsdp": 3, "tensor": 1})
@@ -297,16 +377,23 @@ def test_bad_parallel_settings_are_clear():
 
 # ----------------------------------------------------------------------------- train.py
 def _train_py(args, timeout=300, **kw):
-  return subprocess.run([sys.executable, str(REPO / "train.py"), *args], capture_output=True,
-                        text=True, timeout=timeout, cwd=REPO, **kw)
+  return subprocess.run(
+    [sys.executable, str(REPO / "train.py"), *args],
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    cwd=REPO,
+    **kw,
+  )
 
 
 def test_train_lowers_loss_and_writes_metrics(tmp_path):
   from training.loop import train
+
   config = tiny_config(num_devices=1)
   config.eval.bleu_sentences = 16
   train(config, tmp_path)
-  records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   train_losses = [r["loss"] for r in records if r["split"] == "train"]
   assert [r["step"] for r in records if r["split"] == "train"] == [5, 10, 15, 20]
   assert train_losses[-1] < train_losses[0]
@@ -323,7 +410,10 @@ def test_train_lowers_loss_and_writes_metrics(tmp_path):
 
 def test_too_many_nonfinite_steps_stop_training(tmp_path):
   from training.loop import Stop, train
-  config = tiny_config(num_devices=1, **{"optim.learning_rate": 1e30, "optim.max_nonfinite_steps": 3})
+
+  config = tiny_config(
+    num_devices=1, **{"optim.learning_rate": 1e30, "optim.max_nonfinite_steps": 3}
+  )
   with pytest.raises(Stop, match="consecutive steps had a non-finite loss"):
     train(config, tmp_path)
 
@@ -333,19 +423,33 @@ def test_train_py_bad_input_is_one_clear_line(tmp_path):
   blocker.write_text("x")
   out = _train_py(["--config=configs/tiny.py", f"--workdir={blocker}/sub"], timeout=120)
   assert out.returncode == 1 and "not writable" in out.stderr and "Traceback" not in out.stderr
-  out = _train_py(["--config=configs/tiny.py", f"--workdir={tmp_path}/w", "--config.optim.lr=3"],
-                  timeout=120)
+  out = _train_py(
+    ["--config=configs/tiny.py", f"--workdir={tmp_path}/w", "--config.optim.lr=3"], timeout=120
+  )
   assert out.returncode == 2 and "unknown config field 'config.optim.lr'" in out.stderr
   d = tmp_path / "corpus"
   d.mkdir()
   (d / "train.en").write_text("a\nb\nc\n")
   (d / "train.de").write_text("x\ny\n")
-  out = _train_py(["--config=configs/tiny.py", f"--workdir={tmp_path}/w2", "--config.data.name=files",
-                   f"--config.data.dir={d}"], timeout=120)
+  out = _train_py(
+    [
+      "--config=configs/tiny.py",
+      f"--workdir={tmp_path}/w2",
+      "--config.data.name=files",
+      f"--config.data.dir={d}",
+    ],
+    timeout=120,
+  )
   assert out.returncode == 1, out.stderr[-2000:]
   assert "train.en" in out.stderr and "train.de" in out.stderr and "Traceback" not in out.stderr
-  out = _train_py(["--config=configs/tiny.py", f"--workdir={tmp_path}/w3",
-                   "--config.data.name=no_such_tfds_dataset"], timeout=180)
+  out = _train_py(
+    [
+      "--config=configs/tiny.py",
+      f"--workdir={tmp_path}/w3",
+      "--config.data.name=no_such_tfds_dataset",
+    ],
+    timeout=180,
+  )
   assert out.returncode == 1 and "no_such_tfds_dataset" in out.stderr
 
 
@@ -353,6 +457,7 @@ def test_mesh_axes_that_divide_no_parameter_dimension_are_reported(caplog):
   """tensor=8 with 4 heads: the attention kernels stay replicated (the vocabulary's 36 over 8 is
   expected and not listed); fsdp=8 with d_model 32 divides, so nothing is reported for it."""
   from training.loop import build_steps
+
   with caplog.at_level(logging.WARNING):
     build_steps(tiny_config(num_devices=8, **{"mesh.data": 1, "mesh.tensor": 8}))
   text = caplog.text
@@ -367,9 +472,11 @@ def test_distributed_arguments_are_checked_before_waiting(monkeypatch):
   """An out-of-range process id is an error naming the flags at once (it used to wait for the
   coordinator and then report a failure to join); a merely installed mpi4py is not a cluster."""
   from training import parallel as par
+
   with pytest.raises(ValueError, match=r"--process_id=2 must be in \[0, --num_processes=2\)"):
     par.initialize_distributed("127.0.0.1:1", 2, 2, timeout_s=1)
   from jax._src.clusters import ClusterEnv
+
   opt_in = [env for env in ClusterEnv._cluster_types if getattr(env, "opt_in_only_method", False)]
   assert opt_in, "no opt-in cluster type to check against"
   for env in ClusterEnv._cluster_types:

@@ -5,6 +5,7 @@
 
 Writes `<workdir>/averaged/last<k>`, which decode.py loads for `--checkpoint=average:<k>`.
 """
+
 from __future__ import annotations
 
 import sys
@@ -18,6 +19,7 @@ _LAST = flags.DEFINE_integer("last", 5, "Average the last N checkpoints.", lower
 def main(argv):
   del argv
   from training.checkpoint import write_average
+
   try:
     out = write_average(_WORKDIR.value, _LAST.value)
   except (ValueError, FileNotFoundError) as e:

@@ -12,6 +12,7 @@ written beside it, so the best survives restarts. A readable checkpoint
 whose arrays do not fit the run's state (another model or optimizer layout) is an error naming the
 arrays that differ, never a silent fresh start.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,19 +20,29 @@ import json
 import pathlib
 from typing import Any
 
-from absl import logging
 import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 CHECKPOINT_DIR = "checkpoints"
 UNREADABLE_MARK = ".unreadable-"  # <step>.unreadable-<n>: set aside by a resume (_set_aside)
 AVERAGE_DIR = "averaged"
 # Model fields whose change makes a checkpoint's parameters unusable (or, pre_ln, meaningless).
-SHAPE_FIELDS = ("type", "vocab_size", "d_model", "d_ff", "num_heads", "num_layers",
-                "share_embeddings", "pre_ln", "rnn_cell", "rnn_bidirectional")
+SHAPE_FIELDS = (
+  "type",
+  "vocab_size",
+  "d_model",
+  "d_ff",
+  "num_heads",
+  "num_layers",
+  "share_embeddings",
+  "pre_ln",
+  "rnn_cell",
+  "rnn_bidirectional",
+)
 
 
 def checkpoint_dir(workdir) -> pathlib.Path:
@@ -59,28 +70,43 @@ class Checkpointer:
     best = {}
     if keep_best:
       # BestN sorts ascending and keeps the last n: the highest BLEU.
-      policies.append(pp.BestN(get_metric_fn=_bleu, reverse=False, n=int(keep_best),
-                               keep_checkpoints_without_metrics=False))
+      policies.append(
+        pp.BestN(
+          get_metric_fn=_bleu,
+          reverse=False,
+          n=int(keep_best),
+          keep_checkpoints_without_metrics=False,
+        )
+      )
       # Orbax writes a checkpoint's metrics to disk only with best_fn set; without it they live in
       # memory and, after a restart, every older checkpoint looks unscored and the best is deleted.
       best = dict(best_fn=_bleu, best_mode="max")
       _quiet_unscored_save_warning()
       _set_aside_unreadable_metrics(self.root)
     self._options = ocp.CheckpointManagerOptions(
-        preservation_policy=pp.AnyPreservationPolicy(policies),
-        enable_async_checkpointing=async_save, create=True, **best)
+      preservation_policy=pp.AnyPreservationPolicy(policies),
+      enable_async_checkpointing=async_save,
+      create=True,
+      **best,
+    )
     self.manager = ocp.CheckpointManager(self.root, options=self._options)
 
   def save(self, step: int, state, meta: dict, metrics: dict | None = None, force=False) -> bool:
     """Starts writing `state` (a pytree of arrays) and `meta` (JSON-able) at `step`; returns
     while the write finishes in the background (async mode)."""
     saved = self.manager.save(
-        int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                           meta=ocp.args.JsonSave(meta)),
-        metrics=metrics, force=force)
+      int(step),
+      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+      metrics=metrics,
+      force=force,
+    )
     if not saved:
-      logging.warning("checkpoint at step %d was not written (Orbax's save policy declined it; "
-                      "existing steps: %s)", step, self.steps())
+      logging.warning(
+        "checkpoint at step %d was not written (Orbax's save policy declined it; "
+        "existing steps: %s)",
+        step,
+        self.steps(),
+      )
     return saved
 
   def wait(self):
@@ -112,24 +138,28 @@ class Checkpointer:
       except Exception as e:  # noqa: BLE001 - unreadable metadata: fall back to the one before
         _raise_if_environmental(e, folder)
         unreadable.append((folder, _first_line(e)))
-        logging.warning("skipping checkpoint %s: its metadata could not be read (%s)",
-                        folder, unreadable[-1][1])
+        logging.warning(
+          "skipping checkpoint %s: its metadata could not be read (%s)", folder, unreadable[-1][1]
+        )
         continue
       if check_meta is not None:
         check_meta(meta)
       if diffs:
         hint = explain(meta) if explain is not None else ""
         raise ValueError(
-            f"checkpoint {folder} does not fit this run's training state (no silent "
-            f"re-initialisation; use a new workdir or the checkpoint's settings): "
-            + "; ".join(diffs) + (f". {hint}" if hint else ""))
+          f"checkpoint {folder} does not fit this run's training state (no silent "
+          f"re-initialisation; use a new workdir or the checkpoint's settings): "
+          + "; ".join(diffs)
+          + (f". {hint}" if hint else "")
+        )
       try:
         state, meta = restore(folder, abstract_state)
       except Exception as e:  # noqa: BLE001 - corrupt or truncated: fall back to the one before
         _raise_if_environmental(e, folder)
         unreadable.append((folder, _first_line(e)))
-        logging.warning("skipping checkpoint %s: it could not be read (%s)", folder,
-                        unreadable[-1][1])
+        logging.warning(
+          "skipping checkpoint %s: it could not be read (%s)", folder, unreadable[-1][1]
+        )
         continue
       found = (step, state, meta)
       break
@@ -137,9 +167,11 @@ class Checkpointer:
     if found is None and unreadable:
       # Not a fresh start: checkpoints exist, and discarding the run silently would lose it.
       raise RuntimeError(
-          f"none of the {len(unreadable)} checkpoints in {self.root} could be restored (newest "
-          f"first: " + "; ".join(f"{f.name}: {err}" for f, err in unreadable[:3]) +
-          "); fix the cause, or move them away to start afresh")
+        f"none of the {len(unreadable)} checkpoints in {self.root} could be restored (newest "
+        f"first: "
+        + "; ".join(f"{f.name}: {err}" for f, err in unreadable[:3])
+        + "); fix the cause, or move them away to start afresh"
+      )
     if unreadable:
       self._set_aside([f for f, _ in unreadable])
     return found
@@ -157,6 +189,7 @@ class Checkpointer:
         logging.warning("moved the unreadable checkpoint %s to %s", folder, target)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
+
       multihost_utils.sync_global_devices("checkpoints set aside")
     self.manager.close()
     self.manager = ocp.CheckpointManager(self.root, options=self._options)
@@ -183,12 +216,17 @@ def _set_aside_unreadable_metrics(root: pathlib.Path) -> None:
       except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         target = f.with_name("metrics.unreadable")
         f.replace(target)
-        logging.warning("checkpoint %s: its metrics file could not be read (%s); moved it to %s, "
-                        "so this checkpoint counts as unscored (keep_best will not keep it for its "
-                        "BLEU; its training state is untouched)", f.parent.parent, _first_line(e),
-                        target)
+        logging.warning(
+          "checkpoint %s: its metrics file could not be read (%s); moved it to %s, "
+          "so this checkpoint counts as unscored (keep_best will not keep it for its "
+          "BLEU; its training state is untouched)",
+          f.parent.parent,
+          _first_line(e),
+          target,
+        )
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
+
     multihost_utils.sync_global_devices("checkpoint metrics checked")
 
 
@@ -198,12 +236,14 @@ _ENVIRONMENT_CODES = ("resource_exhausted", "unavailable", "deadline_exceeded", 
 
 
 def _raise_if_environmental(e: Exception, folder: pathlib.Path) -> None:
-  if (isinstance(e, (MemoryError, PermissionError, TimeoutError, ConnectionError,
-                     jax.errors.JaxRuntimeError))
-      or any(code in str(e).lower() for code in _ENVIRONMENT_CODES)):
-    raise RuntimeError(f"checkpoint {folder} could not be restored ({_first_line(e)}): a problem "
-                       f"of this machine (memory, devices, file system), not a damaged checkpoint, "
-                       f"so nothing was skipped or moved; fix it and re-run") from e
+  if isinstance(
+    e, (MemoryError, PermissionError, TimeoutError, ConnectionError, jax.errors.JaxRuntimeError)
+  ) or any(code in str(e).lower() for code in _ENVIRONMENT_CODES):
+    raise RuntimeError(
+      f"checkpoint {folder} could not be restored ({_first_line(e)}): a problem "
+      f"of this machine (memory, devices, file system), not a damaged checkpoint, "
+      f"so nothing was skipped or moved; fix it and re-run"
+    ) from e
 
 
 def _agree_across_processes(step: int | None, root: pathlib.Path) -> None:
@@ -212,12 +252,15 @@ def _agree_across_processes(step: int | None, root: pathlib.Path) -> None:
   if jax.process_count() == 1:
     return
   from jax.experimental import multihost_utils
+
   steps = multihost_utils.process_allgather(np.int64(-1 if step is None else step))
   steps = [int(s) for s in np.ravel(steps)]
   if len(set(steps)) > 1:
-    raise RuntimeError(f"processes found different newest readable checkpoints in {root} "
-                       f"(by process: {steps}, -1 = none): a checkpoint is damaged for some of "
-                       f"them; move the damaged step folder away and re-run")
+    raise RuntimeError(
+      f"processes found different newest readable checkpoints in {root} "
+      f"(by process: {steps}, -1 = none): a checkpoint is damaged for some of "
+      f"them; move the damaged step folder away and re-run"
+    )
 
 
 def _first_line(e: Exception) -> str:
@@ -235,6 +278,7 @@ class _DropUnscoredSaveWarning:
 
 def _quiet_unscored_save_warning():
   import logging as std_logging
+
   absl_logger = std_logging.getLogger("absl")
   if not any(isinstance(f, _DropUnscoredSaveWarning) for f in absl_logger.filters):
     absl_logger.addFilter(_DropUnscoredSaveWarning())
@@ -246,12 +290,20 @@ def restore(path: pathlib.Path, abstract_state=None):
   path = pathlib.Path(path)
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
     if abstract_state is None:
-      restored = ckptr.restore(path, args=ocp.args.Composite(
+      restored = ckptr.restore(
+        path,
+        args=ocp.args.Composite(
           state=ocp.args.PyTreeRestore(restore_args=_numpy_restore_args(path)),
-          meta=ocp.args.JsonRestore()))
+          meta=ocp.args.JsonRestore(),
+        ),
+      )
     else:
-      restored = ckptr.restore(path, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+      restored = ckptr.restore(
+        path,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()
+        ),
+      )
   return restored["state"], restored["meta"]
 
 
@@ -297,8 +349,11 @@ def state_differences(path, abstract_state, limit: int = 4) -> list[str]:
     out.append(listed("arrays the run needs but the checkpoint lacks", missing))
   if extra := saved.keys() - wanted.keys():
     out.append(listed("arrays in the checkpoint the run does not have", extra))
-  shapes = [f"{k} {saved[k]} != {wanted[k]}" for k in sorted(saved.keys() & wanted.keys())
-            if saved[k] != wanted[k]]
+  shapes = [
+    f"{k} {saved[k]} != {wanted[k]}"
+    for k in sorted(saved.keys() & wanted.keys())
+    if saved[k] != wanted[k]
+  ]
   if shapes:
     out.append(listed("shapes (checkpoint != run)", shapes))
   return out
@@ -314,8 +369,9 @@ def config_from_meta(meta: dict) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(meta["config"]))
 
 
-def _differences(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict,
-                 fields) -> list[str]:
+def _differences(
+  saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict, fields
+) -> list[str]:
   """'field: checkpoint a != config b' for each field ('section.key' or a top-level key) whose
   values differ."""
   out = []
@@ -330,12 +386,19 @@ def _differences(saved: ml_collections.ConfigDict, current: ml_collections.Confi
   return out
 
 
-def config_differences(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict,
-                       sections=("model", "optim"), top_level=()) -> str:
+def config_differences(
+  saved: ml_collections.ConfigDict,
+  current: ml_collections.ConfigDict,
+  sections=("model", "optim"),
+  top_level=(),
+) -> str:
   """'model.x: checkpoint a != config b; ...' over every field of `sections` and the top-level
   keys `top_level` ('' when they agree)."""
-  fields = [f"{sec}.{k}" for sec in sections
-            for k in sorted(set((saved.get(sec) or {}).keys()) | set((current.get(sec) or {}).keys()))]
+  fields = [
+    f"{sec}.{k}"
+    for sec in sections
+    for k in sorted(set((saved.get(sec) or {}).keys()) | set((current.get(sec) or {}).keys()))
+  ]
   fields += list(top_level)
   diffs = _differences(saved, current, fields)
   return ("the checkpoint's config differs in " + "; ".join(diffs)) if diffs else ""
@@ -349,8 +412,10 @@ def check_compatible(saved: ml_collections.ConfigDict, current: ml_collections.C
     fields.append("data.vocab_size")
   diffs = _differences(saved, current, fields)
   if diffs:
-    raise ValueError("the config does not match the checkpoint's (no silent re-initialisation; "
-                     "use a new workdir or the old settings): " + "; ".join(diffs))
+    raise ValueError(
+      "the config does not match the checkpoint's (no silent re-initialisation; "
+      "use a new workdir or the old settings): " + "; ".join(diffs)
+    )
 
 
 # ----------------------------------------------------------------------------- inference
@@ -359,6 +424,7 @@ class Restored:
   """What decoding needs from a workdir: `steps` lists the checkpoints used, `step` is the newest.
   With `ensemble` the params are their trees stacked on a leading axis
   (`model.generate.translate(..., ensemble=True)`), else one tree (their mean when several)."""
+
   config: ml_collections.ConfigDict
   params: Any
   step: int
@@ -383,8 +449,11 @@ def average_params(param_trees: list) -> Any:
   if not param_trees:
     raise ValueError("average_params: no parameter trees given")
   return jax.tree_util.tree_map(
-      lambda *xs: (np.mean(np.stack([np.asarray(x, np.float64) for x in xs]), axis=0)
-                   .astype(np.asarray(xs[0]).dtype)), *param_trees)
+    lambda *xs: np.mean(np.stack([np.asarray(x, np.float64) for x in xs]), axis=0).astype(
+      np.asarray(xs[0]).dtype
+    ),
+    *param_trees,
+  )
 
 
 def _load_params(path: pathlib.Path):
@@ -412,19 +481,26 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
     try:
       k = int(count)
     except ValueError:
-      raise ValueError(f"--checkpoint={checkpoint!r}: expected {how}:<k> with k an integer") from None
+      raise ValueError(
+        f"--checkpoint={checkpoint!r}: expected {how}:<k> with k an integer"
+      ) from None
     if k < 1 or k > len(steps):
-      raise ValueError(f"--checkpoint={checkpoint}: {len(steps)} checkpoints available "
-                       f"(steps {', '.join(map(str, steps))})")
+      raise ValueError(
+        f"--checkpoint={checkpoint}: {len(steps)} checkpoints available "
+        f"(steps {', '.join(map(str, steps))})"
+      )
     chosen = steps[-k:]
   elif checkpoint.isdigit():
     if int(checkpoint) not in steps:
-      raise ValueError(f"--checkpoint={checkpoint}: no checkpoint at step {checkpoint}; available "
-                       f"steps: {', '.join(map(str, steps))}")
+      raise ValueError(
+        f"--checkpoint={checkpoint}: no checkpoint at step {checkpoint}; available "
+        f"steps: {', '.join(map(str, steps))}"
+      )
     chosen = [int(checkpoint)]
   else:
-    raise ValueError(f"--checkpoint={checkpoint!r}: expected latest, a step number, "
-                     f"average:<k> or ensemble:<k>")
+    raise ValueError(
+      f"--checkpoint={checkpoint!r}: expected latest, a step number, average:<k> or ensemble:<k>"
+    )
 
   ensemble = checkpoint.startswith("ensemble:")
   params = None
@@ -447,9 +523,14 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
     logging.info("Ensemble of %d checkpoints: steps %s", len(chosen), ", ".join(map(str, chosen)))
   elif len(chosen) > 1:
     _report_average(chosen, config.get("checkpoint_every_steps"))
-  return Restored(config=config, params=params, step=chosen[-1],
-                  vocab=_training_vocab(workdir, config, meta.get("vocab")), steps=tuple(chosen),
-                  ensemble=ensemble)
+  return Restored(
+    config=config,
+    params=params,
+    step=chosen[-1],
+    vocab=_training_vocab(workdir, config, meta.get("vocab")),
+    steps=tuple(chosen),
+    ensemble=ensemble,
+  )
 
 
 def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):
@@ -457,13 +538,19 @@ def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):
   copies data.vocab_path there), else data.vocab_path; the one whose fingerprint the checkpoint
   recorded (older checkpoints record none: the first found)."""
   from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_vocab
+
   paths = [workdir / n for n in (VOCAB_MODEL_NAME, VOCAB_JSON_NAME) if (workdir / n).is_file()]
   if config.data.get("vocab_path") and pathlib.Path(config.data.vocab_path).is_file():
     paths.append(pathlib.Path(config.data.vocab_path))
   if not paths:
-    raise FileNotFoundError(f"no vocabulary (vocab.model or vocab.json) in {_describe(workdir)}"
-                            + (f", and data.vocab_path={config.data.vocab_path} does not exist"
-                               if config.data.get("vocab_path") else ""))
+    raise FileNotFoundError(
+      f"no vocabulary (vocab.model or vocab.json) in {_describe(workdir)}"
+      + (
+        f", and data.vocab_path={config.data.vocab_path} does not exist"
+        if config.data.get("vocab_path")
+        else ""
+      )
+    )
   found = []
   for path in paths:
     try:
@@ -474,9 +561,11 @@ def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):
     if fingerprint is None or vocab.fingerprint == fingerprint:
       return vocab
     found.append(f"{path}: {vocab.fingerprint}")
-  raise ValueError(f"the checkpoints in {checkpoint_dir(workdir)} were trained with vocabulary "
-                   f"{fingerprint}, but {'; '.join(found)}: decoding with another vocabulary "
-                   f"would give wrong words; put the run's vocabulary file back")
+  raise ValueError(
+    f"the checkpoints in {checkpoint_dir(workdir)} were trained with vocabulary "
+    f"{fingerprint}, but {'; '.join(found)}: decoding with another vocabulary "
+    f"would give wrong words; put the run's vocabulary file back"
+  )
 
 
 def _report_average(chosen: list[int], interval: int | None = None) -> None:
@@ -491,9 +580,12 @@ def _report_average(chosen: list[int], interval: int | None = None) -> None:
   else:
     uneven = len(set(gaps[:-1])) > 1
   if uneven:
-    logging.warning("averaging steps %s: they are not evenly spaced (a checkpoint kept by "
-                    "checkpoint.keep_best, or a gap in the saves, is among them); check that these "
-                    "are the checkpoints you mean", ", ".join(map(str, chosen)))
+    logging.warning(
+      "averaging steps %s: they are not evenly spaced (a checkpoint kept by "
+      "checkpoint.keep_best, or a gap in the saves, is among them); check that these "
+      "are the checkpoints you mean",
+      ", ".join(map(str, chosen)),
+    )
 
 
 def write_average(workdir, last: int) -> pathlib.Path:
@@ -504,8 +596,10 @@ def write_average(workdir, last: int) -> pathlib.Path:
     raise ValueError(f"--last={last}: the number of checkpoints to average must be >= 1")
   steps = available_steps(workdir)
   if len(steps) < last:
-    raise ValueError(f"--last={last}: only {len(steps)} checkpoints in {checkpoint_dir(workdir)} "
-                     f"(steps {', '.join(map(str, steps)) or 'none'}); {_describe(workdir)}")
+    raise ValueError(
+      f"--last={last}: only {len(steps)} checkpoints in {checkpoint_dir(workdir)} "
+      f"(steps {', '.join(map(str, steps)) or 'none'}); {_describe(workdir)}"
+    )
   chosen = steps[-last:]
   trees, meta = [], None
   for s in chosen:
@@ -515,7 +609,11 @@ def write_average(workdir, last: int) -> pathlib.Path:
   meta = dict(meta, averaged_steps=chosen)
   out = workdir / AVERAGE_DIR / f"last{last}"
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-    ckptr.save(out, args=ocp.args.Composite(
-        state=ocp.args.StandardSave({"params": average_params(trees)}),
-        meta=ocp.args.JsonSave(meta)), force=True)
+    ckptr.save(
+      out,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardSave({"params": average_params(trees)}), meta=ocp.args.JsonSave(meta)
+      ),
+      force=True,
+    )
   return out

@@ -1,5 +1,6 @@
 """Periodic evaluation: loss, token accuracy and perplexity over the eval split, and BLEU /
 exact match of greedy translations of a sample of it."""
+
 from __future__ import annotations
 
 import math
@@ -19,26 +20,46 @@ def loss_metrics(parallel, params, batches) -> dict:
     for k in total:
       total[k] += float(sums[k])
   n = max(total["tokens"], 1.0)
-  return {"loss": total["loss"] / n, "nll": total["nll"] / n, "accuracy": total["correct"] / n,
-          "perplexity": math.exp(min(total["nll"] / n, 50.0)), "eval_tokens": total["tokens"]}
+  return {
+    "loss": total["loss"] / n,
+    "nll": total["nll"] / n,
+    "accuracy": total["correct"] / n,
+    "perplexity": math.exp(min(total["nll"] / n, 50.0)),
+    "eval_tokens": total["tokens"],
+  }
 
 
 def source_ids(vocab, sentences: list[str], max_len: int) -> list[list[int]]:
   """Token ids + EOS for each source sentence, cut to `max_len`."""
-  return [(vocab.encode(s)[:max_len - 1]) + [EOS_ID] for s in sentences]
+  return [(vocab.encode(s)[: max_len - 1]) + [EOS_ID] for s in sentences]
 
 
-def translation_metrics(model, params, vocab, pairs, *, max_len: int, max_extra_len: int,
-                        beam_size: int = 1, tokens_per_batch: int = 4096) -> dict:
+def translation_metrics(
+  model,
+  params,
+  vocab,
+  pairs,
+  *,
+  max_len: int,
+  max_extra_len: int,
+  beam_size: int = 1,
+  tokens_per_batch: int = 4096,
+) -> dict:
   """BLEU (sacreBLEU, cased, on detokenized text) and exact match of translations of `pairs`."""
   from model.generate import translate_all
+
   if not pairs:
     return {}
   sources, references = zip(*pairs)
-  outputs = translate_all(model, params, source_ids(vocab, list(sources), max_len),
-                          tokens_per_batch=tokens_per_batch, beam_size=beam_size,
-                          max_extra_len=max_extra_len,
-                          num_ids=vocab.vocab_size)
+  outputs = translate_all(
+    model,
+    params,
+    source_ids(vocab, list(sources), max_len),
+    tokens_per_batch=tokens_per_batch,
+    beam_size=beam_size,
+    max_extra_len=max_extra_len,
+    num_ids=vocab.vocab_size,
+  )
   hypotheses = [vocab.decode(o.tolist()) for o in outputs]
   bleu = sacrebleu.corpus_bleu(hypotheses, [list(references)])
   exact = np.mean([h.strip() == r.strip() for h, r in zip(hypotheses, references)])

@@ -40,6 +40,7 @@ Recurrent ('rnn', 'rnn_attention'; model/rnn.py), with H = d_model, C = the enco
             scores vᵀ tanh(...) 2·H·B·T·S, context Σ_j α_tj h_j 2·C·B·T·S
 and the output projection 2·H·V·B·T.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -63,30 +64,34 @@ def forward_breakdown(model_cfg: Any, batch: int, src_len: int, tgt_len: int) ->
 
   if kind == "transformer":
     return {
-        "encoder_projections": n * projections(4 * d * d, s),
-        "encoder_attention": n * attention(s, s),
-        "encoder_ffn": n * projections(2 * d * f, s),
-        "decoder_projections": n * (projections(4 * d * d, t)      # self Q, K, V, output
-                                    + projections(2 * d * d, t)    # cross Q, output
-                                    + projections(2 * d * d, s)),  # cross K, V (encoder output)
-        "decoder_attention": n * (attention(t, t) + attention(t, s)),
-        "decoder_ffn": n * projections(2 * d * f, t),
-        "output_projection": projections(d * vocab, t),
+      "encoder_projections": n * projections(4 * d * d, s),
+      "encoder_attention": n * attention(s, s),
+      "encoder_ffn": n * projections(2 * d * f, s),
+      "decoder_projections": n
+      * (
+        projections(4 * d * d, t)  # self Q, K, V, output
+        + projections(2 * d * d, t)  # cross Q, output
+        + projections(2 * d * d, s)
+      ),  # cross K, V (encoder output)
+      "decoder_attention": n * (attention(t, t) + attention(t, s)),
+      "decoder_ffn": n * projections(2 * d * f, t),
+      "output_projection": projections(d * vocab, t),
     }
   if kind == "decoder_only":
     length = s + t
     return {
-        "decoder_projections": n * projections(4 * d * d, length),
-        "decoder_attention": n * attention(length, length),
-        "decoder_ffn": n * projections(2 * d * f, length),
-        "output_projection": projections(d * vocab, t),
+      "decoder_projections": n * projections(4 * d * d, length),
+      "decoder_attention": n * attention(length, length),
+      "decoder_ffn": n * projections(2 * d * f, length),
+      "output_projection": projections(d * vocab, t),
     }
-  raise ValueError(f"no FLOP formula for model.type={kind!r} (known: transformer, decoder_only, "
-                   f"rnn, rnn_attention)")
+  raise ValueError(
+    f"no FLOP formula for model.type={kind!r} (known: transformer, decoder_only, "
+    f"rnn, rnn_attention)"
+  )
 
 
-def _recurrent_breakdown(model_cfg: Any, attention: bool, b: int, s: int, t: int
-                         ) -> dict[str, int]:
+def _recurrent_breakdown(model_cfg: Any, attention: bool, b: int, s: int, t: int) -> dict[str, int]:
   """The recurrent models' forward matmul FLOPs by part (see the module doc)."""
   h, vocab = int(model_cfg["d_model"]), int(model_cfg["vocab_size"])
   n = int(model_cfg["num_layers"])
@@ -97,13 +102,13 @@ def _recurrent_breakdown(model_cfg: Any, attention: bool, b: int, s: int, t: int
   c, g = dirs * h, {"gru": 3, "lstm": 4}[cell] * h
   encoder_inputs = sum(dirs * 2 * (h if i == 0 else c) * g * b * s for i in range(n))
   parts = {
-      "encoder_input_projections": encoder_inputs,
-      "encoder_recurrent": n * dirs * 2 * h * g * b * s,
-      "decoder_initial_state": 2 * c * n * h * b * t,
-      "decoder_input_projections": (2 * h * g + 2 * c * g + (n - 1) * 2 * h * g) * b * t,
-      "decoder_recurrent": n * 2 * h * g * b * t,
-      "decoder_output_layer": 2 * (2 * h + c) * h * b * t,
-      "output_projection": 2 * h * vocab * b * t,
+    "encoder_input_projections": encoder_inputs,
+    "encoder_recurrent": n * dirs * 2 * h * g * b * s,
+    "decoder_initial_state": 2 * c * n * h * b * t,
+    "decoder_input_projections": (2 * h * g + 2 * c * g + (n - 1) * 2 * h * g) * b * t,
+    "decoder_recurrent": n * 2 * h * g * b * t,
+    "decoder_output_layer": 2 * (2 * h + c) * h * b * t,
+    "output_projection": 2 * h * vocab * b * t,
   }
   if attention:
     parts["attention_projections"] = 2 * c * h * b * s + 2 * h * h * b * t

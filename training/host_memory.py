@@ -16,6 +16,7 @@ train.py, decode.py and bench.py call this first thing; it does nothing off glib
 environment already sets any `MALLOC_*` variable or a `glibc.malloc` tunable (your settings win;
 e.g. `MALLOC_ARENA_MAX=8` restores glibc's per-thread arenas).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -47,7 +48,7 @@ def keep_freed_memory() -> bool:
   try:
     libc = ctypes.CDLL(name)
     mallopt = libc.mallopt
-    libc.gnu_get_libc_version  # glibc only: musl and macOS have no such function
+    _ = libc.gnu_get_libc_version  # glibc only: musl and macOS have no such function
   except (OSError, AttributeError, TypeError):
     return False
   mallopt.argtypes = [ctypes.c_int, ctypes.c_int]

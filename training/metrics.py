@@ -1,5 +1,6 @@
 """Where metrics go: stdout (absl logging), `<workdir>/metrics.jsonl`, TensorBoard event files,
 and a progress bar on a terminal. Only process 0 writes; other processes get a silent writer."""
+
 from __future__ import annotations
 
 import json
@@ -35,6 +36,7 @@ class MetricsWriter:
     self._jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
     if tensorboard:
       from tensorboardX import SummaryWriter
+
       self._tb = SummaryWriter(str(workdir / "tensorboard"))
 
   def write(self, step: int, split: str, metrics: dict) -> None:
@@ -113,4 +115,5 @@ class _DropLibraryInfo:
 def quiet_library_logs() -> None:
   """Keeps this project's INFO lines and library warnings; drops library INFO lines."""
   import logging as std_logging
+
   std_logging.getLogger("absl").addFilter(_DropLibraryInfo())

@@ -9,18 +9,21 @@
   when the model or optimizer state does not fit one device, or to combine data and model
   parallelism; with fsdp = tensor = 1 it is plain data parallelism.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from absl import logging
+import flax.linen as nn
 import jax
 import numpy as np
-import flax.linen as nn
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from absl import logging
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from training.state import TrainState
 
@@ -28,19 +31,23 @@ AXIS = "batch"  # pmap's axis name
 MESH_AXES = ("data", "fsdp", "tensor")
 # Logical axis name -> mesh axes (MaxText-style rules). None = replicated.
 LOGICAL_RULES = (
-    ("batch", ("data", "fsdp")),
-    ("length", None),
-    ("embed", "fsdp"),
-    ("vocab", "tensor"),
-    ("heads", "tensor"),
-    ("mlp", "tensor"),
-    ("kv", None),
+  ("batch", ("data", "fsdp")),
+  ("length", None),
+  ("embed", "fsdp"),
+  ("vocab", "tensor"),
+  ("heads", "tensor"),
+  ("mlp", "tensor"),
+  ("kv", None),
 )
 
 
 # ----------------------------------------------------------------------------- multi-host
-def initialize_distributed(coordinator_address: str | None, num_processes: int | None,
-                           process_id: int | None, timeout_s: int = 300) -> None:
+def initialize_distributed(
+  coordinator_address: str | None,
+  num_processes: int | None,
+  process_id: int | None,
+  timeout_s: int = 300,
+) -> None:
   """Calls `jax.distributed.initialize` for a multi-process job.
 
   With explicit arguments they are used; otherwise JAX reads the cluster environment (SLURM,
@@ -54,15 +61,20 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
   if not explicit:
     try:
       from jax._src.clusters import ClusterEnv  # the environments JAX auto-detects
+
       # Opt-in environments (mpi4py: merely installed) are not a cluster JAX would detect.
-      if not any(not getattr(env, "opt_in_only_method", False) and env.is_env_present()
-                 for env in ClusterEnv._cluster_types):
+      if not any(
+        not getattr(env, "opt_in_only_method", False) and env.is_env_present()
+        for env in ClusterEnv._cluster_types
+      ):
         return
     except Exception:  # pragma: no cover - private API moved: do not guess a cluster
       return
   if explicit and (not coordinator_address or num_processes is None or process_id is None):
-    raise ValueError("--coordinator_address, --num_processes and --process_id must be given "
-                     f"together (got {coordinator_address!r}, {num_processes!r}, {process_id!r})")
+    raise ValueError(
+      "--coordinator_address, --num_processes and --process_id must be given "
+      f"together (got {coordinator_address!r}, {num_processes!r}, {process_id!r})"
+    )
   if explicit and not 0 <= process_id < num_processes:
     raise ValueError(f"--process_id={process_id} must be in [0, --num_processes={num_processes})")
   if explicit and process_id != 0:
@@ -70,19 +82,25 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
     # its port here first and fail with a message instead.
     _wait_for_port(coordinator_address, timeout_s, num_processes, process_id)
   try:
-    jax.distributed.initialize(coordinator_address=coordinator_address or None,
-                               num_processes=num_processes, process_id=process_id,
-                               initialization_timeout=timeout_s,
-                               **({"cluster_detection_method": "deactivate"} if explicit else {}))
+    jax.distributed.initialize(
+      coordinator_address=coordinator_address or None,
+      num_processes=num_processes,
+      process_id=process_id,
+      initialization_timeout=timeout_s,
+      **({"cluster_detection_method": "deactivate"} if explicit else {}),
+    )
   except Exception as e:
-    raise RuntimeError(f"could not join the distributed job at coordinator "
-                       f"{coordinator_address!r} within {timeout_s} s "
-                       f"(process {process_id} of {num_processes}): {e}") from None
+    raise RuntimeError(
+      f"could not join the distributed job at coordinator "
+      f"{coordinator_address!r} within {timeout_s} s "
+      f"(process {process_id} of {num_processes}): {e}"
+    ) from None
 
 
 def _wait_for_port(address: str, timeout_s: float, num_processes, process_id) -> None:
   import socket
   import time
+
   host, _, port = address.rpartition(":")
   if not host or not port.isdigit():
     raise ValueError(f"--coordinator_address={address!r}: expected host:port")
@@ -93,8 +111,10 @@ def _wait_for_port(address: str, timeout_s: float, num_processes, process_id) ->
         return
     except OSError as e:
       if time.monotonic() >= deadline:
-        raise RuntimeError(f"could not join the distributed job at coordinator {address!r} within "
-                           f"{timeout_s} s (process {process_id} of {num_processes}): {e}") from None
+        raise RuntimeError(
+          f"could not join the distributed job at coordinator {address!r} within "
+          f"{timeout_s} s (process {process_id} of {num_processes}): {e}"
+        ) from None
       time.sleep(0.5)
 
 
@@ -146,13 +166,17 @@ def make_mesh(mesh_cfg, devices=None) -> Mesh:
   known = math.prod(s for s in sizes.values() if s != -1)
   if free:
     if n % known:
-      raise ValueError(f"config error: {n} devices cannot be split into mesh {sizes}: "
-                       f"{n} is not divisible by {known}")
+      raise ValueError(
+        f"config error: {n} devices cannot be split into mesh {sizes}: "
+        f"{n} is not divisible by {known}"
+      )
     sizes[free[0]] = n // known
   if math.prod(sizes.values()) != n:
-    raise ValueError(f"config error: mesh.data × mesh.fsdp × mesh.tensor = "
-                     f"{sizes['data']} × {sizes['fsdp']} × {sizes['tensor']} = "
-                     f"{math.prod(sizes.values())}, but there are {n} devices")
+    raise ValueError(
+      f"config error: mesh.data × mesh.fsdp × mesh.tensor = "
+      f"{sizes['data']} × {sizes['fsdp']} × {sizes['tensor']} = "
+      f"{math.prod(sizes.values())}, but there are {n} devices"
+    )
   grid = np.asarray(devices).reshape(sizes["data"], sizes["fsdp"], sizes["tensor"])
   return Mesh(grid, MESH_AXES)
 
@@ -184,25 +208,35 @@ def state_shardings(abstract_boxed_state, mesh: Mesh):
   def fit(path, names, spec, leaf):
     fitted = _fit_spec(spec, leaf.shape, mesh)
     pad = (None,) * leaf.ndim
-    for dim, name, want, got in zip(leaf.shape, tuple(names) + pad, tuple(spec) + pad,
-                                    tuple(fitted) + pad):
+    for dim, name, want, got in zip(
+      leaf.shape, tuple(names) + pad, tuple(spec) + pad, tuple(fitted) + pad
+    ):
       used.update(a for a in _axes(got) if mesh.shape[a] > 1)
       lost = [a for a in _axes(want) if mesh.shape[a] > 1 and a not in _axes(got)]
       if lost and name != "vocab" and "params" in jax.tree_util.keystr(path):
         dropped.append(f"{jax.tree_util.keystr(path)} {name}={dim} over {'×'.join(lost)}")
     return NamedSharding(mesh, fitted)
 
-  shardings = jax.tree_util.tree_map_with_path(fit, logical, mesh_specs, unboxed,
-                                               is_leaf=lambda x: isinstance(x, P))
+  shardings = jax.tree_util.tree_map_with_path(
+    fit, logical, mesh_specs, unboxed, is_leaf=lambda x: isinstance(x, P)
+  )
   if dropped:
-    logging.warning("mesh %s does not divide %d parameter dimension(s), which stay replicated "
-                    "(no memory saved on them): %s%s", dict(mesh.shape), len(dropped),
-                    "; ".join(dropped[:4]), " ..." if len(dropped) > 4 else "")
+    logging.warning(
+      "mesh %s does not divide %d parameter dimension(s), which stay replicated "
+      "(no memory saved on them): %s%s",
+      dict(mesh.shape),
+      len(dropped),
+      "; ".join(dropped[:4]),
+      " ..." if len(dropped) > 4 else "",
+    )
   for axis in ("fsdp", "tensor"):
     if mesh.shape[axis] > 1 and axis not in used:
-      logging.warning("mesh.%s=%d shards no parameter (model.num_heads, d_ff or d_model not "
-                      "divisible by it?): its devices hold and compute copies", axis,
-                      mesh.shape[axis])
+      logging.warning(
+        "mesh.%s=%d shards no parameter (model.num_heads, d_ff or d_model not "
+        "divisible by it?): its devices hold and compute copies",
+        axis,
+        mesh.shape[axis],
+      )
   return shardings
 
 
@@ -221,6 +255,7 @@ class Parallel:
     train_step: (state, batch, rng) -> (state, metrics), on placed state and batches.
     eval_step: (params, batch) -> summed metrics.
   """
+
   kind: str
   data_parallel: int
   place_state: Callable[[Any], Any]
@@ -237,12 +272,20 @@ class Parallel:
 def _check_rows(batch, multiple, kind):
   rows = next(iter(batch.values())).shape[0]
   if rows % multiple:
-    raise ValueError(f"{kind}: the batch has {rows} rows on this process, not divisible by "
-                     f"the {multiple} local data-parallel devices")
+    raise ValueError(
+      f"{kind}: the batch has {rows} rows on this process, not divisible by "
+      f"the {multiple} local data-parallel devices"
+    )
 
 
-def build(kind: str, config, *, init_fn: Callable[[jax.Array], TrainState], train_step: Callable,
-          eval_step: Callable) -> Parallel:
+def build(
+  kind: str,
+  config,
+  *,
+  init_fn: Callable[[jax.Array], TrainState],
+  train_step: Callable,
+  eval_step: Callable,
+) -> Parallel:
   """Wraps `train_step(state, batch, rng, axis_name=...)` and `eval_step(params, batch,
   axis_name=...)` for `kind` ('pmap' or 'mesh') on all devices of all processes.
 
@@ -251,8 +294,9 @@ def build(kind: str, config, *, init_fn: Callable[[jax.Array], TrainState], trai
   abstract = jax.eval_shape(init_fn, jax.random.key(0))
   unboxed_init = lambda rng: nn.unbox(init_fn(rng))
   if kind == "pmap":
-    return _build_pmap(abstract, unboxed_init, train_step, eval_step, local_devices(config),
-                       global_devices(config))
+    return _build_pmap(
+      abstract, unboxed_init, train_step, eval_step, local_devices(config), global_devices(config)
+    )
   if kind == "mesh":
     return _build_mesh(config, abstract, unboxed_init, train_step, eval_step)
   raise ValueError(f"config error: parallelism={kind!r}; valid: pmap, mesh")
@@ -262,18 +306,26 @@ def _build_pmap(abstract, init_fn, train_step, eval_step, devices, all_devices) 
   """`devices`: this process's; `all_devices`: every process's (the pmap axis spans them all, so
   `psum` sums over the whole job)."""
   n = len(devices)
-  p_train = jax.pmap(functools.partial(train_step, axis_name=AXIS), axis_name=AXIS,
-                     in_axes=(0, 0, None), donate_argnums=(0,), devices=all_devices)
-  p_eval = jax.pmap(functools.partial(eval_step, axis_name=AXIS), axis_name=AXIS,
-                    devices=all_devices)
+  p_train = jax.pmap(
+    functools.partial(train_step, axis_name=AXIS),
+    axis_name=AXIS,
+    in_axes=(0, 0, None),
+    donate_argnums=(0,),
+    devices=all_devices,
+  )
+  p_eval = jax.pmap(
+    functools.partial(eval_step, axis_name=AXIS), axis_name=AXIS, devices=all_devices
+  )
 
   replicated = NamedSharding(Mesh(np.asarray(devices), (AXIS,)), P(AXIS))
 
   def place_state(state):
     """Host state -> one copy per device along a new leading axis (pmap's layout)."""
+
     def put(x):
       x = np.asarray(x)
       return jax.make_array_from_callback((n, *x.shape), replicated, lambda idx: x[None])
+
     return jax.tree_util.tree_map(put, jax.device_get(state))
 
   def place_batch(batch):
@@ -301,8 +353,18 @@ def _build_pmap(abstract, init_fn, train_step, eval_step, devices, all_devices) 
     return place_state(jax.jit(init_fn)(rng))
 
   unboxed = nn.unbox(abstract)
-  return Parallel("pmap", n * jax.process_count(), place_state, place_batch, host_state, train,
-                  evaluate, init, unboxed, None)
+  return Parallel(
+    "pmap",
+    n * jax.process_count(),
+    place_state,
+    place_batch,
+    host_state,
+    train,
+    evaluate,
+    init,
+    unboxed,
+    None,
+  )
 
 
 def _build_mesh(config, abstract, init_fn, train_step, eval_step) -> Parallel:
@@ -312,30 +374,42 @@ def _build_mesh(config, abstract, init_fn, train_step, eval_step) -> Parallel:
   replicated = NamedSharding(mesh, P())
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
   if dp % jax.process_count():
-    raise ValueError(f"config error: mesh data×fsdp = {dp} must be a multiple of the "
-                     f"{jax.process_count()} processes")
-  j_train = jax.jit(train_step, in_shardings=(shardings, data_sharding, replicated),
-                    out_shardings=(shardings, replicated), donate_argnums=(0,))
-  j_eval = jax.jit(eval_step, in_shardings=(shardings.params, data_sharding),
-                   out_shardings=replicated)
+    raise ValueError(
+      f"config error: mesh data×fsdp = {dp} must be a multiple of the "
+      f"{jax.process_count()} processes"
+    )
+  j_train = jax.jit(
+    train_step,
+    in_shardings=(shardings, data_sharding, replicated),
+    out_shardings=(shardings, replicated),
+    donate_argnums=(0,),
+  )
+  j_eval = jax.jit(
+    eval_step, in_shardings=(shardings.params, data_sharding), out_shardings=replicated
+  )
   j_init = jax.jit(init_fn, out_shardings=shardings)
 
   def place_state(state):
     return jax.tree_util.tree_map(
-        lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda idx: np.asarray(x)[idx]),
-        jax.device_get(state), shardings)
+      lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda idx: np.asarray(x)[idx]),
+      jax.device_get(state),
+      shardings,
+    )
 
   def place_batch(batch):
     local_dp = dp // jax.process_count()
     rows = next(iter(batch.values())).shape[0]
     if rows % local_dp:
-      raise ValueError(f"mesh: the batch has {rows} rows on this process, not divisible by its "
-                       f"share of the data-parallel mesh axes (data×fsdp={dp} over "
-                       f"{jax.process_count()} processes = {local_dp})")
+      raise ValueError(
+        f"mesh: the batch has {rows} rows on this process, not divisible by its "
+        f"share of the data-parallel mesh axes (data×fsdp={dp} over "
+        f"{jax.process_count()} processes = {local_dp})"
+      )
     return {k: jax.make_array_from_process_local_data(data_sharding, v) for k, v in batch.items()}
 
   def host_state(state):
     from jax.experimental import multihost_utils
+
     if jax.process_count() > 1:
       return multihost_utils.process_allgather(state, tiled=True)
     return jax.device_get(state)
@@ -348,5 +422,16 @@ def _build_mesh(config, abstract, init_fn, train_step, eval_step) -> Parallel:
 
   unboxed = nn.unbox(abstract)
   logging.info("mesh %s; parameters sharded by %s", dict(mesh.shape), LOGICAL_RULES)
-  return Parallel("mesh", dp, place_state, place_batch, host_state, train, evaluate, j_init,
-                  unboxed, shardings, mesh)
+  return Parallel(
+    "mesh",
+    dp,
+    place_state,
+    place_batch,
+    host_state,
+    train,
+    evaluate,
+    j_init,
+    unboxed,
+    shardings,
+    mesh,
+  )

@@ -1,12 +1,13 @@
 """The training state (parameters, Optax state, step) and the paper's optimizer (section 5.3)."""
+
 from __future__ import annotations
 
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import flax
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import optax
 
 from model.build import init_variables
@@ -15,6 +16,7 @@ from model.build import init_variables
 @flax.struct.dataclass
 class TrainState:
   """Everything the step updates. `nonfinite_streak` counts consecutive skipped updates."""
+
   step: jax.Array
   params: Any
   opt_state: Any
@@ -24,7 +26,8 @@ class TrainState:
 def learning_rate_schedule(optim_cfg, d_model: int, total_steps: int = 100_000):
   """step (0-based optimizer count) -> learning rate.
 
-  'rsqrt' (the paper's): lrate = learning_rate · d_model^-0.5 · min(s^-0.5, s · warmup^-1.5), s = step + 1.
+  'rsqrt' (the paper's): lrate = learning_rate · d_model^-0.5 · min(s^-0.5, s · warmup^-1.5),
+  s = step + 1.
   'constant': learning_rate after a linear warmup. 'cosine': linear warmup to learning_rate, then
   cosine decay to 0 at `total_steps`.
   """
@@ -32,9 +35,11 @@ def learning_rate_schedule(optim_cfg, d_model: int, total_steps: int = 100_000):
   warmup = max(int(optim_cfg.warmup_steps), 1)
   peak = float(optim_cfg.learning_rate)
   if kind == "rsqrt":
+
     def schedule(count):
       s = jnp.asarray(count, jnp.float32) + 1.0
-      return peak * d_model ** -0.5 * jnp.minimum(s ** -0.5, s * warmup ** -1.5)
+      return peak * d_model**-0.5 * jnp.minimum(s**-0.5, s * warmup**-1.5)
+
     return schedule
   if kind == "constant":
     return lambda count: peak * jnp.minimum(1.0, (jnp.asarray(count, jnp.float32) + 1.0) / warmup)
@@ -51,13 +56,15 @@ def make_optimizer(config) -> tuple[optax.GradientTransformation, Any]:
   """
   o = config.optim
   schedule = learning_rate_schedule(o, config.model.d_model, config.num_train_steps)
-  clip = optax.clip_by_global_norm(o.clip_norm) if o.clip_norm and o.clip_norm > 0 else optax.identity()
+  clip = (
+    optax.clip_by_global_norm(o.clip_norm) if o.clip_norm and o.clip_norm > 0 else optax.identity()
+  )
   decay = optax.add_decayed_weights(o.weight_decay) if o.weight_decay else optax.identity()
   return optax.named_chain(
-      ("clip", clip),
-      ("adam", optax.scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps)),
-      ("weight_decay", decay),
-      ("learning_rate", optax.scale_by_learning_rate(schedule)),
+    ("clip", clip),
+    ("adam", optax.scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps)),
+    ("weight_decay", decay),
+    ("learning_rate", optax.scale_by_learning_rate(schedule)),
   ), schedule
 
 
@@ -65,5 +72,9 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Arra
   """A fresh state. Parameters keep their logical-axis boxes (`nn.Partitioned`) so callers can read
   the sharding spec with `nn.get_partition_spec`; `nn.unbox` the result before training."""
   params = init_variables(model, rng)["params"]
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                    nonfinite_streak=jnp.zeros((), jnp.int32))
+  return TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=tx.init(params),
+    nonfinite_streak=jnp.zeros((), jnp.int32),
+  )

@@ -6,6 +6,7 @@ With `axis_name` (the pmap case) gradients and metric sums are summed over that 
 `lax.psum`; without it the step sees the whole (possibly Mesh-sharded) batch and XLA inserts the
 collectives. Nothing here knows which: `training/parallel.py` wraps it.
 """
+
 from __future__ import annotations
 
 import jax
@@ -15,8 +16,14 @@ import optax
 from model.loss import smoothed_cross_entropy, token_accuracy
 from training.state import TrainState
 
-BATCH_KEYS = ("inputs", "targets", "inputs_position", "targets_position", "inputs_segmentation",
-              "targets_segmentation")
+BATCH_KEYS = (
+  "inputs",
+  "targets",
+  "inputs_position",
+  "targets_position",
+  "inputs_segmentation",
+  "targets_segmentation",
+)
 
 
 def _weights(batch):
@@ -27,10 +34,17 @@ def _weights(batch):
 def _sums(model, params, batch, rng, label_smoothing, deterministic, scale=1.0):
   """(scale × summed loss, the differentiated value; {summed loss, nll, correct predictions,
   token count}) of one (micro-)batch."""
-  logits = model.apply({"params": params}, batch["inputs"], batch["targets"],
-                       batch["inputs_position"], batch["targets_position"],
-                       batch["inputs_segmentation"], batch["targets_segmentation"],
-                       deterministic=deterministic, rngs=None if deterministic else {"dropout": rng})
+  logits = model.apply(
+    {"params": params},
+    batch["inputs"],
+    batch["targets"],
+    batch["inputs_position"],
+    batch["targets_position"],
+    batch["inputs_segmentation"],
+    batch["targets_segmentation"],
+    deterministic=deterministic,
+    rngs=None if deterministic else {"dropout": rng},
+  )
   weights = _weights(batch)
   loss, tokens = smoothed_cross_entropy(logits, batch["targets"], weights, label_smoothing)
   correct, _ = token_accuracy(logits, batch["targets"], weights)
@@ -44,9 +58,18 @@ def _psum(tree, axis_name):
   return tree if axis_name is None else jax.lax.psum(tree, axis_name)
 
 
-def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransformation,
-               schedule, label_smoothing: float, grad_accum_steps: int = 1,
-               axis_name: str | None = None):
+def train_step(
+  state: TrainState,
+  batch,
+  rng,
+  *,
+  model,
+  tx: optax.GradientTransformation,
+  schedule,
+  label_smoothing: float,
+  grad_accum_steps: int = 1,
+  axis_name: str | None = None,
+):
   """One optimizer update on `batch` (dict of [batch, length] int32 arrays, see BATCH_KEYS).
 
   The loss is the label-smoothed cross entropy summed over all target tokens of the global batch
@@ -62,22 +85,26 @@ def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransf
   # taken of the mean loss directly (the 1/tokens scales the backward pass's first cotangent)
   # rather than divided out of every gradient afterwards.
   denom = jnp.maximum(_psum(jnp.sum(_weights(batch)), axis_name), 1.0)
-  grad_fn = jax.grad(lambda p, b, r: _sums(model, p, b, r, label_smoothing, False, 1.0 / denom),
-                     has_aux=True)
+  grad_fn = jax.grad(
+    lambda p, b, r: _sums(model, p, b, r, label_smoothing, False, 1.0 / denom), has_aux=True
+  )
 
   if grad_accum_steps == 1:
     grads, sums = grad_fn(state.params, batch, rng)
   else:
     rows = batch["targets"].shape[0]
     if rows % grad_accum_steps:
-      raise ValueError(f"train_step: batch of {rows} rows is not divisible by "
-                       f"optim.grad_accum_steps={grad_accum_steps}")
+      raise ValueError(
+        f"train_step: batch of {rows} rows is not divisible by "
+        f"optim.grad_accum_steps={grad_accum_steps}"
+      )
     # Micro-batch i takes rows i, i+k, i+2k, ...: every device's block of the (data-sharded)
     # batch holds rows of every micro-batch, so each micro-batch runs on all devices; consecutive
     # blocks would put micro-batch i on a k-th of them.
     micro = jax.tree_util.tree_map(
-        lambda x: x.reshape(rows // grad_accum_steps, grad_accum_steps, *x.shape[1:]).swapaxes(0, 1),
-        batch)
+      lambda x: x.reshape(rows // grad_accum_steps, grad_accum_steps, *x.shape[1:]).swapaxes(0, 1),
+      batch,
+    )
 
     def accumulate(carry, xs):
       i, mb = xs
@@ -86,8 +113,9 @@ def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransf
 
     zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
     zero_sums = {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "tokens")}
-    (grads, sums), _ = jax.lax.scan(accumulate, (zeros, zero_sums),
-                                    (jnp.arange(grad_accum_steps), micro))
+    (grads, sums), _ = jax.lax.scan(
+      accumulate, (zeros, zero_sums), (jnp.arange(grad_accum_steps), micro)
+    )
 
   grads, sums = _psum((grads, sums), axis_name)
   grad_norm = optax.tree.norm(grads)
@@ -100,18 +128,21 @@ def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransf
   # A branch, not a select over every parameter and Adam moment (which cost ~10% of the step).
   params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state), None)
   new_state = state.replace(
-      step=state.step + 1, params=params, opt_state=opt_state,
-      nonfinite_streak=jnp.where(finite, 0, state.nonfinite_streak + 1))
+    step=state.step + 1,
+    params=params,
+    opt_state=opt_state,
+    nonfinite_streak=jnp.where(finite, 0, state.nonfinite_streak + 1),
+  )
   metrics = {
-      "loss": sums["loss"] / denom,
-      "nll": sums["nll"] / denom,
-      "accuracy": sums["correct"] / denom,
-      "tokens": sums["tokens"],
-      "grad_norm": grad_norm,
-      # The optimizer's own count: it does not advance on a skipped (non-finite) step.
-      "learning_rate": schedule(state.opt_state["learning_rate"].count),
-      "nonfinite": 1 - finite.astype(jnp.int32),
-      "nonfinite_streak": new_state.nonfinite_streak,
+    "loss": sums["loss"] / denom,
+    "nll": sums["nll"] / denom,
+    "accuracy": sums["correct"] / denom,
+    "tokens": sums["tokens"],
+    "grad_norm": grad_norm,
+    # The optimizer's own count: it does not advance on a skipped (non-finite) step.
+    "learning_rate": schedule(state.opt_state["learning_rate"].count),
+    "nonfinite": 1 - finite.astype(jnp.int32),
+    "nonfinite_streak": new_state.nonfinite_streak,
   }
   return new_state, metrics
 
