@@ -21,12 +21,24 @@ import sys
 import time
 import zlib
 
-if __name__ == "__main__":  # first, before JAX starts its threads: see training/host_memory.py
-  from training.host_memory import keep_freed_memory
+if __name__ == "__main__":  # first, before JAX starts its threads: see cli/host_memory.py
+  from cli.host_memory import keep_freed_memory_on_cpu
 
-  keep_freed_memory()
+  keep_freed_memory_on_cpu()
 
-from absl import app, flags, logging  # noqa: E402
+import jax  # noqa: E402
+import matplotlib  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+from absl import flags, logging  # noqa: E402
+from sacrebleu.metrics import BLEU, CHRF  # noqa: E402
+
+from cli import app  # noqa: E402
+from cli.errors import UsageError  # noqa: E402
+from data.sources import load_split  # noqa: E402
+from inference.restore import load_for_inference  # noqa: E402
+from model import generate  # noqa: E402
+from model.build import build_model  # noqa: E402
+from model.special_tokens import EOS_ID  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir: checkpoints, config, vocab.")
 _INPUT = flags.DEFINE_string("input", None, "Source sentences, one per line; '-' or unset = stdin.")
@@ -82,12 +94,6 @@ _PLOT_SENTENCE = flags.DEFINE_integer(
 )
 flags.mark_flag_as_required("workdir")
 
-SPECIAL_PIECES = ("<pad>", "</s>", "<unk>", "<sep>")
-
-
-class UserError(Exception):
-  """A clear, expected error: printed as one line `decode.py: error: ...`, exit status 2."""
-
 
 # ---------------------------------------------------------------------------------------------
 # Text in and out.
@@ -102,7 +108,7 @@ def read_lines(path: str | None, what: str) -> list[str]:
     if data[:2] == b"\x1f\x8b":  # the gzip magic number
       data = gzip.decompress(data)
   except (OSError, EOFError, zlib.error) as e:
-    raise UserError(f"{name}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    raise UsageError(f"{name}: cannot read: {getattr(e, 'strerror', None) or e}") from None
   raw = data.split(b"\n")
   if raw[-1] == b"":  # the final newline ends the last line, it does not start a new one
     raw.pop()
@@ -111,7 +117,7 @@ def read_lines(path: str | None, what: str) -> list[str]:
     try:
       lines.append(line.decode("utf-8").rstrip("\r"))
     except UnicodeDecodeError as e:
-      raise UserError(
+      raise UsageError(
         f"{name}, line {number}: invalid UTF-8 ({e.reason} at byte {e.start})"
       ) from None
   return lines
@@ -126,7 +132,7 @@ def write_lines(path: str, lines: list[str]) -> None:
   try:
     pathlib.Path(path).write_bytes(data)
   except OSError as e:
-    raise UserError(f"--output={path}: cannot write: {e.strerror or e}") from None
+    raise UsageError(f"--output={path}: cannot write: {e.strerror or e}") from None
 
 
 def _line_list(numbers: list[int], limit: int = 20) -> str:
@@ -136,8 +142,6 @@ def _line_list(numbers: list[int], limit: int = 20) -> str:
 
 def encode_sources(vocab, lines: list[str], max_len: int) -> list[list[int] | None]:
   """Token ids + EOS of each line (None for an empty line), cut to `max_len` with a warning."""
-  from data.tokenizer import EOS_ID
-
   sources, cut = [], []
   for number, line in enumerate(lines, start=1):
     text = line.strip()
@@ -160,20 +164,8 @@ def encode_sources(vocab, lines: list[str], max_len: int) -> list[list[int] | No
 
 
 def token_labels(vocab, ids) -> list[str]:
-  """Readable labels of token ids: SentencePiece pieces or WordVocab words, else the ids."""
-  sp = getattr(vocab, "_sp", None)
-  words = getattr(vocab, "words", None)
-  labels = []
-  for i in map(int, ids):
-    if sp is not None and 0 <= i < sp.get_piece_size():
-      labels.append(sp.id_to_piece(i))
-    elif words is not None and i < len(SPECIAL_PIECES):
-      labels.append(SPECIAL_PIECES[i])
-    elif words is not None and i - len(SPECIAL_PIECES) < len(words):
-      labels.append(words[i - len(SPECIAL_PIECES)])
-    else:
-      labels.append(str(i))
-  return labels
+  """Readable labels of token ids: the vocabulary's pieces or words, else the ids."""
+  return [vocab.piece(int(i)) or str(int(i)) for i in ids]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,8 +175,6 @@ def token_labels(vocab, ids) -> list[str]:
 def score(hypotheses: list[str], references: list[str]) -> tuple[dict, list[str]]:
   """sacreBLEU corpus BLEU (cased, the standard; and lowercased, as published Multi30k figures
   are) and chrF: ({'bleu', 'bleu_lowercase', 'chrf'}, printable lines with signatures)."""
-  from sacrebleu.metrics import BLEU, CHRF
-
   values, lines = {}, []
   for key, metric in (("bleu", BLEU()), ("bleu_lowercase", BLEU(lowercase=True)), ("chrf", CHRF())):
     result = metric.corpus_score(hypotheses, [references])
@@ -200,11 +190,6 @@ def plot_attention(
 
   weights: [layers, heads, tgt_len, src_len].
   """
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   last = weights[-1]
   panels = [(f"head {h}", w) for h, w in enumerate(last)] + [("average", last.mean(axis=0))]
   cols = min(3, len(panels))
@@ -229,7 +214,7 @@ def plot_attention(
   try:
     fig.savefig(path, dpi=100)
   except OSError as e:
-    raise UserError(f"--plot_attention={path}: cannot write: {e.strerror or e}") from None
+    raise UsageError(f"--plot_attention={path}: cannot write: {e.strerror or e}") from None
   finally:
     plt.close(fig)
 
@@ -237,21 +222,11 @@ def plot_attention(
 # ---------------------------------------------------------------------------------------------
 
 
-def restore(workdir: str, checkpoint: str):
-  """`training.checkpoint.load_for_inference`, its expected errors made one-line UserErrors."""
-  from training import checkpoint as checkpoint_lib
-
-  try:
-    return checkpoint_lib.load_for_inference(workdir, checkpoint)
-  except (ValueError, FileNotFoundError) as e:
-    raise UserError(str(e)) from None
-
-
 def decode() -> None:
   if _SPLIT.value and _INPUT.value is not None:
-    raise UserError("give --split or --input, not both")
+    raise UsageError("give --split or --input, not both")
   if _SPLIT.value and _REFERENCE.value:
-    raise UserError("--split scores against the split's own references; drop --reference")
+    raise UsageError("--split scores against the split's own references; drop --reference")
 
   # Read the text first: a bad input fails before any model is loaded.
   sources = references = None
@@ -260,26 +235,19 @@ def decode() -> None:
     if _REFERENCE.value:
       references = read_lines(_REFERENCE.value, "--reference")
       if len(references) != len(sources):
-        raise UserError(
+        raise UsageError(
           f"--reference={_REFERENCE.value} has {len(references)} lines, the "
           f"input has {len(sources)}"
         )
 
-  restored = restore(_WORKDIR.value, _CHECKPOINT.value)
+  restored = load_for_inference(_WORKDIR.value, _CHECKPOINT.value)
   config, vocab = restored.config, restored.vocab
   if _SPLIT.value:
-    from data.sources import load_split
-
     try:
       pairs, _ = load_split(config.data, _SPLIT.value)
     except (ValueError, FileNotFoundError) as e:
-      raise UserError(f"--split={_SPLIT.value}: {e}") from None
+      raise UsageError(f"--split={_SPLIT.value}: {e}") from None
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
-
-  import jax
-
-  from model import generate
-  from model.build import build_model
 
   model_cfg = config.model.copy_and_resolve_references()
   if _DTYPE.value:
@@ -291,22 +259,22 @@ def decode() -> None:
   if _PLOT.value:
     n = _PLOT_SENTENCE.value
     if n >= len(src_ids) or src_ids[n] is None:
-      raise UserError(
+      raise UsageError(
         f"--plot_sentence={n}: no such non-empty sentence (there are {len(src_ids)} input lines)"
       )
     if not hasattr(model, "decode"):
-      raise UserError(
+      raise UsageError(
         f"--plot_attention: model.type={model_cfg.type!r} has no "
         f"encoder-decoder attention weights to plot"
       )
 
   if _TOP_K.value and not _TEMPERATURE.value > 0:
-    raise UserError(
+    raise UsageError(
       f"--top_k={_TOP_K.value} applies to sampling only: add --temperature "
       f"(e.g. --temperature=1) or drop --top_k"
     )
   if _TEMPERATURE.value > 0 and _TOP_K.value > int(model_cfg.vocab_size):
-    raise UserError(
+    raise UsageError(
       f"--top_k={_TOP_K.value}: larger than the model's vocabulary "
       f"({model_cfg.vocab_size} ids); use 0 for all of them"
     )
@@ -388,7 +356,7 @@ def decode() -> None:
     try:
       pathlib.Path(_JSON.value).write_text(json.dumps(summary, indent=2) + "\n")
     except OSError as e:
-      raise UserError(f"--json={_JSON.value}: cannot write: {e.strerror or e}") from None
+      raise UsageError(f"--json={_JSON.value}: cannot write: {e.strerror or e}") from None
 
   if _PLOT.value:
     n = _PLOT_SENTENCE.value
@@ -406,17 +374,6 @@ def decode() -> None:
     logging.info("Wrote the attention plot of sentence %d to %s", n, _PLOT.value)
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
-    decode()
-  except UserError as e:
-    sys.stderr.write(f"decode.py: error: {e}\n")
-    sys.exit(2)
-
-
 if __name__ == "__main__":
-  from configs.flags import parse
-
-  app.run(main, flags_parser=parse)
+  matplotlib.use("Agg")
+  app.run(decode, prog="decode.py")

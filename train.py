@@ -7,22 +7,27 @@ Re-running the same command resumes from the newest checkpoint in `<workdir>/che
 SIGTERM / SIGINT finish the current step, save, and exit 0; a process still running
 `stop_timeout_s` (600) seconds later is hung and exits with status 128 + signal, without a new
 save. Several hosts: run one process per host with --coordinator_address=host:port
---num_processes=N --process_id=i.
+--num_processes=N --process_id=i (or nothing, where JAX detects the cluster: SLURM, Open MPI,
+Kubernetes, Cloud TPU). Exit status 2: bad usage or input; 1: a failure while running.
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
-import sys
 
-if __name__ == "__main__":  # first, before JAX starts its threads: see training/host_memory.py
-  from training.host_memory import keep_freed_memory
+if __name__ == "__main__":  # first, before JAX starts its threads: see cli/host_memory.py
+  from cli.host_memory import keep_freed_memory_on_cpu
 
-  keep_freed_memory()
+  keep_freed_memory_on_cpu()
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from cli import app  # noqa: E402
+from configs.validate import check_config  # noqa: E402
+from training.distributed import initialize_distributed  # noqa: E402
+from training.loop import train  # noqa: E402
+from training.workdir import check_workdir  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Config file (configs/*.py).", lock_config=True
@@ -37,28 +42,14 @@ _DIST_TIMEOUT = flags.DEFINE_integer(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def main() -> None:
+  config = _CONFIG.value
   workdir = pathlib.Path(_WORKDIR.value).absolute()
-  from training.loop import Stop, check_workdir, train
-
-  try:
-    check_workdir(workdir)
-    from training.parallel import initialize_distributed
-
-    initialize_distributed(_COORD.value, _NPROC.value, _PID.value, _DIST_TIMEOUT.value)
-    train(_CONFIG.value, workdir)
-  except (Stop, ValueError, FileNotFoundError, RuntimeError) as e:
-    if isinstance(e, (ValueError, FileNotFoundError, RuntimeError)) and os.environ.get(
-      "TRAIN_DEBUG"
-    ):
-      raise
-    sys.stderr.write(f"train.py: error: {e}\n")
-    sys.exit(1)
+  check_config(config, "train")  # before the workdir is created
+  check_workdir(workdir)
+  initialize_distributed(_COORD.value, _NPROC.value, _PID.value, _DIST_TIMEOUT.value)
+  train(config, workdir)
 
 
 if __name__ == "__main__":
-  from configs.flags import parse
-
-  app.run(main, flags_parser=parse)
+  app.run(main, prog="train.py")

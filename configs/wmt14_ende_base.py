@@ -2,7 +2,15 @@
 smoothing 0.1, a shared vocabulary of 37,000 (a unigram SentencePiece model here; the paper used
 BPE), ~25k padded target tokens per batch, 100k steps, WMT14 English->German from TFDS (downloads
 on first use). Checkpoints every 1,000 steps (the paper wrote one every 10 minutes, about 1,500 of
-its base steps), the last 5 kept for averaging."""
+its base steps), the last 5 kept for averaging.
+
+    python train.py --config=configs/wmt14_ende_base.py --workdir=runs/base
+    python -m training.average --workdir=runs/base --last=5
+    python decode.py --workdir=runs/base --checkpoint=average:5 --split=test
+
+Not trained here (no GPU was lent): 63,045,632 parameters with this vocabulary; its train step
+on 2 CPU cores is in docs/results.md.
+"""
 
 from configs import common
 

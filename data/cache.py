@@ -27,7 +27,8 @@ import numpy as np
 from absl import logging
 
 from data.sources import Pair, SplitStats
-from data.tokenizer import EOS_ID, Vocab
+from data.tokenizer import Vocab
+from model.special_tokens import EOS_ID
 
 CACHE_FORMAT = 1
 _SIDES = ("source", "target")

@@ -24,12 +24,9 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 from absl import logging
 
-PAD_ID = 0  # padding; never a real token
-EOS_ID = 1  # end of sentence; appended to every source and target sequence
-UNK_ID = 2  # unknown word/piece
-SEP_ID = 3  # separates source and target for a decoder-only model: `source <sep> target`
-SEP_PIECE = "<sep>"
-NUM_SPECIAL = 4
+from model.special_tokens import EOS_ID, NUM_SPECIAL, PAD_ID, SEP_ID, SPECIAL_PIECES, UNK_ID
+
+SEP_PIECE = SPECIAL_PIECES[SEP_ID]
 
 VOCAB_MODEL_NAME = "vocab.model"  # SentencePiece model file name inside a workdir
 VOCAB_JSON_NAME = "vocab.json"  # WordVocab file name inside a workdir
@@ -51,6 +48,10 @@ class Vocab(abc.ABC):
   @abc.abstractmethod
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`, without EOS."""
+
+  @abc.abstractmethod
+  def piece(self, token_id: int) -> str | None:
+    """The piece or word of one id (specials included), or None for an id it has none for."""
 
   @abc.abstractmethod
   def _decode_clean(self, ids: list[int]) -> str:
@@ -127,6 +128,9 @@ class SentencePieceVocab(Vocab):
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return self._sp.encode(list(texts), num_threads=os.cpu_count() or 1)
+
+  def piece(self, token_id: int) -> str | None:
+    return self._sp.id_to_piece(token_id) if 0 <= token_id < self._sp.get_piece_size() else None
 
   def _decode_clean(self, ids: list[int]) -> str:
     # An id with no piece (a model whose vocab_size exceeds this vocabulary) reads as <unk>;
@@ -205,7 +209,7 @@ class WordVocab(Vocab):
     self._ids = {w: NUM_SPECIAL + i for i, w in enumerate(self.words)}
     if len(self._ids) != len(self.words):
       raise ValueError("WordVocab words must be distinct")
-    self._pieces = ["<pad>", "</s>", "<unk>", SEP_PIECE] + self.words
+    self._pieces = list(SPECIAL_PIECES) + self.words
 
   def to_json(self) -> str:
     return json.dumps({"kind": "word", "words": self.words})
@@ -235,6 +239,9 @@ class WordVocab(Vocab):
 
   def encode(self, text: str) -> list[int]:
     return [self._ids.get(w, UNK_ID) for w in text.split()]
+
+  def piece(self, token_id: int) -> str | None:
+    return self._pieces[token_id] if 0 <= token_id < len(self._pieces) else None
 
   def _decode_clean(self, ids: list[int]) -> str:
     return " ".join(

@@ -35,11 +35,8 @@ from jax import lax
 from model.config import TransformerConfig
 from model.dropout import Dropout
 from model.layers import DecoderLayer, Embed, layer_norm, maybe_remat, sinusoidal_encoding
+from model.special_tokens import SEP_ID
 from model.transformer import check_tokens, shift_right
-
-# The separator between source and target: the project-wide `data.tokenizer.SEP_ID` (model/ does
-# not import data/, so the value is repeated here; tests check they agree).
-SEP_ID = 3
 
 
 class CausalStack(nn.Module):

@@ -26,7 +26,7 @@ from flax import traverse_util
 from jax import lax
 
 from model import search
-from model.search import EOS_ID, PAD_ID
+from model.special_tokens import EOS_ID, PAD_ID
 
 MIN_BUCKET = 8
 

@@ -43,6 +43,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from model.special_tokens import EOS_ID, PAD_ID
+
 __all__ = [
   "PAD_ID",
   "EOS_ID",
@@ -55,8 +57,6 @@ __all__ = [
   "beam_search",
 ]
 
-PAD_ID = 0
-EOS_ID = 1
 NEG_INF = float("-inf")
 
 StepFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]

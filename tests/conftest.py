@@ -31,3 +31,23 @@ def shared_data():
   if not path.is_dir():
     pytest.skip(f"needs the shared corpora in {path} (present in CI, absent in a user's clone)")
   return path
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory):
+  """(config, workdir) of a tiny run trained for 12 steps with dropout, a checkpoint every 4:
+  the reference that resumed, restored and averaged runs are compared with. Tests copy the
+  workdir before changing anything in it."""
+  from tests.helpers import train_run
+  from tests.test_training import tiny_config
+
+  workdir = tmp_path_factory.mktemp("full")
+  config = tiny_config(
+    num_devices=1,
+    num_train_steps=12,
+    log_every_steps=1,
+    checkpoint_every_steps=4,
+    **{"model.dropout_rate": 0.1},
+  )
+  train_run(config, workdir)
+  return config, workdir

@@ -1,5 +1,5 @@
-"""bench.py and training/flops.py: the FLOP formulas by hand and against the models' own matrix
-products, each mode's JSON, a device sweep and the checks made before any work."""
+"""bench.py, benchmark/ and training/flops.py: the FLOP formulas by hand and against the models'
+own matrix products, each mode's JSON, a device sweep and the checks made before any work."""
 
 import concurrent.futures
 import gzip
@@ -12,6 +12,9 @@ import threading
 
 import pytest
 
+from benchmark import paired, peak, report, sweeps, timing
+from cli.errors import RunError, UsageError
+from cli.host_memory import user_settings
 from configs import common, tiny
 from training import flops
 
@@ -279,16 +282,17 @@ def test_searches_run_to_the_end_without_eos(runs):
   import jax.numpy as jnp
   import numpy as np
 
-  import bench
   from model import search
 
   def eos_first(ids, cache):  # EOS is by far the most likely token, then 5, 4, 3...
     logits = jnp.broadcast_to(jnp.array([0.0, 9.0, 1.0, 2.0, 3.0, 4.0]), (ids.shape[0], 6))
     return logits, cache
 
-  greedy = jax.jit(lambda: search.greedy_search(bench.without_eos(eos_first), {}, 2, 4))
+  greedy = jax.jit(lambda: search.greedy_search(timing.without_eos(eos_first), {}, 2, 4))
   np.testing.assert_array_equal(greedy(), np.full((2, 4), 5))
-  beam = jax.jit(lambda: search.beam_search(bench.without_eos(eos_first), {}, 2, 4, beam_size=2)[0])
+  beam = jax.jit(
+    lambda: search.beam_search(timing.without_eos(eos_first), {}, 2, 4, beam_size=2)[0]
+  )
   ids = np.asarray(beam())
   assert ids.shape == (2, 2, 4) and np.all(ids > 1)
 
@@ -311,66 +315,60 @@ def test_simulated_devices_flag(monkeypatch):
 def test_bad_settings_are_clear_errors(monkeypatch):
   import jax
 
-  import bench
-
   monkeypatch.setattr(jax, "local_device_count", lambda: 8)
   c = tiny.get_config()
   c.model.vocab_size = 64
   c.bench.batch_size = 4
   with pytest.raises(
-    bench.Stop,
+    UsageError,
     match=r"2 of 4 points cannot run \(none was run\): pmap "
     r"num_devices=3, mesh num_devices=3: bench.batch_size=4 is not divisible "
     r"by 3 data-parallel",
   ):
-    bench.sweep_configs(c, "devices", ["1", "3"])
-  with pytest.raises(bench.Stop, match="expected integers"):
-    bench.sweep_configs(c, "seq_len", ["8", "x"])
+    sweeps.sweep_configs(c, "devices", ["1", "3"])
+  with pytest.raises(UsageError, match="expected integers"):
+    sweeps.sweep_configs(c, "seq_len", ["8", "x"])
   with pytest.raises(
-    bench.Stop,
+    UsageError,
     match=r"3 of 3 points cannot run \(none was run\): "
     r"bench.seq_len=16, bench.seq_len=32, bench.seq_len=64: bench.batch_size=4 is "
     r"not divisible by 8 data-parallel",
   ):
-    bench.sweep_configs(c, "seq_len", None)
+    sweeps.sweep_configs(c, "seq_len", None)
   c.bench.batch_size = 8
-  assert [p[0] for p in bench.sweep_configs(c, "seq_len", None)] == [16, 32, 64]  # max_len 64
+  assert [p[0] for p in sweeps.sweep_configs(c, "seq_len", None)] == [16, 32, 64]  # max_len 64
   c.bench.seq_len = 100
-  with pytest.raises(bench.Stop, match="bench.seq_len=100 is longer than model.max_len=64"):
-    bench._check_lengths(c)
+  with pytest.raises(UsageError, match="bench.seq_len=100 is longer than model.max_len=64"):
+    timing.check_config(c, "train")
 
 
 def test_device_sweep_checks_every_point_with_its_data_parallel_size():
   """mesh.tensor=2: a mesh point needs an even device count, and splits the batch over
   devices / 2 only. Nothing runs when any point cannot."""
-  import bench
-
   c = tiny.get_config()
   c.model.vocab_size = 64
   c.mesh.tensor = 2
   c.bench.batch_size = 4
   # pmap ignores the mesh, mesh on 1 device cannot hold tensor=2: refused before any point runs.
   with pytest.raises(
-    bench.Stop,
+    UsageError,
     match=r"1 of 4 points cannot run \(none was run\): mesh "
     r"num_devices=1: config error: 1 devices cannot be split into mesh",
   ):
-    bench.sweep_configs(c, "devices", ["1", "2"], ("pmap", "mesh"))
+    sweeps.sweep_configs(c, "devices", ["1", "2"], ("pmap", "mesh"))
   # 8 devices with tensor 2 split batch 4 four ways, not eight.
-  points = bench.sweep_configs(c, "devices", ["2", "8"], ("mesh",))
+  points = sweeps.sweep_configs(c, "devices", ["2", "8"], ("mesh",))
   assert [(n, p) for n, p, _ in points] == [(2, "mesh"), (8, "mesh")]
   c.bench.batch_size = 2
   with pytest.raises(
-    bench.Stop,
+    UsageError,
     match=r"mesh num_devices=8: bench.batch_size=2 is not divisible "
     r"by 4 data-parallel device\(s\)",
   ):
-    bench.sweep_configs(c, "devices", ["2", "8"], ("mesh",))
+    sweeps.sweep_configs(c, "devices", ["2", "8"], ("mesh",))
 
 
 def test_failed_sweep_writes_the_points_done(tmp_path):
-  import bench
-
   c = tiny.get_config()
   points = [(8, "mesh", c), (16, "mesh", c), (32, "mesh", c)]
 
@@ -383,14 +381,14 @@ def test_failed_sweep_writes_the_points_done(tmp_path):
   done = []
   path = tmp_path / "out" / "sweep.json"
   with pytest.raises(RuntimeError, match="out of memory"):
-    bench.run_points(points, one, "seq_len", "train", str(path))
+    sweeps.run_points(points, one, "seq_len", "train", str(path))
   data = json.loads(path.read_text())
   assert data["complete"] is False and data["plot"] is None and data["config"] == "configs/tiny.py"
   assert [p["sweep_value"] for p in data["points"]] == [8, 16]
   assert data["error"] == "seq_len=32 (mesh): RuntimeError: RESOURCE_EXHAUSTED: out of memory"
   done.clear()
   assert [
-    r["sweep_value"] for r in bench.run_points(points[:2], one, "seq_len", "train", None)
+    r["sweep_value"] for r in sweeps.run_points(points[:2], one, "seq_len", "train", None)
   ] == [8, 16]
 
 
@@ -399,10 +397,8 @@ def test_paired_timing_swaps_the_order_every_round(monkeypatch):
   ratio is B's median step over A's."""
   import types
 
-  import bench
-
   clock, log = [0.0], []
-  monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
 
   def runner(name, first, step):
     calls = []
@@ -412,10 +408,10 @@ def test_paired_timing_swaps_the_order_every_round(monkeypatch):
       calls.append(1)
       log.append(name)
 
-    return bench.Runner(name, call, None)
+    return timing.Runner(name, call, None)
 
   a, b = runner("A", 5.0, 1.0), runner("B", 7.0, 2.0)
-  firsts, times, ratios = bench.time_paired([a, b], steps=2, warmup=1, rounds=3)
+  firsts, times, ratios = paired.time_paired([a, b], steps=2, warmup=1, rounds=3)
   assert firsts == [5.0, 7.0]
   assert log == ["A", "A", "B", "B"] + ["A", "A", "B", "B"] + ["B", "B", "A", "A"] + [
     "A",
@@ -427,27 +423,23 @@ def test_paired_timing_swaps_the_order_every_round(monkeypatch):
   assert ratios == [2.0, 2.0, 2.0]
 
 
-def test_paired_result_holds_both_records_and_their_ratio(monkeypatch, tmp_path):
+def test_paired_result_holds_both_records_and_their_ratio():
   """bench_paired on real runners (ours on both sides here: flax's example is not installed in
   the tests): both train records, the ratio of their median steps, no per-run memory peak."""
-  import types
-
-  import bench
-
-  monkeypatch.setattr(bench, "_PEAK", types.SimpleNamespace(value="1e15"))
   c = tiny.get_config()
   c.model.update(vocab_size=64, num_layers=1)
   c.bench.update(batch_size=4, seq_len=8)
   c.num_devices = 1
   sides = []
+  options = timing.Options(mode="train", steps=2, warmup=1, peak="1e15")
 
-  def make(config, flax):
+  def make(config, options, flax):
     sides.append(flax)
-    return bench.train_runner(config)
+    return timing.train_runner(config, options)
 
-  result = bench.bench_paired(c, "train", steps=2, warmup=1, rounds=3, make_runner=make)
+  result = paired.bench_paired(c, options, rounds=3, make=make)
   assert sides == [False, True]
-  assert set(result) == set(bench.PAIRED_FIELDS)
+  assert set(result) == set(paired.PAIRED_FIELDS)
   assert (result["mode"], result["paired"], result["rounds"], result["steps_per_round"]) == (
     "train",
     True,
@@ -456,7 +448,7 @@ def test_paired_result_holds_both_records_and_their_ratio(monkeypatch, tmp_path)
   )
   ours, theirs = result["records"]
   for record in (ours, theirs):
-    assert set(bench.TRAIN_FIELDS) <= set(record)
+    assert set(timing.TRAIN_FIELDS) <= set(record)
     assert record["peak_memory_bytes"] is None and record["peak_source"] == "given"
     assert record["config"] is None  # no --config command line in this process
   assert result["speedup"] == pytest.approx(theirs["step_time_s"] / ours["step_time_s"])
@@ -492,7 +484,7 @@ def test_child_argv_drops_the_parents_flags():
     "decode",
     "--decode_cache=false",
   ]
-  assert bench.child_argv(argv) == [
+  assert paired.child_argv(argv, bench.parent_only_booleans()) == [
     "--config=configs/bench_tiny.py",
     "--config.bench.seq_len=32",
     "--steps=5",
@@ -505,10 +497,9 @@ def test_child_argv_drops_the_parents_flags():
 def test_paired_processes_alternate_and_give_flax_glibc_defaults(monkeypatch):
   """bench_paired_processes with a fake child: ours first in even rounds, flax's first in odd
   ones; flax's child gets --flax_wmt and glibc's default malloc (MALLOC_ARENA_MAX = 8 per core,
-  which makes training/host_memory.py stand aside), ours the environment as it is; the speed-up
+  which makes cli/host_memory.py stand aside), ours the environment as it is; the speed-up
   is the ratio of the per-round medians, the records those of each side's median round."""
   import bench
-  from training.host_memory import user_settings
 
   for name in user_settings():
     monkeypatch.delenv(name)
@@ -535,7 +526,9 @@ def test_paired_processes_alternate_and_give_flax_glibc_defaults(monkeypatch):
     "--rounds=4",
     "--json=out.json",
   ]
-  result = bench.bench_paired_processes(argv, "/f/wmt", "train", 3, 4, run=run)
+  result = paired.bench_paired_processes(
+    argv, bench.parent_only_booleans(), "/f/wmt", "train", 3, 4, run=run
+  )
   assert [flax for flax, _, _ in calls] == [False, True, True, False, False, True, True, False]
   ours_argv = ["--config=configs/bench_tiny.py", "--steps=3"]
   for flax, child, env in calls:
@@ -543,7 +536,7 @@ def test_paired_processes_alternate_and_give_flax_glibc_defaults(monkeypatch):
     assert (
       (env.get("MALLOC_ARENA_MAX") == str(8 * os.cpu_count())) if flax else (not user_settings(env))
     )
-  assert set(result) == set(bench.PAIRED_FIELDS) | {"round_records"}
+  assert set(result) == set(paired.PAIRED_FIELDS) | {"round_records"}
   assert result["separate_processes"] is True and result["steps_per_round"] == 3
   assert result["speedup_per_round"] == pytest.approx([1.5, 1.0, 2.0, 1.4 / 1.1])
   assert result["speedup"] == pytest.approx(1.45 / 1.05)  # medians of the rounds
@@ -552,83 +545,59 @@ def test_paired_processes_alternate_and_give_flax_glibc_defaults(monkeypatch):
   assert (ours["step_time_s"], theirs["step_time_s"]) == (1.0, 1.4)
   assert [r["host_memory"] for r in result["records"]] == ["kept", "process default"]
   assert [len(r) for r in result["round_records"]] == [4, 4]
-  bench.print_paired(result)  # prints, with the host-memory column
+  report.print_paired(result)  # prints, with the host-memory column
 
   monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # the user's own setting: both sides keep it
-  assert bench.flax_environment()["MALLOC_ARENA_MAX"] == "2"
+  assert paired.flax_environment()["MALLOC_ARENA_MAX"] == "2"
 
 
 def test_a_separate_process_reports_its_record_or_its_error(tmp_path):
   """run_child runs bench.py for real: flax's environment (without flax's example, not installed
-  in the tests) gives a record with glibc's default host memory; a bad flag is one Stop that
+  in the tests) gives a record with glibc's default host memory; a bad flag is one RunError that
   quotes the child's error."""
-  import bench
-
-  env = bench.flax_environment(
+  env = paired.flax_environment(
     dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_backend_optimization_level=0")
   )
-  record = bench.run_child(SMALL + ["--config.num_devices=1"], env)
+  record = paired.run_child(SMALL + ["--config.num_devices=1"], env)
   assert record["host_memory"] == "process default"
   assert record["config"] == "configs/tiny.py" and record["implementation"] == "this repository"
   assert record["step_time_s"] > 0
-  with pytest.raises(bench.Stop, match="(?s)exit status.*config.model.no_such_field"):
-    bench.run_child(SMALL + ["--config.model.no_such_field=1"], env)
+  with pytest.raises(RunError, match="(?s)exit status.*config.model.no_such_field"):
+    paired.run_child(SMALL + ["--config.model.no_such_field=1"], env)
 
 
-def test_paired_needs_flax_and_one_plain_benchmark(monkeypatch):
-  import types
-
+def test_paired_needs_flax_and_one_plain_benchmark():
   import bench
 
-  values = dict(
-    _PLOT_FROM=None,
-    _MODE="train",
-    _STEPS=2,
-    _WARMUP=1,
-    _PAIRED=True,
-    _FLAX_WMT=None,
-    _SWEEP=None,
-    _TRACE=None,
-    _SEPARATE=False,
-  )
-  for name, value in values.items():
-    monkeypatch.setattr(bench, name, types.SimpleNamespace(value=value))
-  c = tiny.get_config()
-  c.model.vocab_size = 64
-  with pytest.raises(bench.Stop, match="give --flax_wmt=<its directory>"):
-    bench.run(c)
-  monkeypatch.setattr(bench, "_FLAX_WMT", types.SimpleNamespace(value="flax-0.12.8/examples/wmt"))
-  monkeypatch.setattr(bench, "_SWEEP", types.SimpleNamespace(value="batch"))
-  with pytest.raises(bench.Stop, match="drop --sweep / --trace"):
-    bench.run(c)
-  monkeypatch.setattr(bench, "_PAIRED", types.SimpleNamespace(value=False))
-  monkeypatch.setattr(bench, "_SEPARATE", types.SimpleNamespace(value=True))
-  with pytest.raises(bench.Stop, match="add --paired and --flax_wmt"):
-    bench.run(c)
+  with pytest.raises(UsageError, match="give --flax_wmt=<its directory>"):
+    bench.check_flags({"paired": True})
+  flax = "flax-0.12.8/examples/wmt"
+  with pytest.raises(UsageError, match="drop --sweep / --trace"):
+    bench.check_flags({"paired": True, "flax_wmt": flax, "sweep": "batch"})
+  with pytest.raises(UsageError, match="add --paired and --flax_wmt"):
+    bench.check_flags({"separate_processes": True, "flax_wmt": flax, "sweep": "batch"})
 
 
 def test_cudnn_needs_an_even_train_length_and_a_gpu():
-  import bench
-
   c = tiny.get_config()
   c.model.update(vocab_size=64, attention_impl="cudnn", dtype="bfloat16")
   c.bench.seq_len = 7
   with pytest.raises(
-    bench.Stop,
+    UsageError,
     match=r"model.attention_impl='cudnn' needs an even "
-    r"bench.seq_len when training, got 7",
+    r"bench.seq_len when training \(cuDNN's masked attention takes even lengths\), got 7",
   ):
-    bench.check_config(c, "train")
+    timing.check_config(c, "train")
   for mode in ("decode", "train"):  # decoding takes odd lengths; this host has no GPU either way
     c.bench.seq_len = 7 if mode == "decode" else 8
     with pytest.raises(
-      bench.Stop,
+      UsageError,
       match=r"model.attention_impl='cudnn' needs an NVIDIA GPU, "
       r"but JAX's backend here is 'cpu'",
     ):
-      bench.check_config(c, mode)
+      timing.check_config(c, mode)
   c.model.type = "rnn"  # the recurrent models have no attention_impl
-  bench.check_config(c, "decode")
+  timing.check_config(c, "decode")
 
 
 def test_cudnn_on_a_cpu_is_a_one_line_error():
@@ -648,7 +617,7 @@ def test_cudnn_on_a_cpu_is_a_one_line_error():
     text=True,
     timeout=300,
   )
-  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert proc.returncode == 2, proc.stderr[-3000:]
   assert "Traceback" not in proc.stderr
   assert (
     "bench.py: error: config error: model.attention_impl='cudnn' needs an NVIDIA GPU, but "
@@ -661,8 +630,6 @@ def test_utilization_reads_the_run_s_memory_before_measuring_the_peak(monkeypatc
   before it. mfu = achieved / (per-device peak × devices)."""
   import jax
 
-  import bench
-
   class Device:
     device_kind = "cpu"
     peak = 500
@@ -670,17 +637,17 @@ def test_utilization_reads_the_run_s_memory_before_measuring_the_peak(monkeypatc
     def memory_stats(self):
       return {"peak_bytes_in_use": Device.peak}
 
-  def measuring_peak(device, dtype):
+  def measuring_peak(device, dtype, *choice):
     Device.peak = 10**9  # the matmul's buffers
     return 2e9, "measured"
 
   monkeypatch.setattr(jax, "local_devices", lambda: [Device(), Device()])
-  monkeypatch.setattr(bench, "resolve_peak", measuring_peak)
-  monkeypatch.setattr(bench, "peak_samples", lambda device, dtype: [1.5e9, 2e9])
+  monkeypatch.setattr(peak, "resolve_peak", measuring_peak)
+  monkeypatch.setattr(peak, "peak_samples", lambda device, dtype, size: [1.5e9, 2e9])
   c = tiny.get_config()
   c.model.update(vocab_size=64, type="rnn_attention", num_layers=1)
   c.bench.update(batch_size=4, seq_len=8)
-  fields = bench.utilization(c, jax.local_devices(), 0.5, memory_before=100)
+  fields = peak.utilization(c, jax.local_devices(), 0.5, memory_before=100)
   assert fields["peak_memory_bytes"] == 500
   model_flops = flops.train_flops(c.model, 4, 8, 8)
   assert fields["model_flops_per_step"] == model_flops > 0  # recurrent models get a count too
@@ -690,37 +657,29 @@ def test_utilization_reads_the_run_s_memory_before_measuring_the_peak(monkeypatc
   assert fields["mfu"] == pytest.approx(model_flops / 0.5 / 4e9)
 
 
-def test_datasheet_peaks_follow_the_matmul_precision(monkeypatch):
-  import types
-
+def test_datasheet_peaks_follow_the_matmul_precision():
   import jax
 
-  import bench
-
-  assert bench.datasheet_peak("NVIDIA H200", "bfloat16") == 989.4e12
-  assert bench.datasheet_peak("NVIDIA H200", "float32") == 494.7e12  # TF32 tensor cores
-  assert bench.datasheet_peak("NVIDIA A100-SXM4-80GB", "float32") == 156e12
+  assert peak.datasheet_peak("NVIDIA H200", "bfloat16") == 989.4e12
+  assert peak.datasheet_peak("NVIDIA H200", "float32") == 494.7e12  # TF32 tensor cores
+  assert peak.datasheet_peak("NVIDIA A100-SXM4-80GB", "float32") == 156e12
   with jax.default_matmul_precision("highest"):
-    assert bench.datasheet_peak("NVIDIA H200", "float32") == 66.9e12
-  assert bench.datasheet_peak("NVIDIA H100 PCIe", "float32") is None  # measured instead
-  assert bench.datasheet_peak("cpu", "float32") is None
+    assert peak.datasheet_peak("NVIDIA H200", "float32") == 66.9e12
+  assert peak.datasheet_peak("NVIDIA H100 PCIe", "float32") is None  # measured instead
+  assert peak.datasheet_peak("cpu", "float32") is None
   for bad in ("0", "-5e12", "nan", "fast"):
-    monkeypatch.setattr(bench, "_PEAK", types.SimpleNamespace(value=bad))
-    with pytest.raises(bench.Stop, match=r"--peak=.*expected auto, measured or a positive number"):
-      bench.resolve_peak(None, "float32")
-  monkeypatch.setattr(bench, "_PEAK", types.SimpleNamespace(value="2e12"))
-  assert bench.resolve_peak(None, "float32") == (2e12, "given")
+    with pytest.raises(UsageError, match=r"--peak=.*expected auto, measured or a positive number"):
+      peak.resolve_peak(None, "float32", bad)
+  assert peak.resolve_peak(None, "float32", "2e12") == (2e12, "given")
 
 
 def test_the_measured_peak_is_the_best_of_two_samples_per_device_kind_and_dtype(
   monkeypatch, caplog
 ):
-  """bench_train samples the peak before its timed steps and utilization after them; a sample
+  """run_benchmark samples the peak before its timed steps and utilization after them; a sample
   caught at half speed (a busy machine) is outvoted and warned about; a sweep's later points
   reuse the same yardstick without running the matmul again."""
   import types
-
-  import bench
 
   calls = []
   rates = iter([1e11, 2e11, 3e11, 3.1e11])
@@ -729,30 +688,30 @@ def test_the_measured_peak_is_the_best_of_two_samples_per_device_kind_and_dtype(
     calls.append((device.device_kind, dtype, size))
     return next(rates)
 
-  monkeypatch.setattr(bench, "measured_peak", fake_measure)
-  monkeypatch.setattr(bench, "_MEASURED_PEAKS", {})
-  monkeypatch.setattr(bench, "_PEAK", types.SimpleNamespace(value="measured"))
-  monkeypatch.setattr(bench, "_MATMUL_SIZE", types.SimpleNamespace(value=512))
+  monkeypatch.setattr(peak, "measured_peak", fake_measure)
+  monkeypatch.setattr(peak, "_MEASURED_PEAKS", {})
   cpu = types.SimpleNamespace(device_kind="cpu")
-  assert bench.resolve_peak(cpu, "float32") == (1e11, "measured")  # before the steps
+
+  def measured(dtype):  # --peak=measured --matmul_size=512
+    return peak.resolve_peak(cpu, dtype, "measured", 512)
+
+  assert measured("float32") == (1e11, "measured")  # before the steps
   with caplog.at_level("WARNING"):
-    assert bench.resolve_peak(cpu, "float32") == (2e11, "measured")  # after: the best
+    assert measured("float32") == (2e11, "measured")  # after: the best
   assert "measured matmul rate changed during the run (100 / 200 GFLOP/s)" in caplog.text
-  assert bench.resolve_peak(cpu, "float32") == (2e11, "measured")  # later sweep points
-  assert bench.peak_samples(cpu, "float32") == [1e11, 2e11]
+  assert measured("float32") == (2e11, "measured")  # later sweep points
+  assert peak.peak_samples(cpu, "float32", 512) == [1e11, 2e11]
   caplog.clear()
   with caplog.at_level("WARNING"):
-    assert bench.resolve_peak(cpu, "bfloat16") == (3e11, "measured")
-    assert bench.resolve_peak(cpu, "bfloat16") == (3.1e11, "measured")
+    assert measured("bfloat16") == (3e11, "measured")
+    assert measured("bfloat16") == (3.1e11, "measured")
   assert "changed during the run" not in caplog.text  # within 20%: no warning
   assert calls == [("cpu", "float32", 512)] * 2 + [("cpu", "bfloat16", 512)] * 2
-  assert bench.peak_samples(cpu, "float16") is None
+  assert peak.peak_samples(cpu, "float16", 512) is None
 
 
 def test_peak_memory_is_only_reported_when_this_run_set_it(monkeypatch):
   import jax
-
-  import bench
 
   class Device:
     def __init__(self, peak):
@@ -762,10 +721,10 @@ def test_peak_memory_is_only_reported_when_this_run_set_it(monkeypatch):
       return {"peak_bytes_in_use": self.peak}
 
   monkeypatch.setattr(jax, "local_devices", lambda: [Device(100), Device(300)])
-  assert bench.peak_memory(jax.local_devices()) == 300
-  assert bench.own_peak_memory(None) == 300
-  assert bench.own_peak_memory(200) == 300  # this run raised the process's peak: its own
-  assert bench.own_peak_memory(300) is None  # an earlier run (sweep point) peaked as high
+  assert peak.peak_memory(jax.local_devices()) == 300
+  assert peak.own_peak_memory(None) == 300
+  assert peak.own_peak_memory(200) == 300  # this run raised the process's peak: its own
+  assert peak.own_peak_memory(300) is None  # an earlier run (sweep point) peaked as high
 
 
 def _ok(result):
@@ -774,8 +733,6 @@ def _ok(result):
 
 
 def test_plot_of_a_decode_sweep(tmp_path):
-  import bench
-
   records = [
     {
       "mode": "decode",
@@ -787,13 +744,11 @@ def test_plot_of_a_decode_sweep(tmp_path):
     }
     for n in (8, 16, 32)
   ]
-  bench.plot_sweep(records, "seq_len", tmp_path / "p" / "seq.png", "title")
+  sweeps.plot_sweep(records, "seq_len", tmp_path / "p" / "seq.png", "title")
   assert (tmp_path / "p" / "seq.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_plot_from_saved_sweeps(tmp_path, capsys):
-  import bench
-
   def sweep(config, model_type, scale):
     points = [
       {
@@ -815,25 +770,23 @@ def test_plot_from_saved_sweeps(tmp_path, capsys):
   a, b = tmp_path / "a.json", tmp_path / "b.json"
   a.write_text(json.dumps(sweep("configs/x_rnn.py", "rnn_attention", 0.2)))
   b.write_text(json.dumps(sweep("configs/x_tf.py", "transformer", 0.1)))
-  bench.plot_saved_sweeps([str(a), str(b)], str(tmp_path / "both.png"))
+  sweeps.plot_saved_sweeps([str(a), str(b)], str(tmp_path / "both.png"))
   assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"
   assert "plot:" in capsys.readouterr().out
   (tmp_path / "c.json").write_text(json.dumps({"mode": "train"}))
-  with pytest.raises(bench.Stop, match="c.json: not a --sweep JSON"):
-    bench.plot_saved_sweeps([str(a), str(tmp_path / "c.json")], str(tmp_path / "x.png"))
+  with pytest.raises(UsageError, match="c.json: not a --sweep JSON"):
+    sweeps.plot_saved_sweeps([str(a), str(tmp_path / "c.json")], str(tmp_path / "x.png"))
   other = dict(sweep("configs/y.py", "transformer", 0.1), sweep="batch")
   (tmp_path / "d.json").write_text(json.dumps(other))
-  with pytest.raises(bench.Stop, match="sweep different things"):
-    bench.plot_saved_sweeps([str(a), str(tmp_path / "d.json")], str(tmp_path / "x.png"))
+  with pytest.raises(UsageError, match="sweep different things"):
+    sweeps.plot_saved_sweeps([str(a), str(tmp_path / "d.json")], str(tmp_path / "x.png"))
 
 
 def test_train_json_has_every_field(runs):
-  import bench
-
   proc, folder = runs("train")
   _ok(proc)
   record = json.loads((folder / "train.json").read_text())
-  assert set(bench.TRAIN_FIELDS) <= set(record)
+  assert set(timing.TRAIN_FIELDS) <= set(record)
   assert record["mode"] == "train" and record["config"] == "configs/tiny.py"
   assert record["batch_size"] == 4 and record["seq_len"] == 8 and record["num_devices"] == 1
   assert record["parallelism"] == "mesh" and record["dtype"] == "float32"
@@ -849,8 +802,7 @@ def test_train_json_has_every_field(runs):
   )
   assert record["peak_flops_per_s_total"] == record["peak_flops_per_s"]  # one device
   assert record["peak_memory_bytes"] is None or record["peak_memory_bytes"] > 0
-  from training.host_memory import user_settings  # bench.py keeps freed memory by default
-
+  # bench.py keeps freed memory by default (on the CPU, without the user's own malloc settings)
   assert record["host_memory"] == ("process default" if user_settings() else "kept")
   assert "tokens_per_s" in proc.stdout and "mfu" in proc.stdout
   assert "(one device)" in proc.stdout and "(all devices)" in proc.stdout
@@ -867,12 +819,10 @@ def test_train_json_has_every_field(runs):
 
 
 def test_decode_json(runs):
-  import bench
-
   proc, folder = runs("decode")
   _ok(proc)
   record = json.loads((folder / "decode.json").read_text())
-  assert set(bench.DECODE_FIELDS) <= set(record)
+  assert set(timing.DECODE_FIELDS) <= set(record)
   assert record["mode"] == "decode" and record["decode_cache"] is True
   assert record["decode_len"] == 5 and record["beam_size"] == 2 and record["num_devices"] == 1
   assert record["sent_per_s"] == pytest.approx(4 / record["step_time_s"])

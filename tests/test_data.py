@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from data import batching, cache, pipeline, sources, tokenizer
-from data.tokenizer import EOS_ID, PAD_ID, SEP_ID
+from model.special_tokens import EOS_ID, PAD_ID, SEP_ID
 
 
 def make_config(**data) -> ml_collections.ConfigDict:

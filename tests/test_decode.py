@@ -60,10 +60,10 @@ def workdir(tmp_path_factory):
 
 
 def test_stdin_to_stdout_in_input_order(workdir):
-  from data.tokenizer import EOS_ID
+  from inference.restore import load_for_inference
   from model import generate
   from model.build import build_model
-  from training.checkpoint import load_for_inference
+  from model.special_tokens import EOS_ID
 
   short = ["w1 w2 w3", "w5 w6 w7 w8 w9", "w3 w4", "w10 w11 w12 w13 w14 w15 w16"]
   long = " ".join(f"w{i}" for i in range(12))  # > model.max_len=8 tokens

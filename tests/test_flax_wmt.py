@@ -1,6 +1,6 @@
-"""analysis/flax_wmt.py: loading google/flax examples/wmt next to this repository's own top-level
+"""benchmark/flax_wmt.py: loading google/flax examples/wmt next to this repository's own top-level
 `train.py` / `decode.py` (same module names). Uses a stand-in directory with the example's import
-structure; the real example is timed by `bench.py --flax_wmt=<dir>` (README, Results)."""
+structure; the real example is timed by `bench.py --flax_wmt=<dir>` (docs/results.md)."""
 
 import importlib.util
 import sys
@@ -8,7 +8,8 @@ import types
 
 import pytest
 
-from analysis import flax_wmt
+from benchmark import flax_wmt
+from cli.errors import UsageError
 
 THEIR_TRAIN = """
 import clu.metric_writers        # pipeline-only imports: stood in for when not installed
@@ -47,20 +48,20 @@ def test_load_does_not_shadow_our_modules(wmt_dir, monkeypatch):
 
 def test_not_a_wmt_directory(tmp_path):
   (tmp_path / "train.py").write_text("")
-  with pytest.raises(flax_wmt.BaselineError, match=r"no models\.py, decode\.py"):
+  with pytest.raises(UsageError, match=r"no models\.py, decode\.py"):
     flax_wmt.load(str(tmp_path))
 
 
 def test_import_error_names_the_directory(wmt_dir):
   (wmt_dir / "train.py").write_text("import no_such_module_here\n")
-  with pytest.raises(flax_wmt.BaselineError, match="importing its train.py failed"):
+  with pytest.raises(UsageError, match="importing its train.py failed"):
     flax_wmt.load(str(wmt_dir))
 
 
 def test_only_the_transformer(wmt_dir):
   from configs import multi30k_rnn
 
-  with pytest.raises(flax_wmt.BaselineError, match="has only the transformer"):
+  with pytest.raises(UsageError, match="has only the transformer"):
     flax_wmt.model_config(flax_wmt.load(str(wmt_dir)), multi30k_rnn.get_config().model)
 
 
@@ -79,11 +80,11 @@ def test_pmap_devices_follow_num_devices():
   config.num_devices = 2
   assert flax_wmt.pmap_devices(config, 4) == jax.local_devices()[:2]
   with pytest.raises(
-    flax_wmt.BaselineError,
+    UsageError,
     match=r"bench.batch_size=3 is not divisible by the 2 "
     r"devices flax's pmap splits it over \(num_devices=2",
   ):
     flax_wmt.pmap_devices(config, 3)
   config.num_devices = 9
-  with pytest.raises(flax_wmt.BaselineError, match="num_devices=9, but this process has 8"):
+  with pytest.raises(UsageError, match="num_devices=9, but this process has 8"):
     flax_wmt.pmap_devices(config, 9)

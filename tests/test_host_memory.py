@@ -1,4 +1,4 @@
-"""training/host_memory.py: glibc keeps XLA:CPU's freed buffers, so a step does not page-fault
+"""cli/host_memory.py: glibc keeps XLA:CPU's freed buffers, so a step does not page-fault
 its temporaries again; the environment's own malloc settings win."""
 
 import os
@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from training import host_memory
+from cli import host_memory
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # A jitted function with 256 MB temporaries ([8192, 8192] float32), called 5 times after its
 # first call: prints whether the settings were applied and the minor page faults per call.
 PROGRAM = """
-from training import host_memory
+from cli import host_memory
 applied = host_memory.keep_freed_memory()
 import resource
 import jax, jax.numpy as jnp

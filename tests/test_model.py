@@ -229,7 +229,7 @@ def test_cached_decoding_equals_full_decoding(tiny):
 )
 def test_parameter_counts_match_paper(config, paper):
   out = subprocess.run(
-    [sys.executable, "-m", "model.summary", f"--config={config}"],
+    [sys.executable, "-m", "analysis.parameters", f"--config={config}"],
     capture_output=True,
     text=True,
     check=True,
@@ -458,7 +458,7 @@ def test_config_errors_are_clear():
     [
       sys.executable,
       "-m",
-      "model.summary",
+      "analysis.parameters",
       "--config=configs/tiny.py",
       "--config.model.vocab_size=50",
       "--config.model.no_such_field=3",

@@ -18,8 +18,9 @@ from jax import lax
 from model import generate, masks, search
 from model.build import MODEL_TYPES, abstract_params, build_model
 from model.config import TransformerConfig
-from model.decoder_only import SEP_ID, CausalStack, DecoderOnly, combined_sequence
+from model.decoder_only import CausalStack, DecoderOnly, combined_sequence
 from model.rnn import RNNConfig, RNNSeq2Seq
+from model.special_tokens import SEP_ID
 from model.transformer import shift_right
 
 VOCAB = 40
@@ -334,12 +335,6 @@ def test_decoder_only_loss_unchanged_by_projecting_targets_only():
     assert logits.shape == old.shape == (2, P_TGT.shape[1], VOCAB)
     np.testing.assert_allclose(loss, old_loss, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(logits, old, rtol=1e-5, atol=1e-5)
-
-
-def test_sep_id_matches_the_tokenizer():
-  from data.tokenizer import SEP_ID as DATA_SEP_ID
-
-  assert SEP_ID == DATA_SEP_ID
 
 
 # ----------------------------------------------------------------------------- registry

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import pathlib
 import subprocess
 import sys
@@ -62,7 +63,7 @@ def fixed_batches(n=5, rows=16, length=8, seed=0):
 
 
 def make_parallel(config):
-  from training.loop import build_steps
+  from training.build import build_steps
 
   return build_steps(config)[1]
 
@@ -276,14 +277,15 @@ def test_nonfinite_update_is_skipped_and_counted(reference_run):
 
 
 def test_float16_training_and_cudnn_float32_are_refused():
-  from training.loop import build_steps
+  from configs.validate import check_config
+  from training.build import build_steps
 
   with pytest.raises(
     ValueError,
     match=r"model.dtype='float16' cannot train here: there is no loss "
     r"scaling",
   ):
-    build_steps(tiny_config(num_devices=1, **{"model.dtype": "float16"}))
+    check_config(tiny_config(num_devices=1, **{"model.dtype": "float16"}), "train")
   with pytest.raises(
     ValueError,
     match=r"model.attention_impl='cudnn': cuDNN's fused attention takes "
@@ -293,31 +295,37 @@ def test_float16_training_and_cudnn_float32_are_refused():
 
 
 def test_bad_loop_settings_are_config_errors(tmp_path):
-  from training.loop import Stop, build_steps, train
+  from cli.errors import UsageError
+  from configs.validate import check_config
+  from training.loop import train
 
   for eps in (1.0, -0.1):
     with pytest.raises(ValueError, match=rf"optim.label_smoothing={eps} must be in \[0, 1\)"):
-      build_steps(tiny_config(num_devices=1, **{"optim.label_smoothing": eps}))
+      check_config(tiny_config(num_devices=1, **{"optim.label_smoothing": eps}), "train")
   with pytest.raises(ValueError, match="model.attention_impl='cudnn' needs an even data.max_len"):
-    build_steps(
+    check_config(
       tiny_config(
         num_devices=1,
         **{"model.attention_impl": "cudnn", "model.dtype": "bfloat16", "data.max_len": 33},
-      )
+      ),
+      "train",
     )
-  with pytest.raises(Stop, match=r"eval_every_steps=0 must be >= 1"):
+  with pytest.raises(UsageError, match=r"eval_every_steps=0 must be >= 1"):
     train(tiny_config(num_devices=1, eval_every_steps=0), tmp_path)
 
 
 def test_model_vocab_size_is_fitted_to_the_vocabulary(caplog):
   """0 takes the vocabulary's size; fewer ids than the vocabulary is an error; more is a warning
   (those ids never occur but get logits and label-smoothing mass)."""
-  from training.loop import Stop, fit_model_vocab
+  from cli.errors import UsageError
+  from training.loop import fit_model_vocab
 
   config = tiny_config(num_devices=1, **{"model.vocab_size": 0})
   fit_model_vocab(config, 40)
   assert config.model.vocab_size == 40
-  with pytest.raises(Stop, match=r"model.vocab_size=40 is smaller than the vocabulary \(41 ids\)"):
+  with pytest.raises(
+    UsageError, match=r"model.vocab_size=40 is smaller than the vocabulary \(41 ids\)"
+  ):
     fit_model_vocab(config, 41)
   with caplog.at_level(logging.WARNING):
     fit_model_vocab(config, 40)
@@ -326,8 +334,8 @@ def test_model_vocab_size_is_fitted_to_the_vocabulary(caplog):
   assert "model.vocab_size=40 is larger than the vocabulary (32 ids)" in caplog.text
 
 
-def test_logged_train_metrics_are_token_weighted_window_means():
-  from training.loop import _accumulate, _window_means
+def test_logged_train_metrics_are_token_weightedwindow_means():
+  from training.metrics import accumulate, window_means
 
   def step(loss, acc, tokens, grad_norm, nonfinite=0, lr=0.5):
     return {
@@ -348,15 +356,15 @@ def test_logged_train_metrics_are_token_weighted_window_means():
   ]
   window = None
   for m in steps:
-    window = _accumulate(window, m)
-  got = _window_means(jax.device_get(window), jax.device_get(steps[-1]))
+    window = accumulate(window, m)
+  got = window_means(jax.device_get(window), jax.device_get(steps[-1]))
   assert got["loss"] == pytest.approx((2 * 100 + 4 * 300) / 400)  # the skipped step left out
   assert got["nll"] == pytest.approx((3 * 100 + 5 * 300) / 400)
   assert got["accuracy"] == pytest.approx((0.5 * 100 + 0.25 * 300) / 400)
   assert got["grad_norm"] == pytest.approx(2.0) and got["tokens"] == pytest.approx(200)
   assert got["nonfinite"] == 1 and got["nonfinite_streak"] == 1 and got["steps"] == 3
   assert got["learning_rate"] == pytest.approx(0.25)
-  only_skipped = _window_means(jax.device_get(_accumulate(None, steps[-1])), steps[-1])
+  only_skipped = window_means(jax.device_get(accumulate(None, steps[-1])), steps[-1])
   assert np.isnan(only_skipped["loss"]) and np.isnan(only_skipped["grad_norm"])
 
 
@@ -409,12 +417,13 @@ def test_train_lowers_loss_and_writes_metrics(tmp_path):
 
 
 def test_too_many_nonfinite_steps_stop_training(tmp_path):
-  from training.loop import Stop, train
+  from cli.errors import RunError
+  from training.loop import train
 
   config = tiny_config(
     num_devices=1, **{"optim.learning_rate": 1e30, "optim.max_nonfinite_steps": 3}
   )
-  with pytest.raises(Stop, match="consecutive steps had a non-finite loss"):
+  with pytest.raises(RunError, match="consecutive steps had a non-finite loss"):
     train(config, tmp_path)
 
 
@@ -422,7 +431,7 @@ def test_train_py_bad_input_is_one_clear_line(tmp_path):
   blocker = tmp_path / "file"
   blocker.write_text("x")
   out = _train_py(["--config=configs/tiny.py", f"--workdir={blocker}/sub"], timeout=120)
-  assert out.returncode == 1 and "not writable" in out.stderr and "Traceback" not in out.stderr
+  assert out.returncode == 2 and "not writable" in out.stderr and "Traceback" not in out.stderr
   out = _train_py(
     ["--config=configs/tiny.py", f"--workdir={tmp_path}/w", "--config.optim.lr=3"], timeout=120
   )
@@ -440,7 +449,7 @@ def test_train_py_bad_input_is_one_clear_line(tmp_path):
     ],
     timeout=120,
   )
-  assert out.returncode == 1, out.stderr[-2000:]
+  assert out.returncode == 2, out.stderr[-2000:]
   assert "train.en" in out.stderr and "train.de" in out.stderr and "Traceback" not in out.stderr
   out = _train_py(
     [
@@ -450,13 +459,13 @@ def test_train_py_bad_input_is_one_clear_line(tmp_path):
     ],
     timeout=180,
   )
-  assert out.returncode == 1 and "no_such_tfds_dataset" in out.stderr
+  assert out.returncode == 2 and "no_such_tfds_dataset" in out.stderr
 
 
 def test_mesh_axes_that_divide_no_parameter_dimension_are_reported(caplog):
   """tensor=8 with 4 heads: the attention kernels stay replicated (the vocabulary's 36 over 8 is
   expected and not listed); fsdp=8 with d_model 32 divides, so nothing is reported for it."""
-  from training.loop import build_steps
+  from training.build import build_steps
 
   with caplog.at_level(logging.WARNING):
     build_steps(tiny_config(num_devices=8, **{"mesh.data": 1, "mesh.tensor": 8}))
@@ -468,20 +477,31 @@ def test_mesh_axes_that_divide_no_parameter_dimension_are_reported(caplog):
   assert "does not divide" not in caplog.text and "shards no parameter" not in caplog.text
 
 
-def test_distributed_arguments_are_checked_before_waiting(monkeypatch):
+def test_distributed_arguments_are_checked_before_waiting():
   """An out-of-range process id is an error naming the flags at once (it used to wait for the
-  coordinator and then report a failure to join); a merely installed mpi4py is not a cluster."""
-  from training import parallel as par
+  coordinator and then report a failure to join)."""
+  from training.distributed import initialize_distributed
 
   with pytest.raises(ValueError, match=r"--process_id=2 must be in \[0, --num_processes=2\)"):
-    par.initialize_distributed("127.0.0.1:1", 2, 2, timeout_s=1)
-  from jax._src.clusters import ClusterEnv
+    initialize_distributed("127.0.0.1:1", 2, 2, timeout_s=1)
 
-  opt_in = [env for env in ClusterEnv._cluster_types if getattr(env, "opt_in_only_method", False)]
-  assert opt_in, "no opt-in cluster type to check against"
-  for env in ClusterEnv._cluster_types:
-    monkeypatch.setattr(env, "is_env_present", classmethod(lambda cls: cls in opt_in))
-  called = []
-  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: called.append(kw))
-  par.initialize_distributed(None, None, None)
-  assert called == []
+
+def test_without_flags_or_a_cluster_a_run_is_one_process():
+  """No flags and no cluster environment (no SLURM, Open MPI, Kubernetes or TPU variables): JAX's
+  own detection, through its public API, finds nothing to join and the run is one process."""
+  env = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith(("SLURM_", "OMPI_", "PMI_", "KUBERNETES_", "TPU_", "JAX_COORDINATOR"))
+  }
+  code = (
+    "from training.distributed import initialize_distributed\n"
+    "initialize_distributed(None, None, None, timeout_s=5)\n"
+    "import jax\n"
+    "print(jax.process_count(), jax.distributed.is_initialized())\n"
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.split() == ["1", "False"]

@@ -3,30 +3,104 @@
     python -m training.average --workdir=runs/base --last=5
     python decode.py --workdir=runs/base --checkpoint=average:5 ...
 
-Writes `<workdir>/averaged/last<k>`, which decode.py loads for `--checkpoint=average:<k>`.
+Writes `<workdir>/averaged/last<k>`, which decode.py loads for `--checkpoint=average:<k>` (the
+mean is computed on the fly when that file is missing). Reads the checkpoints without the
+workdir's lock, so it may run beside training.
 """
 
 from __future__ import annotations
 
-import sys
+import pathlib
+from typing import Any
 
-from absl import app, flags
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import flags, logging
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
-_LAST = flags.DEFINE_integer("last", 5, "Average the last N checkpoints.", lower_bound=1)
+from cli import app
+from cli.errors import UsageError
+from training.checkpoint import available_steps, checkpoint_dir, describe_workdir, restore
+from training.compatibility import config_from_meta
+
+AVERAGE_DIR = "averaged"
 
 
-def main(argv):
-  del argv
-  from training.checkpoint import write_average
+def average_params(param_trees: list) -> Any:
+  """Element-wise mean of parameter trees (float64 accumulation, cast back to each dtype)."""
+  if not param_trees:
+    raise ValueError("average_params: no parameter trees given")
+  return jax.tree_util.tree_map(
+    lambda *xs: np.mean(np.stack([np.asarray(x, np.float64) for x in xs]), axis=0).astype(
+      np.asarray(xs[0]).dtype
+    ),
+    *param_trees,
+  )
 
-  try:
-    out = write_average(_WORKDIR.value, _LAST.value)
-  except (ValueError, FileNotFoundError) as e:
-    sys.stderr.write(f"training.average: error: {e}\n")
-    sys.exit(2)
+
+def report_average(chosen: list[int], interval: int | None = None) -> None:
+  """Logs the steps being averaged; warns when they are not consecutive saves: with the run's
+  `checkpoint_every_steps` known, every gap must be that interval except the last, which may be
+  shorter (a run's end off the interval); without it, the gaps before the last must agree. Either
+  way an old checkpoint kept by checkpoint.keep_best, or a gap in the saves, is among them."""
+  logging.info("averaging the parameters of steps %s", ", ".join(map(str, chosen)))
+  gaps = [b - a for a, b in zip(chosen[:-1], chosen[1:])]
+  if interval:
+    uneven = any(g != interval for g in gaps[:-1]) or (gaps and gaps[-1] > interval)
+  else:
+    uneven = len(set(gaps[:-1])) > 1
+  if uneven:
+    logging.warning(
+      "averaging steps %s: they are not evenly spaced (a checkpoint kept by "
+      "checkpoint.keep_best, or a gap in the saves, is among them); check that these "
+      "are the checkpoints you mean",
+      ", ".join(map(str, chosen)),
+    )
+
+
+def write_average(workdir, last: int) -> pathlib.Path:
+  """Averages the last `last` checkpoints' parameters into `<workdir>/averaged/last<k>`,
+  which `load_for_inference(workdir, 'average:<k>')` then loads."""
+  workdir = pathlib.Path(workdir).absolute()
+  if int(last) < 1:
+    raise UsageError(f"--last={last}: the number of checkpoints to average must be >= 1")
+  steps = available_steps(workdir)
+  if len(steps) < last:
+    raise UsageError(
+      f"--last={last}: only {len(steps)} checkpoints in {checkpoint_dir(workdir)} "
+      f"(steps {', '.join(map(str, steps)) or 'none'}); {describe_workdir(workdir)}"
+    )
+  chosen = steps[-last:]
+  trees, meta = [], None
+  for s in chosen:
+    p, meta = load_params(checkpoint_dir(workdir) / str(s))
+    trees.append(p)
+  report_average(chosen, config_from_meta(meta).get("checkpoint_every_steps"))
+  meta = dict(meta, averaged_steps=chosen)
+  out = workdir / AVERAGE_DIR / f"last{last}"
+  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
+    ckptr.save(
+      out,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardSave({"params": average_params(trees)}), meta=ocp.args.JsonSave(meta)
+      ),
+      force=True,
+    )
+  return out
+
+
+def load_params(path: pathlib.Path):
+  """(params, meta) of one checkpoint folder, as host numpy arrays."""
+  state, meta = restore(path)
+  return state["params"], meta
+
+
+def main() -> None:
+  out = write_average(_WORKDIR.value, _LAST.value)
   print(f"averaged the last {_LAST.value} checkpoints into {out}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
+  _LAST = flags.DEFINE_integer("last", 5, "Average the last N checkpoints.", lower_bound=1)
+  app.run(main, prog="training.average")

@@ -1,5 +1,7 @@
-"""Orbax checkpoints in `<workdir>/checkpoints/<step>/`: save (async), resume, restore on other
-devices, and the parameter average the paper evaluates.
+"""The training run's Orbax checkpoints in `<workdir>/checkpoints/<step>/`: save (async), resume
+onto this run's devices, and what happens to damaged ones. Loading for decoding is
+inference/restore.py; averaging is training/average.py; whether a config may continue a
+checkpoint is training/compatibility.py.
 
 A checkpoint holds `state` (params, Adam moments, step, the non-finite counter) and `meta`
 (JSON: the config, the data iterator's position, the RNG seed). The vocabulary file sits in the
@@ -15,38 +17,36 @@ arrays that differ, never a silent fresh start.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pathlib
-from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
+from cli.errors import RunError, UsageError
+
 CHECKPOINT_DIR = "checkpoints"
 UNREADABLE_MARK = ".unreadable-"  # <step>.unreadable-<n>: set aside by a resume (_set_aside)
-AVERAGE_DIR = "averaged"
-# Model fields whose change makes a checkpoint's parameters unusable (or, pre_ln, meaningless).
-SHAPE_FIELDS = (
-  "type",
-  "vocab_size",
-  "d_model",
-  "d_ff",
-  "num_heads",
-  "num_layers",
-  "share_embeddings",
-  "pre_ln",
-  "rnn_cell",
-  "rnn_bidirectional",
-)
 
 
 def checkpoint_dir(workdir) -> pathlib.Path:
   return pathlib.Path(workdir).absolute() / CHECKPOINT_DIR
+
+
+def available_steps(workdir) -> list[int]:
+  """The finished checkpoints' steps in `<workdir>/checkpoints`, oldest first."""
+  return _step_dirs(checkpoint_dir(workdir))[0]
+
+
+def describe_workdir(workdir: pathlib.Path) -> str:
+  """'<workdir> contains: a, b/, ...' (or that it does not exist), for error messages."""
+  if not workdir.exists():
+    return f"{workdir} does not exist"
+  entries = sorted(p.name + ("/" if p.is_dir() else "") for p in workdir.iterdir())
+  return f"{workdir} contains: {', '.join(entries) if entries else 'nothing'}"
 
 
 def _step_dirs(root: pathlib.Path) -> tuple[list[int], list[pathlib.Path]]:
@@ -137,7 +137,7 @@ class Checkpointer:
         diffs = state_differences(folder, abstract_state)
       except Exception as e:  # noqa: BLE001 - unreadable metadata: fall back to the one before
         _raise_if_environmental(e, folder)
-        unreadable.append((folder, _first_line(e)))
+        unreadable.append((folder, first_line(e)))
         logging.warning(
           "skipping checkpoint %s: its metadata could not be read (%s)", folder, unreadable[-1][1]
         )
@@ -146,7 +146,7 @@ class Checkpointer:
         check_meta(meta)
       if diffs:
         hint = explain(meta) if explain is not None else ""
-        raise ValueError(
+        raise UsageError(
           f"checkpoint {folder} does not fit this run's training state (no silent "
           f"re-initialisation; use a new workdir or the checkpoint's settings): "
           + "; ".join(diffs)
@@ -156,7 +156,7 @@ class Checkpointer:
         state, meta = restore(folder, abstract_state)
       except Exception as e:  # noqa: BLE001 - corrupt or truncated: fall back to the one before
         _raise_if_environmental(e, folder)
-        unreadable.append((folder, _first_line(e)))
+        unreadable.append((folder, first_line(e)))
         logging.warning(
           "skipping checkpoint %s: it could not be read (%s)", folder, unreadable[-1][1]
         )
@@ -166,7 +166,7 @@ class Checkpointer:
     _agree_across_processes(found[0] if found else None, self.root)
     if found is None and unreadable:
       # Not a fresh start: checkpoints exist, and discarding the run silently would lose it.
-      raise RuntimeError(
+      raise RunError(
         f"none of the {len(unreadable)} checkpoints in {self.root} could be restored (newest "
         f"first: "
         + "; ".join(f"{f.name}: {err}" for f, err in unreadable[:3])
@@ -221,7 +221,7 @@ def _set_aside_unreadable_metrics(root: pathlib.Path) -> None:
           "so this checkpoint counts as unscored (keep_best will not keep it for its "
           "BLEU; its training state is untouched)",
           f.parent.parent,
-          _first_line(e),
+          first_line(e),
           target,
         )
   if jax.process_count() > 1:
@@ -239,8 +239,8 @@ def _raise_if_environmental(e: Exception, folder: pathlib.Path) -> None:
   if isinstance(
     e, (MemoryError, PermissionError, TimeoutError, ConnectionError, jax.errors.JaxRuntimeError)
   ) or any(code in str(e).lower() for code in _ENVIRONMENT_CODES):
-    raise RuntimeError(
-      f"checkpoint {folder} could not be restored ({_first_line(e)}): a problem "
+    raise RunError(
+      f"checkpoint {folder} could not be restored ({first_line(e)}): a problem "
       f"of this machine (memory, devices, file system), not a damaged checkpoint, "
       f"so nothing was skipped or moved; fix it and re-run"
     ) from e
@@ -256,14 +256,15 @@ def _agree_across_processes(step: int | None, root: pathlib.Path) -> None:
   steps = multihost_utils.process_allgather(np.int64(-1 if step is None else step))
   steps = [int(s) for s in np.ravel(steps)]
   if len(set(steps)) > 1:
-    raise RuntimeError(
+    raise RunError(
       f"processes found different newest readable checkpoints in {root} "
       f"(by process: {steps}, -1 = none): a checkpoint is damaged for some of "
       f"them; move the damaged step folder away and re-run"
     )
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
+  """'<Type>: <first line of the message>' of an exception, at most 200 characters of text."""
   text = str(e).splitlines()[0][:200] if str(e) else ""
   return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
@@ -362,258 +363,3 @@ def state_differences(path, abstract_state, limit: int = 4) -> list[str]:
 def _numpy_restore_args(path: pathlib.Path):
   tree = _state_metadata(path)
   return jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-
-
-def config_from_meta(meta: dict) -> ml_collections.ConfigDict:
-  """The training config stored in a checkpoint (JSON, never executed or unpickled)."""
-  return ml_collections.ConfigDict(json.loads(meta["config"]))
-
-
-def _differences(
-  saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict, fields
-) -> list[str]:
-  """'field: checkpoint a != config b' for each field ('section.key' or a top-level key) whose
-  values differ."""
-  out = []
-  for field in fields:
-    if "." in field:
-      section, key = field.split(".", 1)
-      a, b = (saved.get(section) or {}).get(key), (current.get(section) or {}).get(key)
-    else:
-      a, b = saved.get(field), current.get(field)
-    if a != b:
-      out.append(f"{field}: checkpoint {a!r} != config {b!r}")
-  return out
-
-
-def config_differences(
-  saved: ml_collections.ConfigDict,
-  current: ml_collections.ConfigDict,
-  sections=("model", "optim"),
-  top_level=(),
-) -> str:
-  """'model.x: checkpoint a != config b; ...' over every field of `sections` and the top-level
-  keys `top_level` ('' when they agree)."""
-  fields = [
-    f"{sec}.{k}"
-    for sec in sections
-    for k in sorted(set((saved.get(sec) or {}).keys()) | set((current.get(sec) or {}).keys()))
-  ]
-  fields += list(top_level)
-  diffs = _differences(saved, current, fields)
-  return ("the checkpoint's config differs in " + "; ".join(diffs)) if diffs else ""
-
-
-def check_compatible(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict):
-  """Raises if `current` cannot continue the checkpoint: another model shape, or another
-  data.vocab_size for a vocabulary the run trains itself (not synthetic, no data.vocab_path)."""
-  fields = [f"model.{k}" for k in SHAPE_FIELDS]
-  if current.data.name != "synthetic" and not current.data.vocab_path:
-    fields.append("data.vocab_size")
-  diffs = _differences(saved, current, fields)
-  if diffs:
-    raise ValueError(
-      "the config does not match the checkpoint's (no silent re-initialisation; "
-      "use a new workdir or the old settings): " + "; ".join(diffs)
-    )
-
-
-# ----------------------------------------------------------------------------- inference
-@dataclasses.dataclass
-class Restored:
-  """What decoding needs from a workdir: `steps` lists the checkpoints used, `step` is the newest.
-  With `ensemble` the params are their trees stacked on a leading axis
-  (`model.generate.translate(..., ensemble=True)`), else one tree (their mean when several)."""
-
-  config: ml_collections.ConfigDict
-  params: Any
-  step: int
-  vocab: Any
-  steps: tuple[int, ...] = ()
-  ensemble: bool = False
-
-
-def _describe(workdir: pathlib.Path) -> str:
-  if not workdir.exists():
-    return f"{workdir} does not exist"
-  entries = sorted(p.name + ("/" if p.is_dir() else "") for p in workdir.iterdir())
-  return f"{workdir} contains: {', '.join(entries) if entries else 'nothing'}"
-
-
-def available_steps(workdir) -> list[int]:
-  return _step_dirs(checkpoint_dir(workdir))[0]
-
-
-def average_params(param_trees: list) -> Any:
-  """Element-wise mean of parameter trees (float64 accumulation, cast back to each dtype)."""
-  if not param_trees:
-    raise ValueError("average_params: no parameter trees given")
-  return jax.tree_util.tree_map(
-    lambda *xs: np.mean(np.stack([np.asarray(x, np.float64) for x in xs]), axis=0).astype(
-      np.asarray(xs[0]).dtype
-    ),
-    *param_trees,
-  )
-
-
-def _load_params(path: pathlib.Path):
-  state, meta = restore(path)
-  return state["params"], meta
-
-
-def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
-  """Config, parameters (host numpy; put them on any devices), step and vocabulary from a
-  workdir alone.
-
-  checkpoint: 'latest', a step number, 'average:<k>' (mean of the last k checkpoints'
-  parameters, or the file `python -m training.average` wrote for them), or 'ensemble:<k>' (the
-  last k checkpoints' parameters stacked, decoded as an ensemble).
-  """
-  workdir = pathlib.Path(workdir).absolute()
-  steps = available_steps(workdir)
-  if not steps:
-    raise FileNotFoundError(f"no checkpoint in {checkpoint_dir(workdir)}; {_describe(workdir)}")
-  checkpoint = str(checkpoint)
-  if checkpoint == "latest":
-    chosen = [steps[-1]]
-  elif checkpoint.startswith(("average:", "ensemble:")):
-    how, _, count = checkpoint.partition(":")
-    try:
-      k = int(count)
-    except ValueError:
-      raise ValueError(
-        f"--checkpoint={checkpoint!r}: expected {how}:<k> with k an integer"
-      ) from None
-    if k < 1 or k > len(steps):
-      raise ValueError(
-        f"--checkpoint={checkpoint}: {len(steps)} checkpoints available "
-        f"(steps {', '.join(map(str, steps))})"
-      )
-    chosen = steps[-k:]
-  elif checkpoint.isdigit():
-    if int(checkpoint) not in steps:
-      raise ValueError(
-        f"--checkpoint={checkpoint}: no checkpoint at step {checkpoint}; available "
-        f"steps: {', '.join(map(str, steps))}"
-      )
-    chosen = [int(checkpoint)]
-  else:
-    raise ValueError(
-      f"--checkpoint={checkpoint!r}: expected latest, a step number, average:<k> or ensemble:<k>"
-    )
-
-  ensemble = checkpoint.startswith("ensemble:")
-  params = None
-  avg_file = workdir / AVERAGE_DIR / f"last{len(chosen)}"
-  if not ensemble and len(chosen) > 1 and (avg_file / "state").exists():
-    state, meta = restore(avg_file)
-    if meta.get("averaged_steps") == chosen:
-      params = state["params"]
-  if params is None:
-    trees = []
-    for s in chosen:
-      p, meta = _load_params(checkpoint_dir(workdir) / str(s))
-      trees.append(p)
-    if ensemble:
-      params = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees)
-    else:
-      params = trees[0] if len(trees) == 1 else average_params(trees)
-  config = config_from_meta(meta)
-  if ensemble:
-    logging.info("Ensemble of %d checkpoints: steps %s", len(chosen), ", ".join(map(str, chosen)))
-  elif len(chosen) > 1:
-    _report_average(chosen, config.get("checkpoint_every_steps"))
-  return Restored(
-    config=config,
-    params=params,
-    step=chosen[-1],
-    vocab=_training_vocab(workdir, config, meta.get("vocab")),
-    steps=tuple(chosen),
-    ensemble=ensemble,
-  )
-
-
-def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):
-  """The vocabulary the checkpoint was trained with: the workdir's vocab.model / vocab.json (train
-  copies data.vocab_path there), else data.vocab_path; the one whose fingerprint the checkpoint
-  recorded (older checkpoints record none: the first found)."""
-  from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_vocab
-
-  paths = [workdir / n for n in (VOCAB_MODEL_NAME, VOCAB_JSON_NAME) if (workdir / n).is_file()]
-  if config.data.get("vocab_path") and pathlib.Path(config.data.vocab_path).is_file():
-    paths.append(pathlib.Path(config.data.vocab_path))
-  if not paths:
-    raise FileNotFoundError(
-      f"no vocabulary (vocab.model or vocab.json) in {_describe(workdir)}"
-      + (
-        f", and data.vocab_path={config.data.vocab_path} does not exist"
-        if config.data.get("vocab_path")
-        else ""
-      )
-    )
-  found = []
-  for path in paths:
-    try:
-      vocab = load_vocab(path)
-    except Exception as e:  # noqa: BLE001 - a damaged or stale file: try the next one
-      found.append(f"{path}: unreadable ({_first_line(e)})")
-      continue
-    if fingerprint is None or vocab.fingerprint == fingerprint:
-      return vocab
-    found.append(f"{path}: {vocab.fingerprint}")
-  raise ValueError(
-    f"the checkpoints in {checkpoint_dir(workdir)} were trained with vocabulary "
-    f"{fingerprint}, but {'; '.join(found)}: decoding with another vocabulary "
-    f"would give wrong words; put the run's vocabulary file back"
-  )
-
-
-def _report_average(chosen: list[int], interval: int | None = None) -> None:
-  """Logs the steps being averaged; warns when they are not consecutive saves: with the run's
-  `checkpoint_every_steps` known, every gap must be that interval except the last, which may be
-  shorter (a run's end off the interval); without it, the gaps before the last must agree. Either
-  way an old checkpoint kept by checkpoint.keep_best, or a gap in the saves, is among them."""
-  logging.info("averaging the parameters of steps %s", ", ".join(map(str, chosen)))
-  gaps = [b - a for a, b in zip(chosen[:-1], chosen[1:])]
-  if interval:
-    uneven = any(g != interval for g in gaps[:-1]) or (gaps and gaps[-1] > interval)
-  else:
-    uneven = len(set(gaps[:-1])) > 1
-  if uneven:
-    logging.warning(
-      "averaging steps %s: they are not evenly spaced (a checkpoint kept by "
-      "checkpoint.keep_best, or a gap in the saves, is among them); check that these "
-      "are the checkpoints you mean",
-      ", ".join(map(str, chosen)),
-    )
-
-
-def write_average(workdir, last: int) -> pathlib.Path:
-  """Averages the last `last` checkpoints' parameters into `<workdir>/averaged/last<k>`,
-  which `load_for_inference(workdir, 'average:<k>')` then loads."""
-  workdir = pathlib.Path(workdir).absolute()
-  if int(last) < 1:
-    raise ValueError(f"--last={last}: the number of checkpoints to average must be >= 1")
-  steps = available_steps(workdir)
-  if len(steps) < last:
-    raise ValueError(
-      f"--last={last}: only {len(steps)} checkpoints in {checkpoint_dir(workdir)} "
-      f"(steps {', '.join(map(str, steps)) or 'none'}); {_describe(workdir)}"
-    )
-  chosen = steps[-last:]
-  trees, meta = [], None
-  for s in chosen:
-    p, meta = _load_params(checkpoint_dir(workdir) / str(s))
-    trees.append(p)
-  _report_average(chosen, config_from_meta(meta).get("checkpoint_every_steps"))
-  meta = dict(meta, averaged_steps=chosen)
-  out = workdir / AVERAGE_DIR / f"last{last}"
-  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-    ckptr.save(
-      out,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave({"params": average_params(trees)}), meta=ocp.args.JsonSave(meta)
-      ),
-      force=True,
-    )
-  return out

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import sacrebleu
 
-from data.tokenizer import EOS_ID
+from model.special_tokens import EOS_ID
 
 
 def loss_metrics(parallel, params, batches) -> dict:

@@ -1,16 +1,20 @@
-"""Where metrics go: stdout (absl logging), `<workdir>/metrics.jsonl`, TensorBoard event files,
-and a progress bar on a terminal. Only process 0 writes; other processes get a silent writer."""
+"""Training metrics: the train record of a log window (summed on device, averaged once per
+record), and where records go: stdout (absl logging), `<workdir>/metrics.jsonl` and TensorBoard
+event files. Only process 0 writes; other processes get a silent writer."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import pathlib
-import sys
-import time
 
+import jax
+import jax.numpy as jnp
 from absl import logging
+
+from cli.terminal import fmt
 
 
 def _plain(value):
@@ -41,7 +45,7 @@ class MetricsWriter:
 
   def write(self, step: int, split: str, metrics: dict) -> None:
     if not self.enabled:  # other processes only log the line (useful to compare processes)
-      logging.info("[%s] step %d: loss=%s", split, step, _fmt(_plain(metrics.get("loss"))))
+      logging.info("[%s] step %d: loss=%s", split, step, fmt(_plain(metrics.get("loss"))))
       return
     record = {"step": int(step), "split": split}
     record.update({k: _plain(v) for k, v in metrics.items()})
@@ -52,7 +56,7 @@ class MetricsWriter:
         if k not in ("step", "split") and isinstance(v, (int, float)):
           self._tb.add_scalar(f"{split}/{k}", v, int(step))
       self._tb.flush()
-    shown = " ".join(f"{k}={_fmt(v)}" for k, v in record.items() if k not in ("step", "split"))
+    shown = " ".join(f"{k}={fmt(v)}" for k, v in record.items() if k not in ("step", "split"))
     logging.info("[%s] step %d: %s", split, step, shown)
 
   def close(self) -> None:
@@ -62,58 +66,51 @@ class MetricsWriter:
       self._tb.close()
 
 
-def _fmt(v):
-  if isinstance(v, float):
-    return f"{v:.4g}"
-  return str(v)
+# ----------------------------------------------------------------------------- train records
+def accumulate(window, metrics):
+  """Adds one step's train metrics to the running sums of the log window (on device: no sync).
+  Loss, nll and accuracy are weighted by the step's target tokens; skipped (non-finite) steps
+  are counted but not summed."""
+  return _accumulator()(window, metrics)
 
 
-class Progress:
-  """A one-line progress bar (step, loss, tokens/s, ETA) when stderr is a terminal; nothing
-  otherwise (the periodic log lines carry the same numbers)."""
+@functools.cache
+def _accumulator():
+  def add(window, metrics):
+    ok = metrics["nonfinite"] == 0
+    tokens = metrics["tokens"].astype(jnp.float32)
+    weight = jnp.where(ok, tokens, 0.0)
+    step = {
+      "loss": jnp.where(ok, metrics["loss"], 0.0) * weight,
+      "nll": jnp.where(ok, metrics["nll"], 0.0) * weight,
+      "correct": jnp.where(ok, metrics["accuracy"], 0.0) * weight,
+      "weight": weight,
+      "tokens": tokens,
+      "grad_norm": jnp.where(ok, metrics["grad_norm"], 0.0),
+      "finite_steps": ok.astype(jnp.float32),
+      "steps": jnp.float32(1.0),
+      "nonfinite": metrics["nonfinite"].astype(jnp.float32),
+    }
+    return step if window is None else jax.tree_util.tree_map(jnp.add, window, step)
 
-  def __init__(self, total_steps: int, start_step: int, enabled: bool = True):
-    self.total, self.start = total_steps, start_step
-    self.enabled = enabled and sys.stderr.isatty()
-    self.t0 = time.time()
-
-  def update(self, step: int, loss: float | None = None, tokens_per_s: float | None = None):
-    if not self.enabled:
-      return
-    done = max(step - self.start, 1)
-    elapsed = time.time() - self.t0
-    eta = elapsed / done * (self.total - step)
-    width = 30
-    filled = int(width * step / max(self.total, 1))
-    bar = "#" * filled + "-" * (width - filled)
-    parts = [f"[{bar}] {step}/{self.total}"]
-    if loss is not None:
-      parts.append(f"loss {loss:.3f}")
-    if tokens_per_s is not None:
-      parts.append(f"{tokens_per_s:,.0f} tok/s")
-    parts.append(f"ETA {int(eta // 60)}:{int(eta % 60):02d}")
-    sys.stderr.write("\r" + "  ".join(parts) + "\033[K")
-    sys.stderr.flush()
-
-  def close(self):
-    if self.enabled:
-      sys.stderr.write("\n")
+  return jax.jit(add)
 
 
-class _DropLibraryInfo:
-  """Filters INFO-level chatter from libraries (Orbax logs every file it renames)."""
-
-  def __init__(self, prefixes=("orbax", "tensorflow_datasets", "jax")):
-    self.prefixes = prefixes
-
-  def filter(self, record) -> bool:
-    if record.levelno > 20:
-      return True
-    return not any(f"/{p}/" in record.pathname for p in self.prefixes)
-
-
-def quiet_library_logs() -> None:
-  """Keeps this project's INFO lines and library warnings; drops library INFO lines."""
-  import logging as std_logging
-
-  std_logging.getLogger("absl").addFilter(_DropLibraryInfo())
+def window_means(window: dict, last: dict) -> dict:
+  """The logged train record: token-weighted means of loss, nll and accuracy and the mean
+  gradient norm over the window's finite steps (NaN when every step was skipped), mean target
+  tokens per step, the number of skipped steps, and the last step's learning rate and streak."""
+  nan = float("nan")
+  weight, finite = float(window["weight"]), float(window["finite_steps"])
+  steps = float(window["steps"])
+  return {
+    "loss": float(window["loss"]) / weight if weight else nan,
+    "nll": float(window["nll"]) / weight if weight else nan,
+    "accuracy": float(window["correct"]) / weight if weight else nan,
+    "grad_norm": float(window["grad_norm"]) / finite if finite else nan,
+    "tokens": float(window["tokens"]) / steps,
+    "learning_rate": float(last["learning_rate"]),
+    "nonfinite": float(window["nonfinite"]),
+    "nonfinite_streak": float(last["nonfinite_streak"]),
+    "steps": steps,
+  }

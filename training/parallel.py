@@ -22,6 +22,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -39,83 +40,6 @@ LOGICAL_RULES = (
   ("mlp", "tensor"),
   ("kv", None),
 )
-
-
-# ----------------------------------------------------------------------------- multi-host
-def initialize_distributed(
-  coordinator_address: str | None,
-  num_processes: int | None,
-  process_id: int | None,
-  timeout_s: int = 300,
-) -> None:
-  """Calls `jax.distributed.initialize` for a multi-process job.
-
-  With explicit arguments they are used; otherwise JAX reads the cluster environment (SLURM,
-  Open MPI, Kubernetes/TPU...) if one is detected; on a single machine without either nothing
-  happens. With explicit arguments JAX's cluster detection is switched off, so every process uses
-  all of its local devices (under SLURM or Open MPI, detection would otherwise pin each process
-  to one GPU by its local rank; set JAX_LOCAL_DEVICE_IDS to choose devices). Raises a clear
-  error if the coordinator cannot be reached within `timeout_s`.
-  """
-  explicit = coordinator_address or (num_processes and num_processes > 1)
-  if not explicit:
-    try:
-      from jax._src.clusters import ClusterEnv  # the environments JAX auto-detects
-
-      # Opt-in environments (mpi4py: merely installed) are not a cluster JAX would detect.
-      if not any(
-        not getattr(env, "opt_in_only_method", False) and env.is_env_present()
-        for env in ClusterEnv._cluster_types
-      ):
-        return
-    except Exception:  # pragma: no cover - private API moved: do not guess a cluster
-      return
-  if explicit and (not coordinator_address or num_processes is None or process_id is None):
-    raise ValueError(
-      "--coordinator_address, --num_processes and --process_id must be given "
-      f"together (got {coordinator_address!r}, {num_processes!r}, {process_id!r})"
-    )
-  if explicit and not 0 <= process_id < num_processes:
-    raise ValueError(f"--process_id={process_id} must be in [0, --num_processes={num_processes})")
-  if explicit and process_id != 0:
-    # JAX aborts the whole process (no exception) when the coordinator never answers, so wait for
-    # its port here first and fail with a message instead.
-    _wait_for_port(coordinator_address, timeout_s, num_processes, process_id)
-  try:
-    jax.distributed.initialize(
-      coordinator_address=coordinator_address or None,
-      num_processes=num_processes,
-      process_id=process_id,
-      initialization_timeout=timeout_s,
-      **({"cluster_detection_method": "deactivate"} if explicit else {}),
-    )
-  except Exception as e:
-    raise RuntimeError(
-      f"could not join the distributed job at coordinator "
-      f"{coordinator_address!r} within {timeout_s} s "
-      f"(process {process_id} of {num_processes}): {e}"
-    ) from None
-
-
-def _wait_for_port(address: str, timeout_s: float, num_processes, process_id) -> None:
-  import socket
-  import time
-
-  host, _, port = address.rpartition(":")
-  if not host or not port.isdigit():
-    raise ValueError(f"--coordinator_address={address!r}: expected host:port")
-  deadline = time.monotonic() + timeout_s
-  while True:
-    try:
-      with socket.create_connection((host, int(port)), timeout=2):
-        return
-    except OSError as e:
-      if time.monotonic() >= deadline:
-        raise RuntimeError(
-          f"could not join the distributed job at coordinator {address!r} within "
-          f"{timeout_s} s (process {process_id} of {num_processes}): {e}"
-        ) from None
-      time.sleep(0.5)
 
 
 # ----------------------------------------------------------------------------- devices
@@ -247,26 +171,55 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 # ----------------------------------------------------------------------------- the wrappers
 @dataclasses.dataclass
 class Parallel:
-  """One parallelism scheme: how to place the state and batches, and the compiled steps.
+  """One parallelism scheme: the compiled steps and how the state and batches are placed. The
+  training loop, evaluation and checkpoints use only these, never `kind`.
 
   Attributes:
     kind: 'pmap' or 'mesh'.
     data_parallel: how many ways the global batch is split (its row count must divide by it).
-    train_step: (state, batch, rng) -> (state, metrics), on placed state and batches.
+    devices: the devices the step runs on (every process's).
+    train_step: (state, batch, rng) -> (state, metrics), on placed state and host batches.
     eval_step: (params, batch) -> summed metrics.
+    init_state: rng -> a fresh placed state.
+    abstract_state: the state's shapes and dtypes (unboxed ShapeDtypeStructs), one model copy.
+    restore_target: `abstract_state` with the shardings a checkpoint is restored into.
+    from_restored: a state restored into `restore_target` -> the state the step takes.
+    to_checkpoint: the step's state -> what a checkpoint stores (one model copy).
+    decoding_params: the step's state -> parameters `model.generate` can decode with.
+    place_state: a host state (numpy) -> the state the step takes.
+    place_batch: a host batch -> the batch the compiled step takes.
+    host_state: the step's state -> one copy of it on this host (numpy).
+    state_sharding: the state's shardings under 'mesh' (None under 'pmap').
+    mesh: the Mesh under 'mesh' (None under 'pmap').
   """
 
   kind: str
   data_parallel: int
-  place_state: Callable[[Any], Any]
-  place_batch: Callable[[dict], Any]
-  host_state: Callable[[Any], Any]
+  devices: list
   train_step: Callable
   eval_step: Callable
   init_state: Callable[[Any], Any]
   abstract_state: Any
-  state_sharding: Any
+  restore_target: Any
+  from_restored: Callable[[Any], Any]
+  to_checkpoint: Callable[[Any], Any]
+  decoding_params: Callable[[Any], Any]
+  place_state: Callable[[Any], Any]
+  place_batch: Callable[[dict], Any]
+  host_state: Callable[[Any], Any]
+  state_sharding: Any = None
   mesh: Mesh | None = None
+
+
+def _with_sharding(abstract, shardings):
+  """ShapeDtypeStructs of `abstract` carrying `shardings` (one sharding, or a tree of them)."""
+  if not isinstance(shardings, jax.sharding.Sharding):
+    return jax.tree_util.tree_map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
+    )
+  return jax.tree_util.tree_map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), abstract
+  )
 
 
 def _check_rows(batch, multiple, kind):
@@ -353,17 +306,23 @@ def _build_pmap(abstract, init_fn, train_step, eval_step, devices, all_devices) 
     return place_state(jax.jit(init_fn)(rng))
 
   unboxed = nn.unbox(abstract)
+  one_device = jax.sharding.SingleDeviceSharding(devices[0])
   return Parallel(
-    "pmap",
-    n * jax.process_count(),
-    place_state,
-    place_batch,
-    host_state,
-    train,
-    evaluate,
-    init,
-    unboxed,
-    None,
+    kind="pmap",
+    data_parallel=n * jax.process_count(),
+    devices=list(all_devices),
+    train_step=train,
+    eval_step=evaluate,
+    init_state=init,
+    abstract_state=unboxed,
+    # Restored onto one device, then replicated along pmap's leading axis.
+    restore_target=_with_sharding(unboxed, one_device),
+    from_restored=place_state,
+    to_checkpoint=host_state,
+    decoding_params=lambda state: host_state(state).params,
+    place_state=place_state,
+    place_batch=place_batch,
+    host_state=host_state,
   )
 
 
@@ -408,8 +367,6 @@ def _build_mesh(config, abstract, init_fn, train_step, eval_step) -> Parallel:
     return {k: jax.make_array_from_process_local_data(data_sharding, v) for k, v in batch.items()}
 
   def host_state(state):
-    from jax.experimental import multihost_utils
-
     if jax.process_count() > 1:
       return multihost_utils.process_allgather(state, tiled=True)
     return jax.device_get(state)
@@ -423,15 +380,21 @@ def _build_mesh(config, abstract, init_fn, train_step, eval_step) -> Parallel:
   unboxed = nn.unbox(abstract)
   logging.info("mesh %s; parameters sharded by %s", dict(mesh.shape), LOGICAL_RULES)
   return Parallel(
-    "mesh",
-    dp,
-    place_state,
-    place_batch,
-    host_state,
-    train,
-    evaluate,
-    j_init,
-    unboxed,
-    shardings,
-    mesh,
+    kind="mesh",
+    data_parallel=dp,
+    devices=list(mesh.devices.flat),
+    train_step=train,
+    eval_step=evaluate,
+    init_state=j_init,
+    abstract_state=unboxed,
+    # Restored straight into this run's shardings, whatever the devices that saved it.
+    restore_target=_with_sharding(unboxed, shardings),
+    from_restored=lambda state: state,
+    to_checkpoint=lambda state: state,
+    decoding_params=lambda state: state.params,
+    place_state=place_state,
+    place_batch=place_batch,
+    host_state=host_state,
+    state_sharding=shardings,
+    mesh=mesh,
   )

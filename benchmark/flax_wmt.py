@@ -16,16 +16,26 @@ pipeline-only imports (`clu`, `tensorflow_text`) are stood in for by empty modul
 not installed. Its model is pre-LayerNorm, with sinusoidal positions and logits through the
 shared embedding; its matmul FLOPs are those of our model of the same `d_model`, `d_ff`, heads,
 layers and vocabulary, so MFU and tokens/s compare like for like. Decoding never ends early: EOS
-is given an id the model cannot produce, so, as in bench.py, every sentence gets exactly
-`decode_len` tokens.
+is given an id the model cannot produce, so, as with ours (benchmark/timing.py), every sentence
+gets exactly `decode_len` tokens. A directory or config this cannot use is a `UsageError`.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pathlib
 import sys
 import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import jax_utils
+
+from cli.errors import UsageError
+from training import parallel as par
 
 # flax examples/wmt's own modules, imported by these top-level names from inside its directory.
 _THEIR_MODULES = ("bleu", "decode", "input_pipeline", "models", "tokenizer", "train")
@@ -36,17 +46,13 @@ _PIPELINE_ONLY = {
 }
 
 
-class BaselineError(ValueError):
-  """The flax examples/wmt directory or the config cannot be used; the message says why."""
-
-
 def load(wmt_dir: str) -> types.SimpleNamespace:
   """Imports flax examples/wmt's `train`, `models` and `decode` from `wmt_dir` without letting
   them shadow this repository's `train.py` / `decode.py` (sys.modules is restored afterwards)."""
   path = pathlib.Path(wmt_dir).resolve()
   missing = [f"{m}.py" for m in ("train", "models", "decode") if not (path / f"{m}.py").is_file()]
   if missing:
-    raise BaselineError(
+    raise UsageError(
       f"--flax_wmt={wmt_dir}: not a flax examples/wmt directory (no {', '.join(missing)})"
     )
   saved = {name: sys.modules.pop(name) for name in _THEIR_MODULES if name in sys.modules}
@@ -65,7 +71,7 @@ def load(wmt_dir: str) -> types.SimpleNamespace:
       train=train, models=sys.modules["models"], decode=sys.modules["decode"]
     )
   except ImportError as e:
-    raise BaselineError(f"--flax_wmt={wmt_dir}: importing its train.py failed: {e}") from e
+    raise UsageError(f"--flax_wmt={wmt_dir}: importing its train.py failed: {e}") from e
   finally:
     sys.path.remove(str(path))
     for name in _THEIR_MODULES:
@@ -78,11 +84,9 @@ def load(wmt_dir: str) -> types.SimpleNamespace:
 def model_config(wmt, model_cfg, *, decode: bool = False, deterministic: bool = False):
   """flax's TransformerConfig for our `config.model` (transformer, shared embeddings only)."""
   if model_cfg.type != "transformer":
-    raise BaselineError(
+    raise UsageError(
       f"--flax_wmt: model.type={model_cfg.type!r}; flax examples/wmt has only the transformer"
     )
-  import jax.numpy as jnp
-
   return wmt.models.TransformerConfig(
     vocab_size=int(model_cfg.vocab_size),
     output_vocab_size=int(model_cfg.vocab_size),
@@ -106,18 +110,14 @@ def pmap_devices(config, rows: int) -> list:
   """The devices flax's pmap runs on: the first `config.num_devices` of this process's (all when
   0), as training.parallel picks ours, so both implementations get the same devices. `rows`
   (bench.batch_size) must divide over them."""
-  import jax
-
-  from training import parallel as par
-
   if jax.process_count() > 1:
-    raise BaselineError(f"--flax_wmt runs on one process; this job has {jax.process_count()}")
+    raise UsageError(f"--flax_wmt runs on one process; this job has {jax.process_count()}")
   try:
     devices = par.local_devices(config)
   except ValueError as e:
-    raise BaselineError(f"--flax_wmt: {e}") from None
+    raise UsageError(f"--flax_wmt: {e}") from None
   if rows % len(devices):
-    raise BaselineError(
+    raise UsageError(
       f"--flax_wmt: bench.batch_size={rows} is not divisible by the "
       f"{len(devices)} devices flax's pmap splits it over (num_devices="
       f"{config.get('num_devices', 0)}, 0 = all)"
@@ -129,17 +129,9 @@ def train_call(wmt, config, batch: dict, devices: list):
   """(call, params): `call()` runs one flax train step on `batch` ([rows, length] inputs and
   targets, split over `devices` (from `pmap_devices`) as flax's loop splits over the local
   devices) and waits for it."""
-  import functools
-
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  import optax
-  from flax import jax_utils
-
   rows, length = batch["inputs"].shape
   if rows % len(devices):
-    raise BaselineError(
+    raise UsageError(
       f"--flax_wmt: bench.batch_size={rows} is not divisible by the "
       f"{len(devices)} devices flax's pmap splits it over"
     )
@@ -187,11 +179,6 @@ def decode_call(wmt, config, inputs, decode_len: int, beam_size: int):
   """(call, params): `call()` beam-searches `inputs` [rows, src_len] on one device with flax's
   predict_step (its cache and beam search), `decode_len` tokens per sentence, and returns
   [rows, decode_len] ids."""
-  import functools
-
-  import jax
-  import jax.numpy as jnp
-
   cfg = model_config(wmt, config.model, deterministic=True)
   predict_cfg = cfg.replace(decode=True)
   rows, length = inputs.shape

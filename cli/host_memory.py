@@ -8,19 +8,25 @@ zeroes and page-faults ~230k pages again: a third of that step's CPU time went t
 `keep_freed_memory()` makes glibc serve every thread from the main heap (`M_ARENA_MAX` 1),
 never `mmap` (`M_MMAP_MAX` 0) and keep up to 2 GiB of freed memory (`M_TRIM_THRESHOLD`), so
 the same pages are reused step after step. Measured with `bench.py` on 2 cores of an AMD EPYC
-(README, "Step time"): the tiny en->de step 0.98-1.00 s -> 0.67-0.71 s, the tiny benchmark
-0.46-0.48 -> 0.35-0.42 s; the numbers computed do not change.
+(docs/experiments.md, "Host memory"): the tiny en->de step 0.98-1.00 s -> 0.67-0.71 s, the tiny
+benchmark 0.46-0.48 -> 0.35-0.42 s; the numbers computed do not change.
 
 The cost: the process keeps its peak host memory until it exits, as jemalloc or tcmalloc would.
-train.py, decode.py and bench.py call this first thing; it does nothing off glibc, nor when the
-environment already sets any `MALLOC_*` variable or a `glibc.malloc` tunable (your settings win;
-e.g. `MALLOC_ARENA_MAX=8` restores glibc's per-thread arenas).
+train.py, decode.py and bench.py call `keep_freed_memory_on_cpu()` first thing (`cli.app.prepare`),
+before JAX exists, so the backend is foreseen rather than asked: the settings apply when JAX will
+compute on the CPU (`JAX_PLATFORMS` starts with `cpu`, or no accelerator plugin or libtpu is
+installed); on a GPU or TPU host the temporaries live in device memory and glibc keeps its defaults.
+Nothing is done off glibc, nor when the environment already sets any `MALLOC_*` variable or a
+`glibc.malloc` tunable (your settings win; e.g. `MALLOC_ARENA_MAX=8` restores glibc's per-thread
+arenas).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib.metadata
+import importlib.util
 import os
 
 # mallopt parameters (glibc <malloc.h>).
@@ -38,11 +44,37 @@ def user_settings(environ=os.environ) -> list[str]:
   return names
 
 
-def keep_freed_memory() -> bool:
+# What `keep_freed_memory_on_cpu` did, as bench.py reports it (`host_memory`).
+KEPT = "kept"
+DEFAULT = "process default"
+
+
+def expects_cpu_backend(environ=os.environ) -> bool:
+  """Whether JAX, once imported, will compute on the CPU: `JAX_PLATFORMS` decides when set;
+  otherwise JAX takes an accelerator when one is installed: a PJRT plugin (jax[cuda], jax[rocm]),
+  found as JAX finds them (the `jax_plugins` namespace package or entry-point group), or libtpu."""
+  platforms = environ.get("JAX_PLATFORMS", "").strip().lower()
+  if platforms:
+    return platforms.split(",")[0].strip() == "cpu"
+  if importlib.metadata.entry_points(group="jax_plugins"):
+    return False
+  return not any(importlib.util.find_spec(name) for name in ("jax_plugins", "libtpu"))
+
+
+def keep_freed_memory_on_cpu(environ=os.environ) -> str:
+  """`keep_freed_memory()` when JAX will run on the CPU; returns KEPT when the settings were
+  applied, else DEFAULT (an accelerator backend, the environment's own malloc settings, or not
+  glibc)."""
+  if expects_cpu_backend(environ) and keep_freed_memory(environ):
+    return KEPT
+  return DEFAULT
+
+
+def keep_freed_memory(environ=os.environ) -> bool:
   """Applies the settings above through glibc's `mallopt`; call before JAX starts its threads
   (an existing thread keeps the arena it has). True when applied; False off glibc or when the
   environment has its own malloc settings."""
-  if user_settings():
+  if user_settings(environ):
     return False
   name = ctypes.util.find_library("c")
   try:

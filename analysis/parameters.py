@@ -1,6 +1,6 @@
 """Prints a model's parameter table without allocating it.
 
-    python -m model.summary --config=configs/wmt14_ende_base.py
+    python -m analysis.parameters --config=configs/wmt14_ende_base.py
 
 The last line is `params: <N>`.
 """
@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import math
 
-from absl import app
+import jax
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+from cli import app
+from cli.errors import UsageError
+from model.build import abstract_params
 
 
 def parameter_table(params) -> list[tuple[str, tuple[int, ...], int]]:
   """(path, shape, size) for every parameter array of a (possibly abstract) params tree."""
-  import jax
-
   rows = []
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     name = "/".join(str(getattr(k, "key", k)) for k in path)
@@ -26,13 +26,10 @@ def parameter_table(params) -> list[tuple[str, tuple[int, ...], int]]:
   return rows
 
 
-def main(argv):
-  del argv
-  from model.build import abstract_params
-
+def main() -> None:
   cfg = _CONFIG.value
   if cfg.model.vocab_size <= 0:
-    raise app.UsageError(
+    raise UsageError(
       "model.vocab_size must be set (e.g. --config.model.vocab_size=37000) to "
       "count parameters without a vocabulary"
     )
@@ -44,6 +41,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from configs.flags import parse
-
-  app.run(main, flags_parser=parse)
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+  app.run(main, prog="analysis.parameters")

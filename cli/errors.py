@@ -1,0 +1,45 @@
+"""The errors a user can act on, and the exit status of each kind (the same for every CLI).
+
+    2  bad usage or input, found before any work: an unknown flag or config field, a value out of
+       its range, a missing or unreadable input, an output path that cannot be written, a config
+       that does not fit the workdir's checkpoints
+    1  a failure while running: a save that failed, a job that could not start, training that
+       diverged, a checkpoint that cannot be restored on this machine
+
+Library code raises `UsageError` / `RunError` (or the built-in `ValueError` / `RuntimeError` /
+`OSError` they stand for); `cli.app.run` prints them as one line `<prog>: error: <message>` and
+exits with `exit_status(error)`. Any other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+USAGE = 2
+FAILURE = 1
+
+
+class UsageError(ValueError):
+  """Bad usage or input, found before any work: exit status 2."""
+
+
+class RunError(RuntimeError):
+  """A failure while running: exit status 1."""
+
+
+def exit_status(error: BaseException) -> int | None:
+  """2 or 1 for the errors above and the built-in ones they stand for; None for anything else
+  (a bug: let its traceback show)."""
+  if isinstance(error, (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError)):
+    return USAGE
+  if isinstance(error, (RuntimeError, OSError)):
+    return FAILURE
+  return None
+
+
+def message(error: BaseException) -> str:
+  """The error's text; an `OSError` without its own words names its file and the system's reason."""
+  if (
+    isinstance(error, OSError) and not isinstance(error, (UsageError, RunError)) and error.strerror
+  ):
+    where = f"{error.filename}: " if error.filename else ""
+    return f"{where}{error.strerror}"
+  return str(error) or type(error).__name__

@@ -1,0 +1,152 @@
+"""What decoding needs from a workdir alone: config, parameters and vocabulary, restored onto the
+host (numpy) so that any devices can take them, from the newest checkpoint, a given step, the mean
+of the last k checkpoints (`average:<k>`) or the last k stacked for ensemble decoding
+(`ensemble:<k>`). Reads without the workdir's lock: a running training does not block decoding.
+
+    restored = load_for_inference("runs/m30k", "average:5")
+    restored.config, restored.params, restored.vocab, restored.steps
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from cli.errors import UsageError
+from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_vocab
+from training.average import AVERAGE_DIR, average_params, load_params, report_average
+from training.checkpoint import (
+  available_steps,
+  checkpoint_dir,
+  describe_workdir,
+  first_line,
+  restore,
+)
+from training.compatibility import config_from_meta
+
+
+@dataclasses.dataclass
+class Restored:
+  """What decoding needs from a workdir: `steps` lists the checkpoints used, `step` is the newest.
+  With `ensemble` the params are their trees stacked on a leading axis
+  (`model.generate.translate(..., ensemble=True)`), else one tree (their mean when several)."""
+
+  config: ml_collections.ConfigDict
+  params: Any
+  step: int
+  vocab: Any
+  steps: tuple[int, ...] = ()
+  ensemble: bool = False
+
+
+def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
+  """Config, parameters (host numpy; put them on any devices), step and vocabulary from a
+  workdir alone.
+
+  checkpoint: 'latest', a step number, 'average:<k>' (mean of the last k checkpoints'
+  parameters, or the file `python -m training.average` wrote for them), or 'ensemble:<k>' (the
+  last k checkpoints' parameters stacked, decoded as an ensemble).
+  """
+  workdir = pathlib.Path(workdir).absolute()
+  steps = available_steps(workdir)
+  if not steps:
+    raise FileNotFoundError(
+      f"no checkpoint in {checkpoint_dir(workdir)}; {describe_workdir(workdir)}"
+    )
+  checkpoint = str(checkpoint)
+  if checkpoint == "latest":
+    chosen = [steps[-1]]
+  elif checkpoint.startswith(("average:", "ensemble:")):
+    how, _, count = checkpoint.partition(":")
+    try:
+      k = int(count)
+    except ValueError:
+      raise UsageError(
+        f"--checkpoint={checkpoint!r}: expected {how}:<k> with k an integer"
+      ) from None
+    if k < 1 or k > len(steps):
+      raise UsageError(
+        f"--checkpoint={checkpoint}: {len(steps)} checkpoints available "
+        f"(steps {', '.join(map(str, steps))})"
+      )
+    chosen = steps[-k:]
+  elif checkpoint.isdigit():
+    if int(checkpoint) not in steps:
+      raise UsageError(
+        f"--checkpoint={checkpoint}: no checkpoint at step {checkpoint}; available "
+        f"steps: {', '.join(map(str, steps))}"
+      )
+    chosen = [int(checkpoint)]
+  else:
+    raise UsageError(
+      f"--checkpoint={checkpoint!r}: expected latest, a step number, average:<k> or ensemble:<k>"
+    )
+
+  ensemble = checkpoint.startswith("ensemble:")
+  params = None
+  avg_file = workdir / AVERAGE_DIR / f"last{len(chosen)}"
+  if not ensemble and len(chosen) > 1 and (avg_file / "state").exists():
+    state, meta = restore(avg_file)
+    if meta.get("averaged_steps") == chosen:
+      params = state["params"]
+  if params is None:
+    trees = []
+    for s in chosen:
+      p, meta = load_params(checkpoint_dir(workdir) / str(s))
+      trees.append(p)
+    if ensemble:
+      params = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees)
+    else:
+      params = trees[0] if len(trees) == 1 else average_params(trees)
+  config = config_from_meta(meta)
+  if ensemble:
+    logging.info("Ensemble of %d checkpoints: steps %s", len(chosen), ", ".join(map(str, chosen)))
+  elif len(chosen) > 1:
+    report_average(chosen, config.get("checkpoint_every_steps"))
+  return Restored(
+    config=config,
+    params=params,
+    step=chosen[-1],
+    vocab=_training_vocab(workdir, config, meta.get("vocab")),
+    steps=tuple(chosen),
+    ensemble=ensemble,
+  )
+
+
+def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):
+  """The vocabulary the checkpoint was trained with: the workdir's vocab.model / vocab.json (train
+  copies data.vocab_path there), else data.vocab_path; the one whose fingerprint the checkpoint
+  recorded (older checkpoints record none: the first found)."""
+  paths = [workdir / n for n in (VOCAB_MODEL_NAME, VOCAB_JSON_NAME) if (workdir / n).is_file()]
+  if config.data.get("vocab_path") and pathlib.Path(config.data.vocab_path).is_file():
+    paths.append(pathlib.Path(config.data.vocab_path))
+  if not paths:
+    raise FileNotFoundError(
+      f"no vocabulary (vocab.model or vocab.json) in {describe_workdir(workdir)}"
+      + (
+        f", and data.vocab_path={config.data.vocab_path} does not exist"
+        if config.data.get("vocab_path")
+        else ""
+      )
+    )
+  found = []
+  for path in paths:
+    try:
+      vocab = load_vocab(path)
+    except Exception as e:  # noqa: BLE001 - a damaged or stale file: try the next one
+      found.append(f"{path}: unreadable ({first_line(e)})")
+      continue
+    if fingerprint is None or vocab.fingerprint == fingerprint:
+      return vocab
+    found.append(f"{path}: {vocab.fingerprint}")
+  raise UsageError(
+    f"the checkpoints in {checkpoint_dir(workdir)} were trained with vocabulary "
+    f"{fingerprint}, but {'; '.join(found)}: decoding with another vocabulary "
+    f"would give wrong words; put the run's vocabulary file back"
+  )

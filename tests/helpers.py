@@ -1,0 +1,35 @@
+"""Helpers of the checkpoint, preemption and restore tests: train a tiny run and read back what
+it saved."""
+
+import json
+import pathlib
+
+import jax
+import numpy as np
+
+from training import checkpoint as ckpt
+from training.loop import train
+
+
+def train_run(config, workdir):
+  return train(config, pathlib.Path(workdir))
+
+
+def train_losses(workdir) -> dict:
+  """{step: loss} of the train records in `<workdir>/metrics.jsonl`."""
+  recs = [
+    json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
+  ]
+  return {r["step"]: r["loss"] for r in recs if r["split"] == "train"}
+
+
+def saved_params(workdir, step):
+  state, _ = ckpt.restore(ckpt.checkpoint_dir(workdir) / str(step))
+  return state["params"]
+
+
+def assert_trees_equal(a, b):
+  la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+  assert len(la) == len(lb)
+  for x, y in zip(la, lb):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

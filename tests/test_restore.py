@@ -1,0 +1,122 @@
+"""Loading a workdir for decoding (inference/restore.py) and checkpoint averaging
+(training/average.py): latest, a step, average:k, ensemble:k, the vocabulary check."""
+
+import logging
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from inference.restore import load_for_inference
+from tests.helpers import saved_params, train_run
+from tests.test_training import REPO, tiny_config
+from training import checkpoint as ckpt
+from training.average import AVERAGE_DIR, report_average, write_average
+
+
+def test_average_is_elementwise_mean_and_ensemble_stacks(uninterrupted):
+  _, workdir = uninterrupted
+  steps = ckpt.available_steps(workdir)
+  assert steps[-3:] == [4, 8, 12]
+  out = subprocess.run(
+    [sys.executable, "-m", "training.average", f"--workdir={workdir}", "--last=3"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  avg = load_for_inference(workdir, "average:3").params
+  trees = [saved_params(workdir, s) for s in (4, 8, 12)]
+  for got, *xs in zip(jax.tree_util.tree_leaves(avg), *map(jax.tree_util.tree_leaves, trees)):
+    np.testing.assert_allclose(
+      got, np.mean(np.stack(xs).astype(np.float64), 0), rtol=1e-6, atol=1e-7
+    )
+  ensemble = load_for_inference(workdir, "ensemble:3")
+  assert (ensemble.ensemble, ensemble.steps, ensemble.step) == (True, (4, 8, 12), 12)
+  for got, *xs in zip(
+    jax.tree_util.tree_leaves(ensemble.params), *map(jax.tree_util.tree_leaves, trees)
+  ):
+    np.testing.assert_array_equal(got, np.stack(xs))
+  out = subprocess.run(
+    [sys.executable, "-m", "training.average", f"--workdir={workdir}", "--last=99"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+  assert out.returncode == 2 and "only 3 checkpoints" in out.stderr
+
+
+def test_vocab_path_is_copied_into_the_workdir_and_decoding_checks_it(uninterrupted, tmp_path):
+  """data.vocab_path: the workdir alone decodes once the original file is gone; a vocabulary
+  other than the checkpoint's is refused by name instead of decoding wrong words."""
+  from data import tokenizer
+
+  _, full = uninterrupted
+  outside = tmp_path / "mine.json"
+  shutil.copy(full / "vocab.json", outside)
+  work = tmp_path / "w"
+  train_run(
+    tiny_config(num_devices=1, num_train_steps=2, **{"data.vocab_path": str(outside)}), work
+  )
+  outside.unlink()
+  (work / "vocab.model").write_bytes(b"stale, not a SentencePiece model")  # tried first, skipped
+  restored = load_for_inference(work)
+  assert restored.vocab.fingerprint == tokenizer.load_vocab(full / "vocab.json").fingerprint
+  (work / "vocab.model").unlink()
+  words = restored.vocab.words
+  tokenizer.WordVocab(list(reversed(words))).save(work / "vocab.json")  # same size, other ids
+  with pytest.raises(
+    ValueError,
+    match=r"were trained with vocabulary word-\w+, but .*vocab.json: "
+    r"word-\w+: decoding with another vocabulary",
+  ):
+    load_for_inference(work)
+
+
+def test_averaging_unevenly_spaced_steps_warns(caplog):
+  with caplog.at_level(logging.INFO):
+    report_average([4, 8, 12, 14], interval=4)  # the last step may be off the interval
+    report_average([4, 8, 12, 14])
+  assert "averaging the parameters of steps 4, 8, 12, 14" in caplog.text
+  assert "not evenly spaced" not in caplog.text
+  with caplog.at_level(logging.INFO):
+    report_average([1000, 6000, 7000], interval=1000)  # a keep_best checkpoint among them
+  assert "averaging steps 1000, 6000, 7000: they are not evenly spaced" in caplog.text
+  with caplog.at_level(logging.INFO):
+    report_average([1000, 5000, 6000, 7000])  # interval unknown: the gaps disagree
+  assert "averaging steps 1000, 5000, 6000, 7000: they are not evenly spaced" in caplog.text
+
+
+def test_average_needs_at_least_one_checkpoint(uninterrupted):
+  _, workdir = uninterrupted
+  with pytest.raises(
+    ValueError, match=r"--last=0: the number of checkpoints to average must be >= 1"
+  ):
+    write_average(workdir, 0)
+  out = subprocess.run(
+    [sys.executable, "-m", "training.average", f"--workdir={workdir}", "--last=0"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+  assert out.returncode != 0 and "--last=0" in out.stderr, out.stderr[-2000:]
+  assert not (pathlib.Path(workdir) / AVERAGE_DIR / "last0").exists()
+
+
+def test_shape_mismatch_and_missing_checkpoints_are_clear(uninterrupted, tmp_path):
+  config, full = uninterrupted
+  work = tmp_path / "w"
+  shutil.copytree(full, work)
+  bigger = tiny_config(num_devices=1, num_train_steps=20, **{"model.d_model": 64})
+  with pytest.raises(ValueError, match=r"model.d_model: checkpoint 32 != config 64"):
+    train_run(bigger, work)
+  with pytest.raises(FileNotFoundError, match="no checkpoint in .* contains: notes.txt"):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("x")
+    load_for_inference(tmp_path / "empty")
+  with pytest.raises(ValueError, match="no checkpoint at step 7; available steps: "):
+    load_for_inference(full, "7")
