@@ -5,17 +5,19 @@
     python bench.py --config=configs/tiny.py --config.model.vocab_size=8000 --sweep=devices \
         --json=devices.json   # also writes devices.png
     python bench.py --config=configs/bench_tiny.py --flax_wmt=flax-0.12.8/examples/wmt --paired
+    python bench.py --config=configs/bench_tiny.py --mode=decode --ctranslate2 --paired
 
 Batches are `bench.batch_size` × `bench.seq_len` random tokens; decoding always produces
 `bench.decode_len` tokens (beam `bench.beam_size`). MFU is achieved model FLOP/s over the peak of
 all devices (datasheet, else a measured matmul: `peak_source`). --flax_wmt=<dir> times google/flax
-examples/wmt instead of ours; --paired times both alternately (--separate_processes: each in its
+examples/wmt instead of ours; --ctranslate2 (--mode=decode) times CTranslate2 decoding our model's
+own weights, at the first of --ctranslate2_compute_types; --paired times ours and the peer(s)
+alternately (every compute type a peer; with flax's, --separate_processes runs each side in its
 own process every round). The work is in benchmark/ (its modules' docstrings say how).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
@@ -43,18 +45,18 @@ if __name__ == "__main__":
 from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from benchmark import paired, peak, report, sweeps, timing  # noqa: E402
+from benchmark import ctranslate2, paired, peak, report, sweeps, timing  # noqa: E402
+from benchmark.options import Options  # noqa: E402
 from cli import app  # noqa: E402
 from cli.errors import UsageError  # noqa: E402
+from cli.files import check_writable  # noqa: E402
+from configs.rules import Int, check_flag  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "Config file (configs/*.py).", lock_config=True
-)
+_CONFIG = app.define_config()
+flags.adopt_module_key_flags(app)  # --config and --show_config in --help
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "decode"], "What to time.")
-_STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (decode: timed batches).", lower_bound=1)
-_WARMUP = flags.DEFINE_integer(
-  "warmup", 3, "Untimed steps after the first (compiling) one.", lower_bound=0
-)
+_STEPS = flags.DEFINE_integer("steps", 20, "Timed steps (decode: timed batches).")
+_WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after the first (compiling) one.")
 _JSON = flags.DEFINE_string("json", None, "Write the results to this JSON file.")
 _SWEEP = flags.DEFINE_enum(
   "sweep",
@@ -97,7 +99,6 @@ _MATMUL_SIZE = flags.DEFINE_integer(
   "matmul_size",
   peak.MATMUL_SIZE,
   "Side of the square matrices of the measured peak.",
-  lower_bound=64,
 )
 _TRACE = flags.DEFINE_string(
   "trace",
@@ -113,20 +114,33 @@ _FLAX_WMT = flags.DEFINE_string(
   "or beam search (its directory, e.g. from the flax sdist) on the "
   "same model shape and batch instead of ours (benchmark/flax_wmt.py).",
 )
+_CTRANSLATE2 = flags.DEFINE_bool(
+  "ctranslate2",
+  False,
+  "--mode=decode: time CTranslate2's decoding (pip "
+  "install ctranslate2) of this repository's model, its random weights "
+  "exported, on the same batch and lengths, at the first of "
+  "--ctranslate2_compute_types (with --paired: at each) instead of ours "
+  "(benchmark/ctranslate2.py).",
+)
+_CTRANSLATE2_COMPUTE_TYPES = flags.DEFINE_list(
+  "ctranslate2_compute_types",
+  list(ctranslate2.COMPUTE_TYPES),
+  "--ctranslate2: the compute types CTranslate2 decodes in.",
+)
 _PAIRED = flags.DEFINE_bool(
   "paired",
   False,
-  "With --flax_wmt: time this repository's step (or "
-  "decoding) and flax's alternately in one process, --rounds rounds of "
-  "--steps each, and report both and their speed ratio. Both meet the "
+  "With --flax_wmt or --ctranslate2: time this repository's step (or "
+  "decoding) and the peer's alternately in one process, --rounds rounds of "
+  "--steps each, and report each and its speed ratio. All meet the "
   "machine's slow and fast moments alike, so the ratio is steadier than "
-  "that of two separate runs.",
+  "that of separate runs.",
 )
 _ROUNDS = flags.DEFINE_integer(
   "rounds",
   6,
   "--paired: rounds of --steps timed calls per implementation; the order swaps every round.",
-  lower_bound=1,
 )
 _SEPARATE = flags.DEFINE_bool(
   "separate_processes",
@@ -138,6 +152,13 @@ _SEPARATE = flags.DEFINE_bool(
   "compiles again.",
 )
 flags.mark_flag_as_required("config")
+for _name, _rule in (
+  ("steps", Int(min=1)),
+  ("warmup", Int(min=0)),
+  ("matmul_size", Int(min=64)),
+  ("rounds", Int(min=1)),
+):
+  check_flag(_name, _rule)
 
 DEFAULT_VOCAB = 8000
 
@@ -148,38 +169,21 @@ def parent_only_booleans() -> set[str]:
   return {name for name in paired.PARENT_ONLY_FLAGS if flags.FLAGS[name].boolean}
 
 
-def check_flags(values: dict) -> None:
-  """Refuses flags that do not go together (a UsageError naming them). `values`: the flags' values
-  by name, as `flags.FLAGS.flag_values_dict()` gives them; a missing one is unset."""
-  if values.get("paired"):
-    if not values.get("flax_wmt"):
-      raise UsageError(
-        "--paired times ours against flax examples/wmt: give --flax_wmt=<its directory>"
-      )
-    if values.get("sweep") or values.get("trace"):
-      raise UsageError("--paired runs one benchmark without a trace: drop --sweep / --trace")
-  elif values.get("separate_processes"):
-    raise UsageError(
-      "--separate_processes is a way of running --paired: add --paired and --flax_wmt"
-    )
-  elif values.get("sweep") is None and (values.get("sweep_values") or values.get("plot")):
-    raise UsageError("--sweep_values and --plot need --sweep")
-
-
 def main() -> None:
+  check_writable(_JSON.value, "--json")
+  check_writable(_PLOT.value, "--plot")
   if _PLOT_FROM.value:
     if not _PLOT.value:
       raise UsageError("--plot_from needs --plot=<png>")
     sweeps.plot_saved_sweeps(_PLOT_FROM.value, _PLOT.value)
     return
-  config = _CONFIG.value
+  config = app.load_config(_CONFIG)
   if int(config.model.vocab_size) <= 0:
     logging.info("model.vocab_size is 0 (no vocabulary here): using %d", DEFAULT_VOCAB)
     config.model.vocab_size = DEFAULT_VOCAB
   values = flags.FLAGS.flag_values_dict()
-  check_flags(values)
-  options = timing.Options(  # its fields are named after the flags, but for these two
-    **{f.name: values[f.name] for f in dataclasses.fields(timing.Options) if f.name in values},
+  options = Options.from_flags(
+    values,
     config_path=config_flags.get_config_filename(flags.FLAGS["config"]),
     host_memory=HOST_MEMORY,
   )
@@ -216,4 +220,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, prog="bench.py")
+  app.run(main, prog="bench.py", config=_CONFIG)

@@ -21,17 +21,17 @@ if __name__ == "__main__":  # first, before JAX starts its threads: see cli/host
   keep_freed_memory_on_cpu()
 
 from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
 from cli import app  # noqa: E402
+from cli.errors import UsageError  # noqa: E402
+from configs.rules import Int, check_flag  # noqa: E402
 from configs.validate import check_config  # noqa: E402
 from training.distributed import initialize_distributed  # noqa: E402
 from training.loop import train  # noqa: E402
 from training.workdir import check_workdir  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "Config file (configs/*.py).", lock_config=True
-)
+_CONFIG = app.define_config()
+flags.adopt_module_key_flags(app)  # --config and --show_config in --help
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, metrics, vocabulary go.")
 _COORD = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host).")
 _NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).")
@@ -39,17 +39,28 @@ _PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-hos
 _DIST_TIMEOUT = flags.DEFINE_integer(
   "distributed_timeout", 300, "Seconds to wait for the coordinator before giving up."
 )
-flags.mark_flags_as_required(["config", "workdir"])
+_TAKE_OVER_LOCK = flags.DEFINE_boolean(
+  "take_over_lock",
+  False,
+  "Take <workdir>/lock from the run that holds it, alive or not (make sure it is stopped); a "
+  "dead holder's lock is taken over without this flag.",
+)
+flags.mark_flag_as_required("config")
+check_flag("num_processes", Int(min=1))
+check_flag("process_id", Int(min=0))
+check_flag("distributed_timeout", Int(min=1))
 
 
 def main() -> None:
-  config = _CONFIG.value
+  config = app.load_config(_CONFIG)
+  if not _WORKDIR.value:
+    raise UsageError("--workdir is required: where checkpoints, metrics and the vocabulary go")
   workdir = pathlib.Path(_WORKDIR.value).absolute()
   check_config(config, "train")  # before the workdir is created
   check_workdir(workdir)
   initialize_distributed(_COORD.value, _NPROC.value, _PID.value, _DIST_TIMEOUT.value)
-  train(config, workdir)
+  train(config, workdir, take_over_lock=_TAKE_OVER_LOCK.value)
 
 
 if __name__ == "__main__":
-  app.run(main, prog="train.py")
+  app.run(main, prog="train.py", config=_CONFIG)

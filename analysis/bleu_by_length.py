@@ -12,14 +12,16 @@ Sentences are bucketed by the number of whitespace-separated words of their sour
 
 from __future__ import annotations
 
-import gzip
 import json
 import pathlib
-import sys
-import zlib
 from collections.abc import Sequence
 
-from absl import app, flags
+from absl import flags
+from matplotlib.figure import Figure
+
+from cli import app
+from cli.errors import UsageError
+from cli.files import check_writable, read_lines
 
 FLAGS = flags.FLAGS
 
@@ -36,26 +38,6 @@ def define_flags() -> None:
   )
   flags.DEFINE_string("plot", None, "Write a PNG bar chart here.")
   flags.DEFINE_string("json", None, "Write the table as JSON here.")
-
-
-class InputError(Exception):
-  """Bad command-line input: the message names the flag or file and what is wrong."""
-
-
-def read_lines(path: str) -> list[str]:
-  """Lines of a UTF-8 text file (gzip when the name ends in .gz), without newlines."""
-  p = pathlib.Path(path)
-  try:
-    raw = gzip.open(p).read() if p.suffix == ".gz" else p.read_bytes()
-  except (OSError, EOFError, zlib.error) as e:  # a truncated or damaged .gz file
-    raise InputError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
-  try:
-    text = raw.decode("utf-8")
-  except UnicodeDecodeError as e:
-    line = raw[: e.start].count(b"\n") + 1
-    raise InputError(f"{path}:{line}: invalid UTF-8") from None
-  lines = text.split("\n")
-  return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def bucket_labels(edges: Sequence[int]) -> list[str]:
@@ -87,12 +69,12 @@ def bleu_by_length(
   from sacrebleu.metrics import BLEU
 
   if list(edges) != sorted(set(edges)) or not edges or edges[0] < 1:
-    raise InputError(f"--edges={','.join(map(str, edges))}: must be increasing positive integers")
+    raise UsageError(f"--edges={','.join(map(str, edges))}: must be increasing positive integers")
   for name, hyps in systems.items():
     if len(hyps) != len(sources):
-      raise InputError(f"--hyp={name}: {len(hyps)} lines, but the source has {len(sources)}")
+      raise UsageError(f"--hyp={name}: {len(hyps)} lines, but the source has {len(sources)}")
   if len(references) != len(sources):
-    raise InputError(f"--reference: {len(references)} lines, but the source has {len(sources)}")
+    raise UsageError(f"--reference: {len(references)} lines, but the source has {len(sources)}")
   metric = BLEU(lowercase=lowercase)
   members: list[list[int]] = [[] for _ in range(len(edges) + 1)]
   for i, src in enumerate(sources):
@@ -119,15 +101,11 @@ def bleu_by_length(
 
 def plot(result: dict, path: str, title: str) -> None:
   """Grouped bars: BLEU per bucket, one bar per system."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   buckets = result["buckets"]
   systems = list(result["all"]["bleu"])
   width = 0.8 / max(len(systems), 1)
-  fig, ax = plt.subplots(figsize=(7, 4))
+  fig = Figure(figsize=(7, 4))
+  ax = fig.subplots()
   for j, name in enumerate(systems):
     xs = [i + (j - (len(systems) - 1) / 2) * width for i in range(len(buckets))]
     ax.bar(xs, [b["bleu"][name] or 0.0 for b in buckets], width, label=name)
@@ -140,24 +118,29 @@ def plot(result: dict, path: str, title: str) -> None:
   ax.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=100)
-  plt.close(fig)
 
 
 def run() -> dict:
   if not FLAGS.source or not FLAGS.reference or not FLAGS.hyp:
-    raise InputError("--source, --reference and at least one --hyp=NAME=FILE are required")
+    raise UsageError("--source, --reference and at least one --hyp=NAME=FILE are required")
+  check_writable(FLAGS.plot, "--plot")
+  check_writable(FLAGS.json, "--json")
   systems = {}
   for spec in FLAGS.hyp:
     name, sep, path = spec.partition("=")
     if not sep or not name or not path:
-      raise InputError(f"--hyp={spec}: expected NAME=FILE")
-    systems[name] = read_lines(path)
+      raise UsageError(f"--hyp={spec}: expected NAME=FILE")
+    systems[name] = read_lines(path, f"--hyp={name}")
   try:
     edges = [int(e) for e in FLAGS.edges]
   except ValueError:
-    raise InputError(f"--edges={','.join(FLAGS.edges)}: not integers") from None
+    raise UsageError(f"--edges={','.join(FLAGS.edges)}: not integers") from None
   result = bleu_by_length(
-    read_lines(FLAGS.source), read_lines(FLAGS.reference), systems, edges, FLAGS.lowercase
+    read_lines(FLAGS.source, "--source"),
+    read_lines(FLAGS.reference, "--reference"),
+    systems,
+    edges,
+    FLAGS.lowercase,
   )
   names = list(systems)
   print("  ".join(["bucket".ljust(8), "sentences".rjust(9)] + [n.rjust(12) for n in names]))
@@ -174,16 +157,6 @@ def run() -> dict:
   return result
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
-    run()
-  except InputError as e:
-    sys.stderr.write(f"bleu_by_length: error: {e}\n")
-    sys.exit(2)
-
-
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(run, prog="analysis.bleu_by_length")

@@ -68,10 +68,13 @@ def print_paired(result: dict) -> None:
   print_table(
     columns + (["host_memory"] if result["separate_processes"] else []), result["records"]
   )
-  print(
-    f"speedup (flax's step time / ours) {fmt(result['speedup'])}, per round "
-    f"{fmt(result['speedup_min'])}-{fmt(result['speedup_max'])}"
-  )
+  first = {"implementation": result["records"][1]["implementation"], **result}
+  for peer in result.get("peer_speedups", [first]):
+    name = "flax" if peer["implementation"] == "flax examples/wmt" else peer["implementation"]
+    print(
+      f"speedup ({name}'s step time / ours) {fmt(peer['speedup'])}, per round "
+      f"{fmt(peer['speedup_min'])}-{fmt(peer['speedup_max'])}"
+    )
 
 
 def print_table(columns: list[str], records: list[dict]) -> None:
@@ -87,7 +90,6 @@ def write_json(path: str | pathlib.Path, data) -> None:
   """Writes `data` as indented JSON to `path` (--json), making its folder."""
   path = pathlib.Path(path)
   try:
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
   except OSError as e:
     raise UsageError(f"--json={path}: cannot write: {e.strerror or e}") from None

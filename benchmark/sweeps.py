@@ -211,7 +211,6 @@ def plot_sweep(
     ax.legend()
   fig.suptitle(title, fontsize=10)
   fig.tight_layout()
-  path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=100)
 
 

@@ -1,14 +1,17 @@
 """The one runner of every command line here: train.py, decode.py, bench.py and the `python -m`
 tools.
 
+    _CONFIG = cli.app.define_config()      # --config and --show_config (train.py, bench.py)
+    def main(): config = cli.app.load_config(_CONFIG); ...
     if __name__ == "__main__":
-      cli.app.run(main, prog="train.py")
+      cli.app.run(main, prog="train.py", config=_CONFIG)
 
-`run` parses the flags with absl (a mistyped `--config.<field>=...` override is one line naming
-the field), calls `main()` and turns the errors a user can act on (`cli/errors.py`) into one line
-`<prog>: error: <message>` with the exit status of their kind: 2 for bad usage or input, 1 for a
-failure while running. Any other exception is a bug and keeps its traceback; so does every error
-when `ATTENTION_JAX_TRACEBACK=1` is set.
+`run` parses the flags with absl (a mistyped `--config.<field>=...` override, or a config file
+that cannot be loaded, is one line naming it), prints the resolved config and exits for
+`--show_config`, calls `main()` and turns the errors a user can act on (`cli/errors.py`) into one
+line `<prog>: error: <message>` with the exit status of their kind: 2 for bad usage or input, 1
+for a failure while running. Any other exception is a bug and keeps its traceback; so does every
+error when `ATTENTION_JAX_TRACEBACK=1` is set.
 """
 
 from __future__ import annotations
@@ -19,10 +22,10 @@ import sys
 from collections.abc import Callable
 
 from absl import app, flags
+from ml_collections import config_flags
 
 from cli import errors, logs
-
-TRACEBACK_ENV = "ATTENTION_JAX_TRACEBACK"
+from configs.common import describe
 
 
 def fail(prog: str, text: str, status: int) -> None:
@@ -32,15 +35,53 @@ def fail(prog: str, text: str, status: int) -> None:
   sys.exit(status)
 
 
+def define_config():
+  """Defines `--config` (a configs/*.py file, fields overridable as --config.<field>=<value>) and
+  `--show_config`; returns the config's flag holder."""
+  holder = config_flags.DEFINE_config_file(
+    "config",
+    None,
+    "Config file (configs/*.py); --config.<field>=<value> overrides a field.",
+    lock_config=True,
+  )
+  flags.DEFINE_bool(
+    "show_config",
+    False,
+    "Print every field of the resolved config (the file and its overrides) "
+    "with its value and what it means, then exit.",
+  )
+  return holder
+
+
+def load_config(holder):
+  """The resolved config of `holder`; a config file that cannot be loaded is a UsageError naming
+  it (ml_collections defers a missing file's error to the first use of the config)."""
+  config = holder.value
+  try:
+    config.keys()
+  except OSError as e:
+    reason = str(e).strip().splitlines()[-1].strip()
+    raise errors.UsageError(f"--config={_config_path()}: cannot load it: {reason}") from None
+  return config
+
+
+def _config_path() -> str:
+  return config_flags.get_config_filename(flags.FLAGS["config"])
+
+
 def parse_flags(argv: list[str], prog: str) -> list[str]:
-  """Parses `argv` into absl's FLAGS; a bad flag or an unknown config field is one line and exit
-  status 2."""
+  """Parses `argv` into absl's FLAGS; a bad flag, an unknown config field or a config file that
+  does not run is one line and exit status 2."""
   try:
     return flags.FLAGS(argv)
   except (AttributeError, KeyError) as e:  # ml_collections: an override of a missing field
     fail(prog, _unknown_field(argv, e), errors.USAGE)
   except flags.Error as e:
     fail(prog, str(e), errors.USAGE)
+  except Exception as e:  # noqa: BLE001 - the config file's own code failed while loading
+    where = f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
+    path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "--config")
+    fail(prog, f"--config={path}: cannot load it{where}: {type(e).__name__}: {e}", errors.USAGE)
   raise AssertionError("unreachable")
 
 
@@ -59,19 +100,23 @@ def _unknown_field(argv: list[str], e: Exception) -> str:
   )
 
 
-def run(main: Callable[[], object], prog: str) -> None:
+def run(main: Callable[[], object], prog: str, config=None) -> None:
   """absl's `app.run` of `main()` (no arguments: it reads its flags) with the parsing and error
-  handling above. Positional arguments are a usage error: every input is a flag."""
+  handling above. Positional arguments are a usage error: every input is a flag. `config`: the
+  holder from `define_config`, whose `--show_config` prints the config instead of running."""
 
   def body(argv: list[str]) -> None:
     if len(argv) > 1:
       fail(prog, f"unexpected arguments: {' '.join(argv[1:])} (every input is a --flag)", 2)
     logs.quiet_library_logs()
     try:
+      if config is not None and flags.FLAGS.show_config:
+        print("\n".join(describe(load_config(config))))
+        return
       main()
     except Exception as e:  # noqa: BLE001 - sorted into expected (one line) and bugs (traceback)
       status = errors.exit_status(e)
-      if status is None or os.environ.get(TRACEBACK_ENV):
+      if status is None or os.environ.get(errors.TRACEBACK_ENV):
         raise
       fail(prog, errors.message(e), status)
 

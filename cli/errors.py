@@ -15,6 +15,8 @@ from __future__ import annotations
 
 USAGE = 2
 FAILURE = 1
+# Set (to anything) in the environment, every error keeps its traceback.
+TRACEBACK_ENV = "ATTENTION_JAX_TRACEBACK"
 
 
 class UsageError(ValueError):
@@ -43,3 +45,9 @@ def message(error: BaseException) -> str:
     where = f"{error.filename}: " if error.filename else ""
     return f"{where}{error.strerror}"
   return str(error) or type(error).__name__
+
+
+def first_line(e: Exception) -> str:
+  """'<Type>: <first line of the message>' of an exception, at most 200 characters of text."""
+  text = str(e).splitlines()[0][:200] if str(e) else ""
+  return f"{type(e).__name__}: {text}" if text else type(e).__name__

@@ -1,22 +1,45 @@
-"""Logging of the command lines: this project's lines at INFO, libraries' INFO chatter hidden."""
+"""What the command lines log: this project's lines (progress, records, warnings that concern the
+user) at the default verbosity; libraries' chatter (their INFO lines, such as Orbax's per-save and
+per-restore lines and JAX's probe of a TPU backend, and the warnings that describe expected
+states, such as Orbax's missing-metadata warning on restore) only with `--verbosity=1` (absl's
+`-v 1`) or higher.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import pathlib
+
+from absl import logging as absl_logging
+
+PROJECT_ROOT = str(pathlib.Path(__file__).resolve().parents[1])
+
+# Library warnings that are not problems here, hidden at the default verbosity.
+EXPECTED_WARNINGS = (
+  "Unable to initialize backend",  # JAX probing for a TPU or GPU it does not find
+  "Metadata file does not exist",  # Orbax restoring a checkpoint written without one
+)
 
 
-class _DropLibraryInfo:
-  """Filters INFO-level chatter from libraries (Orbax logs every file it renames)."""
-
-  def __init__(self, prefixes=("orbax", "tensorflow_datasets", "jax")):
-    self.prefixes = prefixes
-
-  def filter(self, record) -> bool:
-    if record.levelno > 20:
+class _LibraryChatter(logging.Filter):
+  def filter(self, record: logging.LogRecord) -> bool:
+    if absl_logging.get_verbosity() >= 1:
       return True
-    return not any(f"/{p}/" in record.pathname for p in self.prefixes)
+    path = record.pathname
+    if path.startswith(PROJECT_ROOT) and "site-packages" not in path:
+      return True  # this project's own line
+    if record.levelno < logging.WARNING:
+      return False
+    message = record.getMessage()
+    return not any(text in message for text in EXPECTED_WARNINGS)
 
 
 def quiet_library_logs() -> None:
-  """Keeps this project's INFO lines and library warnings; drops library INFO lines."""
-  logging.getLogger("absl").addFilter(_DropLibraryInfo())
+  """Installs the filter on absl's handler, through which every logger's records pass once
+  absl.app runs (idempotent); keeps TensorFlow's C++ INFO and WARNING lines (TFDS imports it) off
+  unless the environment asks for them."""
+  handler = absl_logging.get_absl_handler()
+  if not any(isinstance(f, _LibraryChatter) for f in handler.filters):
+    handler.addFilter(_LibraryChatter())
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -19,32 +19,42 @@ def fmt(value) -> str:
 
 
 class Progress:
-  """A one-line progress bar (step, loss, tokens/s, ETA) when stderr is a terminal; nothing
-  otherwise (the periodic log lines carry the same numbers)."""
+  """A one-line progress bar on stderr when it is a terminal, nothing otherwise (logs and pipes
+  stay clean): done/total, optional loss and tokens/s, the rate in `unit` per second, and the
+  time left.
 
-  def __init__(self, total_steps: int, start_step: int, enabled: bool = True):
-    self.total, self.start = total_steps, start_step
-    self.enabled = enabled and sys.stderr.isatty()
+  `stream` replaces stderr (tests); `enabled=False` turns it off whatever the stream is."""
+
+  def __init__(
+    self, total: int, start: int = 0, unit: str = "steps", enabled: bool = True, stream=None
+  ):
+    self.total, self.start, self.unit = total, start, unit
+    self.stream = stream if stream is not None else sys.stderr
+    self.enabled = enabled and self.stream.isatty()
     self.t0 = time.time()
+    self.shown = False
 
-  def update(self, step: int, loss: float | None = None, tokens_per_s: float | None = None):
+  def update(self, done: int, loss: float | None = None, tokens_per_s: float | None = None):
     if not self.enabled:
       return
-    done = max(step - self.start, 1)
-    elapsed = time.time() - self.t0
-    eta = elapsed / done * (self.total - step)
+    elapsed = max(time.time() - self.t0, 1e-9)
+    rate = max(done - self.start, 0) / elapsed
+    eta = (self.total - done) / rate if rate > 0 else 0.0
     width = 30
-    filled = int(width * step / max(self.total, 1))
+    filled = int(width * done / max(self.total, 1))
     bar = "#" * filled + "-" * (width - filled)
-    parts = [f"[{bar}] {step}/{self.total}"]
+    parts = [f"[{bar}] {done}/{self.total}"]
     if loss is not None:
       parts.append(f"loss {loss:.3f}")
     if tokens_per_s is not None:
       parts.append(f"{tokens_per_s:,.0f} tok/s")
+    parts.append(f"{rate:,.1f} {self.unit}/s")
     parts.append(f"ETA {int(eta // 60)}:{int(eta % 60):02d}")
-    sys.stderr.write("\r" + "  ".join(parts) + "\033[K")
-    sys.stderr.flush()
+    self.stream.write("\r" + "  ".join(parts) + "\033[K")
+    self.stream.flush()
+    self.shown = True
 
   def close(self):
-    if self.enabled:
-      sys.stderr.write("\n")
+    if self.enabled and self.shown:
+      self.stream.write("\n")
+      self.stream.flush()

@@ -1,96 +1,228 @@
-"""Every configuration field, with its default. Config files start from `base_config()` and change
-what differs; any field can be overridden on the command line (`--config.model.num_layers=2`), and
-a field that is not here is an error."""
+"""Every configuration field: its default, what it means, and what values it takes. Config files
+start from `base_config()` and change what differs; any field can be overridden on the command
+line (`--config.model.num_layers=2`), a field that is not here is an error, and `--show_config`
+prints the resolved config with these descriptions. `configs/validate.py` checks every value
+against its rule before any work.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import ml_collections
 
-from data.pipeline import default_data_config
+from configs.rules import Bool, Choice, Float, Int, Rule, Text
+from model.build import MODEL_TYPES
+from model.special_tokens import NUM_SPECIAL
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+  default: Any
+  help: str
+  rule: Rule
+
+
+FRACTION = Float(min=0.0, below=1.0)
+POSITIVE = Int(min=1)
+COUNT = Int(min=0)
+MESH_AXIS = Int(min=1, also=(-1,))
+
+# Dotted name -> Field, in the order --show_config prints them.
+FIELDS: dict[str, Field] = {
+  "seed": Field(0, "random seed of the initial parameters, dropout and the batch order", COUNT),
+  "num_train_steps": Field(
+    100_000, "optimizer steps of the whole run (a resume continues to it)", POSITIVE
+  ),
+  "log_every_steps": Field(
+    100, "steps between train records (metrics.jsonl, TensorBoard, log)", POSITIVE
+  ),
+  "eval_every_steps": Field(
+    1_000, "steps between evaluations on data.eval_split (also one at the end)", POSITIVE
+  ),
+  "checkpoint_every_steps": Field(
+    1_000, "steps between checkpoints (also one at the end)", POSITIVE
+  ),
+  "stop_timeout_s": Field(
+    600.0,
+    "seconds after SIGTERM/SIGINT before a process still running is hung and exits; 0 = wait",
+    Float(min=0.0),
+  ),
+  "parallelism": Field(
+    "mesh",
+    "'pmap' (data parallel, replicated state) or 'mesh' (jit over a Mesh, sharded state)",
+    Choice("pmap", "mesh"),
+  ),
+  "num_devices": Field(0, "devices of each process to use; 0 = all", COUNT),
+  "mesh.data": Field(-1, "mesh axis splitting the batch; -1 = the devices left", MESH_AXIS),
+  "mesh.fsdp": Field(
+    1,
+    "mesh axis splitting the batch and sharding parameters and Adam moments over 'embed'",
+    MESH_AXIS,
+  ),
+  "mesh.tensor": Field(1, "mesh axis sharding heads, d_ff and the vocabulary", MESH_AXIS),
+  "model.type": Field("transformer", "the model: " + ", ".join(MODEL_TYPES), Choice(*MODEL_TYPES)),
+  "model.vocab_size": Field(0, "embedding rows and logits; 0 = the vocabulary's size", COUNT),
+  "model.d_model": Field(
+    512, "width of embeddings and of every sub-layer's output (d_model)", Int(min=2)
+  ),
+  "model.d_ff": Field(
+    2048, "inner width of the position-wise feed-forward network (d_ff)", POSITIVE
+  ),
+  "model.num_heads": Field(8, "attention heads (h); d_model must divide by it", POSITIVE),
+  "model.num_layers": Field(6, "layers per stack (N)", POSITIVE),
+  "model.dropout_rate": Field(
+    0.1, "dropout on sub-layer outputs and on embeddings + positions (P_drop)", FRACTION
+  ),
+  "model.attention_dropout_rate": Field(0.0, "dropout on the attention weights", FRACTION),
+  "model.share_embeddings": Field(
+    True, "tie source and target embeddings and the pre-softmax projection", Bool()
+  ),
+  "model.max_len": Field(
+    256, "longest sequence the model takes; longer decoding inputs are cut to it", POSITIVE
+  ),
+  "model.pre_ln": Field(
+    False, "LayerNorm before each sub-layer instead of after the residual (the paper's)", Bool()
+  ),
+  "model.dtype": Field(
+    "float32",
+    "computation dtype; parameters and optimizer state stay float32",
+    Choice("float32", "bfloat16", "float16"),
+  ),
+  "model.remat": Field(
+    False, "recompute each layer's activations in the backward pass (less memory)", Bool()
+  ),
+  "model.attention_impl": Field(
+    "xla",
+    "'xla', or 'cudnn' (cuDNN's fused attention: NVIDIA GPUs, bfloat16)",
+    Choice("xla", "cudnn"),
+  ),
+  "model.rnn_cell": Field(
+    "gru", "recurrent cell of model.type rnn / rnn_attention", Choice("gru", "lstm")
+  ),
+  "model.rnn_bidirectional": Field(
+    True, "bidirectional encoder of model.type rnn / rnn_attention", Bool()
+  ),
+  "data.name": Field(
+    "synthetic",
+    "'synthetic', 'files' (<data.dir>/<split>.<lang>[.gz]) or a TFDS translation dataset",
+    Text(),
+  ),
+  "data.dir": Field("", "data.name='files': the folder of <split>.<lang>[.gz] files", Text()),
+  "data.tfds_data_dir": Field("", "TFDS data_dir; '' = TFDS's default", Text()),
+  "data.source_lang": Field("en", "source language (file suffix or TFDS feature)", Text()),
+  "data.target_lang": Field("de", "target language (file suffix or TFDS feature)", Text()),
+  "data.train_split": Field("train", "split trained on", Text()),
+  "data.eval_split": Field("validation", "split evaluated on", Text()),
+  "data.vocab_size": Field(
+    8000,
+    "pieces of the SentencePiece vocabulary trained on the train split (specials included)",
+    Int(min=NUM_SPECIAL + 1),
+  ),
+  "data.vocab_path": Field(
+    "", "an existing vocabulary (.model or .json) instead of training one", Text()
+  ),
+  "data.tokens_per_batch": Field(4096, "padded target tokens per global batch", POSITIVE),
+  "data.max_len": Field(
+    64, "longest example in tokens, EOS included; the packed row length", Int(min=2)
+  ),
+  "data.packing": Field(
+    True, "pack examples into rows of data.max_len (one shape), else bucket by length", Bool()
+  ),
+  "data.truncate": Field(
+    False, "cut examples longer than data.max_len instead of dropping them", Bool()
+  ),
+  "data.cache_dir": Field("", "token-id cache; '' = <workdir>/cache", Text()),
+  "data.synthetic_num_train": Field(20_000, "synthetic task: training sentences", POSITIVE),
+  "data.synthetic_num_eval": Field(500, "synthetic task: validation and test sentences", POSITIVE),
+  "data.synthetic_vocab": Field(32, "synthetic task: words w0 ... w<n-1>", POSITIVE),
+  "data.synthetic_min_len": Field(4, "synthetic task: shortest sentence in words", POSITIVE),
+  "data.synthetic_max_len": Field(12, "synthetic task: longest sentence in words", POSITIVE),
+  "data.synthetic_seed": Field(
+    0, "synthetic task: seed of its word permutation and sentences", COUNT
+  ),
+  "optim.schedule": Field(
+    "rsqrt",
+    "learning-rate schedule: rsqrt (the paper's), constant or cosine",
+    Choice("rsqrt", "constant", "cosine"),
+  ),
+  "optim.learning_rate": Field(
+    1.0, "factor of the rsqrt schedule, or the peak rate of the others", Float(above=0.0)
+  ),
+  "optim.warmup_steps": Field(4000, "steps of linear warmup", COUNT),
+  "optim.b1": Field(0.9, "Adam's beta1", FRACTION),
+  "optim.b2": Field(0.98, "Adam's beta2", FRACTION),
+  "optim.eps": Field(1e-9, "Adam's epsilon", Float(above=0.0)),
+  "optim.weight_decay": Field(0.0, "decoupled weight decay (AdamW); 0 = off", Float(min=0.0)),
+  "optim.clip_norm": Field(0.0, "global-norm gradient clipping; 0 = off", Float(min=0.0)),
+  "optim.label_smoothing": Field(0.1, "label smoothing (epsilon_ls)", FRACTION),
+  "optim.grad_accum_steps": Field(
+    1, "micro-batches whose gradients are summed per update", POSITIVE
+  ),
+  "optim.max_nonfinite_steps": Field(
+    10, "consecutive skipped (non-finite) updates before training stops", POSITIVE
+  ),
+  "eval.num_batches": Field(0, "eval batches per evaluation; 0 = the whole split", COUNT),
+  "eval.bleu_sentences": Field(
+    256, "sentences decoded greedily for BLEU at each evaluation; 0 = none", COUNT
+  ),
+  "eval.max_decode_extra": Field(
+    50, "decoding's output length limit = source tokens + this", COUNT
+  ),
+  "checkpoint.keep": Field(5, "newest checkpoints kept", POSITIVE),
+  "checkpoint.keep_best": Field(0, "also keep this many best by eval BLEU; 0 = off", COUNT),
+  "checkpoint.async_save": Field(
+    True, "write checkpoints in the background while training goes on", Bool()
+  ),
+  "bench.batch_size": Field(16, "bench.py: sentences per batch", POSITIVE),
+  "bench.seq_len": Field(64, "bench.py: source and target tokens per sentence", Int(min=2)),
+  "bench.decode_len": Field(48, "bench.py --mode=decode: output tokens per sentence", POSITIVE),
+  "bench.beam_size": Field(4, "bench.py --mode=decode: beam size (1 = greedy)", POSITIVE),
+}
+
+
+def _nested(prefix: str = "") -> ml_collections.ConfigDict:
+  """The defaults of the fields under `prefix` ('' = all) as a nested ConfigDict."""
+  out: dict[str, Any] = {}
+  for name, field in FIELDS.items():
+    if not name.startswith(prefix):
+      continue
+    *sections, key = name[len(prefix) :].split(".")
+    node = out
+    for section in sections:
+      node = node.setdefault(section, {})
+    node[key] = field.default
+  return ml_collections.ConfigDict(out)
 
 
 def base_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
+  """Every field at its default."""
+  return _nested()
 
-  c.seed = 0
-  c.num_train_steps = 100_000
-  c.log_every_steps = 100
-  c.eval_every_steps = 1_000
-  c.checkpoint_every_steps = 1_000
-  # After SIGTERM/SIGINT the loop saves and exits; if it is still running this many seconds later
-  # (hung), the process exits with status 128 + signal without a new save. 0 = wait forever.
-  c.stop_timeout_s = 600.0
-  # 'pmap' (data parallel, replicated state) or 'mesh' (jit over a Mesh with sharded state).
-  c.parallelism = "mesh"
-  c.num_devices = 0  # use the first N devices of each process; 0 = all
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
 
-  # Model: the paper's names. num_layers is per stack; vocab_size 0 = the vocabulary's size.
-  c.model = ml_collections.ConfigDict(
-    dict(
-      type="transformer",
-      vocab_size=0,
-      d_model=512,
-      d_ff=2048,
-      num_heads=8,
-      num_layers=6,
-      dropout_rate=0.1,
-      attention_dropout_rate=0.0,
-      share_embeddings=True,
-      max_len=256,
-      pre_ln=False,
-      dtype="float32",
-      remat=False,
-      attention_impl="xla",
-      # Recurrent models (model.type rnn / rnn_attention) only.
-      rnn_cell="gru",
-      rnn_bidirectional=True,
-    )
-  )
+def data_defaults() -> ml_collections.ConfigDict:
+  """The `config.data` fields at their defaults (the built-in synthetic task)."""
+  return _nested("data.")
 
-  # Data: 'synthetic' (built in), 'files' (<dir>/<split>.<lang>[.gz]) or a TFDS name; the fields
-  # and their meaning are in data/pipeline.py.
-  c.data = default_data_config()
 
-  # Optimization: Adam with the paper's inverse-square-root schedule.
-  c.optim = ml_collections.ConfigDict(
-    dict(
-      schedule="rsqrt",  # rsqrt (the paper's) | constant | cosine
-      learning_rate=1.0,  # multiplies the schedule (rsqrt) or is the peak rate (others)
-      warmup_steps=4000,
-      b1=0.9,
-      b2=0.98,
-      eps=1e-9,
-      weight_decay=0.0,
-      clip_norm=0.0,  # global-norm clipping; 0 = off
-      label_smoothing=0.1,
-      grad_accum_steps=1,
-      max_nonfinite_steps=10,
-    )
-  )
+def describe(config) -> list[str]:
+  """`name = value  # description` for every field of `config`, in FIELDS' order; fields the
+  config has beyond FIELDS (none, for a config built from base_config) come last, undescribed."""
+  flat = _flatten(config)
+  names = [n for n in FIELDS if n in flat] + [n for n in flat if n not in FIELDS]
+  width = max(len(f"{n} = {flat[n]!r}") for n in names)
+  return [
+    f"{f'{n} = {flat[n]!r}':<{width}}  # {FIELDS[n].help if n in FIELDS else ''}".rstrip(" #")
+    for n in names
+  ]
 
-  c.eval = ml_collections.ConfigDict(
-    dict(
-      num_batches=0,  # 0 = the whole eval split
-      bleu_sentences=256,  # sentences decoded greedily for BLEU at each evaluation
-      max_decode_extra=50,  # output length limit = source length + this
-    )
-  )
 
-  c.checkpoint = ml_collections.ConfigDict(
-    dict(
-      keep=5,
-      keep_best=0,  # also keep the N best by eval BLEU; 0 = off
-      async_save=True,
-    )
-  )
-
-  c.bench = ml_collections.ConfigDict(
-    dict(
-      batch_size=16,
-      seq_len=64,
-      decode_len=48,
-      beam_size=4,
-    )
-  )
-  return c
+def _flatten(config, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      out.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out

@@ -1,5 +1,7 @@
-"""One validation of a run's config, shared by train.py, decode.py and bench.py: what can be
-checked before any device work, data or file, so a bad config is one line naming the field.
+"""One validation of a run's config, shared by train.py and bench.py: what can be checked before
+any device work, data or file, so a bad config is one line naming the field and its value. Every
+field is checked against its rule in configs/common.py (type and range: NaN and infinities are
+refused), then the combinations that cannot run.
 
     check_config(config, "train")         # train.py, before the workdir is touched
     check_config(config, "bench_train")   # bench.py: the bench batch instead of the data
@@ -16,6 +18,10 @@ from __future__ import annotations
 import jax
 
 from cli.errors import UsageError
+from configs.common import FIELDS
+from configs.rules import RuleError
+from model.build import hyperparameters
+from model.special_tokens import NUM_SPECIAL
 
 PURPOSES = ("train", "bench_train", "bench_decode")
 ATTENTION_TYPES = ("transformer", "decoder_only")  # the model types with model.attention_impl
@@ -25,14 +31,42 @@ def check_config(config, purpose: str = "train") -> None:
   """Raises UsageError naming the first field (and its value) that cannot run for `purpose`."""
   if purpose not in PURPOSES:
     raise ValueError(f"check_config: purpose {purpose!r} is not one of {PURPOSES}")
+  check_fields(config)
+  _check_model(config)
   training = purpose != "bench_decode"
   if training:
     _check_training(config)
   if purpose == "train":
-    _check_schedule(config)
+    _check_data(config)
   else:
-    _check_bench(config, decode=not training)
+    _check_bench(config)
   _check_cudnn_length(config, training, config.data.max_len if purpose == "train" else None)
+
+
+def check_fields(config) -> None:
+  """Each field the config has against its rule (configs/common.py FIELDS)."""
+  for name, field in FIELDS.items():
+    node, *path = name.split(".")
+    value = config.get(node)
+    for key in path:
+      value = None if value is None else value.get(key)
+    if value is None:
+      continue  # not a field of this config (e.g. one stored by an older version)
+    try:
+      field.rule.check(value)
+    except RuleError as e:
+      raise UsageError(f"config error: {name}={value!r} {e}") from None
+
+
+def _check_model(config) -> None:
+  """The model fields together (d_model and num_heads, cuDNN's dtype, ...): the model's own
+  checks, run now on its config rather than after the data pipeline has run."""
+  model_cfg = config.model.to_dict()
+  model_cfg["vocab_size"] = max(int(model_cfg["vocab_size"]), NUM_SPECIAL + 1)  # 0 = fit later
+  try:
+    hyperparameters(model_cfg)
+  except ValueError as e:
+    raise UsageError(str(e)) from None
 
 
 def _check_training(config) -> None:
@@ -41,38 +75,23 @@ def _check_training(config) -> None:
       "config error: model.dtype='float16' cannot train here: there is no loss scaling, so small "
       "gradients underflow to zero; use bfloat16"
     )
-  smoothing = config.optim.label_smoothing
-  if not 0.0 <= smoothing < 1.0:
-    raise UsageError(f"config error: optim.label_smoothing={smoothing!r} must be in [0, 1)")
-  accum = int(config.optim.grad_accum_steps)
-  if accum < 1:
-    raise UsageError(f"config error: optim.grad_accum_steps={accum} must be >= 1")
 
 
-def _check_schedule(config) -> None:
-  for key in ("log_every_steps", "eval_every_steps", "checkpoint_every_steps"):
-    if int(config[key]) < 1:
-      raise UsageError(
-        f"config error: {key}={config[key]} must be >= 1 (to do it only at the end, set it to "
-        f"num_train_steps)"
-      )
+def _check_data(config) -> None:
+  data = config.data
+  if data.name == "synthetic" and data.synthetic_min_len > data.synthetic_max_len:
+    raise UsageError(
+      f"config error: data.synthetic_min_len={data.synthetic_min_len} is larger than "
+      f"data.synthetic_max_len={data.synthetic_max_len}"
+    )
 
 
-def _check_bench(config, decode: bool) -> None:
+def _check_bench(config) -> None:
   bench = config.bench
-  if int(bench.seq_len) < 2:
-    raise UsageError(f"config error: bench.seq_len={bench.seq_len} must be >= 2")
   if int(bench.seq_len) > int(config.model.max_len):
     raise UsageError(
       f"config error: bench.seq_len={bench.seq_len} is longer than "
       f"model.max_len={config.model.max_len}"
-    )
-  if int(bench.batch_size) < 1:
-    raise UsageError(f"config error: bench.batch_size={bench.batch_size} must be positive")
-  if decode and (int(bench.decode_len) < 1 or int(bench.beam_size) < 1):
-    raise UsageError(
-      f"config error: bench.decode_len={bench.decode_len} and bench.beam_size={bench.beam_size} "
-      f"must be positive"
     )
 
 

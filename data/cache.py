@@ -20,7 +20,7 @@ import os
 import pathlib
 import re
 import shutil
-import tempfile
+import uuid
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -186,8 +186,10 @@ def load_or_tokenize(
     return _open(folder, built=False)
 
   cache_dir.mkdir(parents=True, exist_ok=True)
-  tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=cache_dir))
+  # A name of its own per writer; unlike tempfile.mkdtemp's 0700, the folder follows the umask.
+  tmp = cache_dir / f".{folder.name}.{uuid.uuid4().hex}.tmp"
   try:
+    tmp.mkdir()
     split_stats = SplitStats()
     counts = _tokenize(pairs_fn(split_stats), vocab, max_len, truncate, tmp)
     stats = {"pairs": split_stats.pairs, "skipped_empty": split_stats.skipped_empty, **counts}

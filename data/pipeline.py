@@ -16,36 +16,15 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from configs.common import data_defaults
 from data import cache, sources, tokenizer
 from data.batching import Batcher, TrainIterator
 
 
 def default_data_config() -> ml_collections.ConfigDict:
-  """The `config.data` fields with defaults: the built-in synthetic task."""
-  return ml_collections.ConfigDict(
-    dict(
-      name="synthetic",  # 'synthetic' | 'files' | a TFDS name such as 'wmt14_translate/de-en'
-      dir="",  # 'files': folder of <split>.<lang>[.gz]
-      tfds_data_dir="",  # TFDS data_dir ('' = TFDS default)
-      source_lang="en",
-      target_lang="de",
-      train_split="train",
-      eval_split="validation",
-      vocab_size=8000,  # SentencePiece pieces, specials included
-      vocab_path="",  # an existing .model/.json; '' = <workdir>/vocab.{model,json}
-      tokens_per_batch=4096,  # padded target tokens per global batch
-      max_len=64,  # longest example in tokens, EOS included; the packed row length
-      packing=True,  # pack examples into rows (one shape) or bucket by length
-      truncate=False,  # cut longer examples instead of dropping them
-      cache_dir="",  # token-id cache; '' = <workdir>/cache
-      synthetic_num_train=20000,
-      synthetic_num_eval=500,
-      synthetic_vocab=32,  # words w0..w31
-      synthetic_min_len=4,
-      synthetic_max_len=12,
-      synthetic_seed=0,  # the synthetic task itself (word permutation and sentences)
-    )
-  )
+  """The `config.data` fields at their defaults (the built-in synthetic task); each field's
+  meaning is in configs/common.py."""
+  return data_defaults()
 
 
 def _vocab(config_data, workdir: pathlib.Path) -> tokenizer.Vocab:
@@ -73,6 +52,38 @@ def _vocab(config_data, workdir: pathlib.Path) -> tokenizer.Vocab:
   vocab = tokenizer.WordVocab(words)
   vocab.save(path)
   return vocab
+
+
+# A split losing more than this share of its pairs (dropped or cut) gets a warning.
+LOSS_WARNING_SHARE = 0.01
+
+
+def warn_about_losses(name: str, stats: dict, max_len: int) -> None:
+  """Warns when more than LOSS_WARNING_SHARE of a split's pairs were dropped as too long, skipped
+  as empty, or cut to max_len: the count, the share and the setting to change."""
+  total = stats.get("pairs", 0) + stats.get("skipped_empty", 0)
+  if not total:
+    return
+  losses = (
+    (
+      stats.get("filtered_long", 0),
+      f"were dropped as longer than data.max_len={max_len} tokens "
+      "(raise data.max_len, or set data.truncate=True to cut them instead)",
+    ),
+    (
+      stats.get("truncated_long", 0),
+      f"were cut to data.max_len={max_len} tokens (raise data.max_len to keep them whole)",
+    ),
+    (
+      stats.get("skipped_empty", 0),
+      "were skipped because a side is empty (check the files' line alignment)",
+    ),
+  )
+  for count, what in losses:
+    if count / total > LOSS_WARNING_SHARE:
+      logging.warning(
+        "data %s: %d of %d pairs (%.1f%%) %s", name, count, total, 100.0 * count / total, what
+      )
 
 
 class Pipeline:
@@ -127,6 +138,7 @@ class Pipeline:
       logging.info(
         "data %s/%s: %s", data.name, split, ", ".join(f"{k}={v}" for k, v in tokens.stats.items())
       )
+      warn_about_losses(f"{data.name}/{split}", tokens.stats, data.max_len)
       self._batchers[split] = Batcher(tokens, **self._batcher_args)
     return self._batchers[split]
 

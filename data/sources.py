@@ -17,6 +17,7 @@ import dataclasses
 import gzip
 import os
 import pathlib
+import zlib
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -73,8 +74,9 @@ def _count_lines(path: pathlib.Path) -> int:
       while chunk := f.read(1 << 20):
         count += chunk.count(b"\n")
         last = chunk[-1:]
-  except (OSError, EOFError) as e:
-    raise ValueError(f"{path}: cannot read: {e}") from e
+  except (OSError, EOFError, zlib.error) as e:  # unreadable, or a damaged gzip header or body
+    reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    raise ValueError(f"{path}: cannot read: {reason}") from None
   return count + (last != b"\n")  # a last line without a newline still counts
 
 
@@ -94,11 +96,13 @@ def read_parallel_files(
 ) -> Iterator[Pair]:
   """Pairs of line `i` of `source_path` with line `i` of `target_path` (plain or `.gz`, UTF-8).
 
-  The line counts are checked before this returns; invalid UTF-8 raises while iterating.
+  The files are read and their line counts checked before this returns; invalid UTF-8, and files
+  whose every line pair has an empty side, raise while iterating.
 
   Raises:
-    ValueError: the files have different line counts (naming both files and counts), or a line is
-      not valid UTF-8 (naming the file and the 1-based line number).
+    ValueError: a file cannot be read (missing, unreadable, a damaged gzip file), the files are
+      empty or have different line counts (naming both files and counts), a line is not valid
+      UTF-8 (naming the file and the 1-based line number), or no pair has two non-empty sides.
   """
   source_path, target_path = pathlib.Path(source_path), pathlib.Path(target_path)
   n_src, n_tgt = _count_lines(source_path), _count_lines(target_path)
@@ -107,10 +111,19 @@ def read_parallel_files(
       f"parallel files are not line-aligned: {source_path} has {n_src} lines, "
       f"{target_path} has {n_tgt} lines"
     )
-  return _clean(
-    zip(_decoded_lines(source_path), _decoded_lines(target_path)),
-    stats if stats is not None else SplitStats(),
-  )
+  if not n_src:
+    raise ValueError(f"{source_path} and {target_path} are empty: no sentence pairs to read")
+  stats = stats if stats is not None else SplitStats()
+  pairs = _clean(zip(_decoded_lines(source_path), _decoded_lines(target_path)), stats)
+  return _some_pairs(pairs, stats, f"{source_path} and {target_path}")
+
+
+def _some_pairs(pairs: Iterator[Pair], stats: SplitStats, files: str) -> Iterator[Pair]:
+  """`pairs`, then a ValueError naming `files` if none was kept (SentencePiece would fail on no
+  text with an internal error naming no file)."""
+  yield from pairs
+  if not stats.pairs:
+    raise ValueError(f"{files}: every line pair has an empty side: no sentence pairs to read")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """How fast the input pipeline produces training batches.
 
-    python -m data.throughput --name files --dir ../shared/data/multi30k --workdir /tmp/m30k
+    python -m data.throughput --name=files --dir=../shared/data/multi30k --eval_split=val \
+        --workdir=/tmp/m30k [--nopacking]
 
 builds the pipeline (training the vocabulary and filling the token cache on the first run), then
 prints batches/s and non-padding tokens/s of the training iterator.
@@ -8,12 +9,17 @@ prints batches/s and non-padding tokens/s of the training iterator.
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Iterator
 
 import ml_collections
 import numpy as np
+from absl import flags
+
+from cli import app
+from configs.common import FIELDS, data_defaults
+from configs.rules import Float, Int, check_flag
+from data import pipeline
 
 
 def measure_throughput(
@@ -37,28 +43,16 @@ def measure_throughput(
   }
 
 
-def main(argv: list[str] | None = None) -> None:
-  from data import pipeline
-
-  defaults = pipeline.default_data_config()
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--workdir", required=True, help="holds the vocabulary and token cache")
-  parser.add_argument("--seconds", type=float, default=10.0)
-  parser.add_argument("--batch_multiple", type=int, default=1)
-  for key, value in defaults.items():
-    kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(value, bool) else type(value)
-    parser.add_argument(f"--{key}", type=kind, default=value, help=f"config.data.{key}")
-  args = parser.parse_args(argv)
-  data = ml_collections.ConfigDict({k: getattr(args, k) for k in defaults})
+def main() -> None:
+  data = ml_collections.ConfigDict({key: flags.FLAGS[key].value for key in data_defaults()})
   config = ml_collections.ConfigDict({"seed": 0, "data": data})
-
   start = time.perf_counter()
-  pipe = pipeline.build(config, args.workdir, batch_multiple=args.batch_multiple)
+  pipe = pipeline.build(config, flags.FLAGS.workdir, batch_multiple=flags.FLAGS.batch_multiple)
   print(
     f"build: {time.perf_counter() - start:.1f} s; shapes {pipe.batch_shapes}; "
     f"stats {pipe.stats[data.train_split]}"
   )
-  result = measure_throughput(pipe.train_iter(), args.seconds)
+  result = measure_throughput(pipe.train_iter(), flags.FLAGS.seconds)
   print(
     f"{result['batches']} batches: {result['batches_per_s']:.1f} batches/s, "
     f"{result['tokens_per_s'] / 1e6:.2f} M tokens/s (source+target, non-pad), "
@@ -66,5 +60,21 @@ def main(argv: list[str] | None = None) -> None:
   )
 
 
+def define_flags() -> None:
+  """--workdir, --seconds, --batch_multiple and one flag per `config.data` field (as named and
+  checked in configs/common.py)."""
+  flags.DEFINE_string("workdir", None, "Holds the vocabulary and token cache.", required=True)
+  flags.DEFINE_float("seconds", 10.0, "How long to pull batches.")
+  flags.DEFINE_integer("batch_multiple", 1, "Row multiple of every global batch.")
+  check_flag("seconds", Float(above=0.0))
+  check_flag("batch_multiple", Int(min=1))
+  define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, str: flags.DEFINE_string}
+  for key, value in data_defaults().items():
+    field = FIELDS[f"data.{key}"]
+    define[type(value)](key, value, f"config.data.{key}: {field.help}")
+    check_flag(key, field.rule)
+
+
 if __name__ == "__main__":
-  main()
+  define_flags()
+  app.run(main, prog="data.throughput")

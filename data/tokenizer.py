@@ -18,7 +18,7 @@ import io
 import json
 import os
 import pathlib
-import tempfile
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -74,15 +74,17 @@ class Vocab(abc.ABC):
 
 
 def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-  """Writes `data` to `path` via a temporary file in the same folder and a rename."""
+  """Writes `data` to `path` via a temporary file in the same folder and a rename. The file's
+  mode follows the umask, as `open`'s does (tempfile's would be 0600: a workdir that another user
+  could not decode)."""
   path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+  tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
   try:
-    with os.fdopen(fd, "wb") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
       f.write(data)
     os.replace(tmp, path)
   except BaseException:
-    os.unlink(tmp)
+    tmp.unlink(missing_ok=True)
     raise
 
 

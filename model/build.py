@@ -56,19 +56,28 @@ def _warn_ignored(kind: str, model_cfg: Any):
       )
 
 
-def build_model(model_cfg: Any) -> nn.Module:
-  """`config.model` (a ConfigDict or dict) -> a Flax module."""
+def hyperparameters(model_cfg: Any) -> TransformerConfig | RNNConfig:
+  """The checked hyperparameters of `config.model`'s type (a ValueError names a bad field)."""
   kind = model_cfg.get("type", "transformer")
   if kind not in MODEL_TYPES:
     raise ValueError(
       f"config error: model.type={kind!r} is unknown; valid types: {', '.join(MODEL_TYPES)}"
     )
+  if kind in ("transformer", "decoder_only"):
+    return TransformerConfig.from_config(model_cfg)
+  return RNNConfig.from_config(model_cfg)
+
+
+def build_model(model_cfg: Any) -> nn.Module:
+  """`config.model` (a ConfigDict or dict) -> a Flax module."""
+  kind = model_cfg.get("type", "transformer")
+  config = hyperparameters(model_cfg)
   _warn_ignored(kind, model_cfg)
   if kind == "transformer":
-    return Transformer(TransformerConfig.from_config(model_cfg))
+    return Transformer(config)
   if kind == "decoder_only":
-    return DecoderOnly(TransformerConfig.from_config(model_cfg))
-  return RNNSeq2Seq(RNNConfig.from_config(model_cfg), attention=kind == "rnn_attention")
+    return DecoderOnly(config)
+  return RNNSeq2Seq(config, attention=kind == "rnn_attention")
 
 
 def init_variables(

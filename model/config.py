@@ -7,7 +7,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# The computation dtypes a model may take, by name.
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 ATTENTION_IMPLS = ("xla", "cudnn")
 
 
@@ -52,8 +53,8 @@ class TransformerConfig:
     for field in ("dropout_rate", "attention_dropout_rate"):
       if not 0.0 <= getattr(self, field) < 1.0:
         bad(field, "must be in [0, 1)")
-    if self.dtype not in _DTYPES:
-      bad("dtype", f"must be one of {sorted(_DTYPES)}")
+    if self.dtype not in DTYPES:
+      bad("dtype", f"must be one of {sorted(DTYPES)}")
     if self.attention_impl not in ATTENTION_IMPLS:
       bad("attention_impl", f"must be one of {ATTENTION_IMPLS}")
     if self.attention_impl == "cudnn" and self.dtype == "float32":
@@ -73,7 +74,7 @@ class TransformerConfig:
 
   @property
   def compute_dtype(self):
-    return _DTYPES[self.dtype]
+    return DTYPES[self.dtype]
 
   @classmethod
   def from_config(cls, model_cfg: Any, **overrides) -> TransformerConfig:

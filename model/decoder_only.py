@@ -34,7 +34,14 @@ from jax import lax
 
 from model.config import TransformerConfig
 from model.dropout import Dropout
-from model.layers import DecoderLayer, Embed, layer_norm, maybe_remat, sinusoidal_encoding
+from model.layers import (
+  DecoderLayer,
+  Embed,
+  layer_norm,
+  maybe_remat,
+  product_in_float32,
+  sinusoidal_encoding,
+)
 from model.special_tokens import SEP_ID
 from model.transformer import check_tokens, shift_right
 
@@ -73,6 +80,7 @@ class CausalStack(nn.Module):
       cfg.vocab_size,
       dtype=cfg.compute_dtype,
       param_dtype=jnp.float32,
+      dot_general=product_in_float32,
       kernel_init=nn.with_logical_partitioning(
         nn.initializers.xavier_uniform(), ("embed", "vocab")
       ),

@@ -5,8 +5,10 @@
     ids = translate(model, stacked, inputs, ensemble=True)  # members' params on a leading axis
 
 `model` is any module made by `model.build.build_model` (it offers `encode`, `init_cache`,
-`decode_step`). Source rows are token ids ending in EOS, padded with 0. Output rows hold the
-generated tokens up to and including EOS, then PAD; a row cut by `max_decode_len` has no EOS.
+`decode_step`); model/decoder_state.py turns it into the step function and cache that the
+searches of model/search.py run on. Source rows are token ids ending in EOS, padded with 0. Output
+rows hold the generated tokens up to and including EOS, then PAD; a row cut by `max_decode_len`
+has no EOS.
 The decoder never emits PAD (its logit is masked), so PAD only ever means "after EOS".
 
 Each distinct (model, input shape, search settings) is compiled once: parameters are an
@@ -17,18 +19,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
-from jax import lax
 
 from model import search
+from model.batching import length_batches
+from model.decoder_state import DECODE_SEGMENT, decoder_state, ensemble_decoder_state
 from model.special_tokens import EOS_ID, PAD_ID
-
-MIN_BUCKET = 8
 
 
 def position_limit(model) -> int | None:
@@ -40,182 +40,8 @@ def position_limit(model) -> int | None:
   return None
 
 
-def _mask_pad(logits):
-  """[n, vocab] -> float32 logits with PAD impossible."""
-  return logits.astype(jnp.float32).at[:, PAD_ID].set(-jnp.inf)
-
-
-def _is_per_sentence(path) -> bool:
-  """Cache entries that are the same for every beam of a sentence (the projected source
-  keys/values and mask of cross-attention): kept once per sentence, never expanded or reordered."""
-  return str(path[-1]).startswith("cross_")
-
-
-def _cached_step(model, params, per_sentence=None):
-  """step_fn over the model's key/value cache: one decoder position per call. `per_sentence`
-  holds the cache entries shared by all beams (closed over, so search neither copies them per
-  beam nor reorders them each step); the search carries the rest."""
-  per_sentence = per_sentence or {}
-
-  def step(ids, cache):
-    full = traverse_util.unflatten_dict({**traverse_util.flatten_dict(cache), **per_sentence})
-    logits, state = model.apply(
-      {"params": params, "cache": full}, ids, method="decode_step", mutable=["cache"]
-    )
-    carried = {
-      k: v for k, v in traverse_util.flatten_dict(state["cache"]).items() if k not in per_sentence
-    }
-    return _mask_pad(logits), traverse_util.unflatten_dict(carried)
-
-  return step
-
-
-# Self-attention key/value buffers (model/layers.py): one slot per position on axis -2.
-_GROWN = ("cached_key", "cached_value")
-DECODE_SEGMENT = 16  # default: self-attention buffers grow 16 positions at a time
-
-
-class DecoderState(NamedTuple):
-  """What model/search.py's functions take: `step` and `cache` (the step function contract),
-  and, for a cache whose self-attention buffers start at `segment` positions, the `grow`
-  function that enlarges them (None: the cache is sized for the whole output)."""
-
-  step: Callable
-  cache: object
-  grow: Callable | None = None
-  segment: int | None = None
-
-
-def _grow(cache, extra: int):
-  """The cache with `extra` more (zero) positions in every self-attention buffer."""
-  flat = traverse_util.flatten_dict(cache)
-  return traverse_util.unflatten_dict(
-    {
-      k: (jnp.pad(v, [(0, 0)] * (v.ndim - 2) + [(0, extra), (0, 0)]) if k[-1] in _GROWN else v)
-      for k, v in flat.items()
-    }
-  )
-
-
-def _initial_cache(model, params, inputs, length: int) -> dict:
-  """Encodes `inputs` and returns the model's decoding cache for `length` target positions, as a
-  flat {path: array} dict."""
-  encoded = model.apply({"params": params}, inputs, method="encode")
-  _, state = model.apply(
-    {"params": params}, encoded, inputs, length, method="init_cache", mutable=["cache"]
-  )
-  return traverse_util.flatten_dict(state["cache"])
-
-
-def _cache_length(model, params, inputs, max_decode_len: int, segment: int | None):
-  """(positions the cache starts with, whether its self-attention buffers grow): `segment`
-  positions when the cache has buffers to grow, else `max_decode_len` (recurrent state)."""
-  first = max_decode_len if not segment or segment >= max_decode_len else int(segment)
-  if first < max_decode_len:
-    shapes = jax.eval_shape(lambda p: _initial_cache(model, p, inputs, first), params)
-    if any(k[-1] in _GROWN for k in shapes):
-      return first, True
-  return max_decode_len, False
-
-
-def decoder_state(
-  model,
-  params,
-  inputs,
-  max_decode_len: int,
-  use_cache: bool = True,
-  segment: int | None = DECODE_SEGMENT,
-) -> DecoderState:
-  """The search's step function and cache for source rows `inputs` [batch, src_len]: with the
-  key/value cache (encode once, then one position per step), or without (re-run the whole
-  model on the prefix every step; the reference the cache is tested against).
-
-  With `segment`, self-attention buffers start at `segment` positions and the search grows them
-  a segment at a time (model/search.py), so early steps do not stream (or, in beam search,
-  reorder) the empty rest of a `max_decode_len` buffer; None allocates all of it at once."""
-  if not use_cache:
-    cache = {
-      "inputs": inputs,
-      "targets": jnp.full((inputs.shape[0], max_decode_len), EOS_ID, jnp.int32),
-      "t": jnp.int32(0),
-    }
-    return DecoderState(_uncached_step(model, params), cache)
-  length, grows = _cache_length(model, params, inputs, max_decode_len, segment)
-  flat = _initial_cache(model, params, inputs, length)
-  shared = {k: v for k, v in flat.items() if _is_per_sentence(k)}
-  carried = traverse_util.unflatten_dict({k: v for k, v in flat.items() if k not in shared})
-  return DecoderState(
-    _cached_step(model, params, shared),
-    carried,
-    _grow if grows else None,
-    length if grows else None,
-  )
-
-
-def ensemble_decoder_state(
-  model, params, inputs, max_decode_len: int, segment: int | None = DECODE_SEGMENT
-) -> DecoderState:
-  """`decoder_state` of an ensemble: `params` holds the members' parameter trees stacked on a
-  leading axis ([members, ...] every leaf, same architecture). Each step runs every member
-  (`vmap`) and returns the log of the members' mean next-token probability,
-  log(1/M * sum_m p_m(y | prefix)), the ensemble fairseq decodes with; the search treats it as
-  one model's logits.
-
-  The carried cache holds each per-position entry as [n, members, ...] (the search's leading
-  axis stays the row axis, so beams expand and reorder as for one model); scalar entries (the
-  decode index) are the same for every member and kept once.
-  """
-  members = {leaf.shape[0] for leaf in jax.tree_util.tree_leaves(params)}
-  if len(members) != 1:
-    raise ValueError(
-      f"ensemble: every parameter needs the same leading (member) axis, got sizes {sorted(members)}"
-    )
-  (num,) = members
-  first = jax.tree_util.tree_map(lambda x: x[0], params)
-  length, grows = _cache_length(model, first, inputs, max_decode_len, segment)
-  flat = jax.vmap(lambda p: _initial_cache(model, p, inputs, length))(params)  # [members, ...]
-  shared = {k: v for k, v in flat.items() if _is_per_sentence(k)}
-  scalar = {k for k, v in flat.items() if v.ndim == 1 and k not in shared}
-  carried = {
-    k: (v[0] if k in scalar else jnp.moveaxis(v, 0, 1)) for k, v in flat.items() if k not in shared
-  }
-  axes = {k: (None if k in scalar else 1) for k in carried}
-
-  def member(p, per_sentence, cache, ids):
-    logits, cache = _cached_step(model, p, per_sentence)(ids, traverse_util.unflatten_dict(cache))
-    return jax.nn.log_softmax(logits), traverse_util.flatten_dict(cache)
-
-  def step(ids, cache):
-    logp, cache = jax.vmap(member, in_axes=(0, 0, axes, None), out_axes=(0, axes))(
-      params, shared, traverse_util.flatten_dict(cache), ids
-    )
-    mixed = jax.nn.logsumexp(logp, axis=0) - jnp.log(jnp.float32(num))
-    return mixed, traverse_util.unflatten_dict(cache)
-
-  return DecoderState(
-    step, traverse_util.unflatten_dict(carried), _grow if grows else None, length if grows else None
-  )
-
-
-def _uncached_step(model, params):
-  """step_fn without a cache: re-runs the whole teacher-forced model on the prefix each step.
-
-  State: `inputs` [n, src_len]; `targets` [n, max_len], the tokens generated so far, then a
-  non-PAD filler (so the current position is not masked as padding); `t` [] the step.
-  """
-
-  def step(ids, state):
-    t, targets = state["t"], state["targets"]
-    written = lax.dynamic_update_slice(targets, ids, (0, jnp.maximum(t - 1, 0)))
-    targets = jnp.where(t > 0, written, targets)  # step 0 gets the start symbol: nothing to write
-    logits = model.apply({"params": params}, state["inputs"], targets)  # [n, max_len, vocab]
-    logits = lax.dynamic_index_in_dim(logits, t, axis=1, keepdims=False)
-    return _mask_pad(logits), {"inputs": state["inputs"], "targets": targets, "t": t + 1}
-
-  return step
-
-
 _COMPILED: dict[tuple, Callable] = {}  # static settings -> jitted (params, inputs, rng) -> ids
+_SIGNATURES: set[tuple] = set()  # (settings, argument shapes and dtypes): one compilation each
 
 
 def _only_ids_below(step, num_ids: int):
@@ -233,6 +59,7 @@ def _translate_fn(
   model,
   beam_size: int,
   alpha: float,
+  penalty: str,
   max_extra_len: int,
   max_decode_len: int,
   temperature: float,
@@ -247,6 +74,7 @@ def _translate_fn(
     model,
     beam_size,
     alpha,
+    penalty,
     max_extra_len,
     max_decode_len,
     temperature,
@@ -265,6 +93,7 @@ def _make_run(
   model,
   beam_size,
   alpha,
+  penalty,
   max_extra_len,
   max_decode_len,
   temperature,
@@ -312,6 +141,7 @@ def _make_run(
       max_decode_len,
       beam_size=beam_size,
       alpha=alpha,
+      penalty=penalty,
       max_lens=max_lens,
       grow=grow,
       segment=seg,
@@ -328,6 +158,7 @@ def translate(
   *,
   beam_size: int = 4,
   alpha: float = 0.6,
+  penalty: str = "gnmt",
   max_extra_len: int = 50,
   max_decode_len: int | None = None,
   rng=None,
@@ -346,7 +177,8 @@ def translate(
       decoded as one model by the mean of their next-token probabilities
       (`ensemble_decoder_state`); an ensemble needs `use_cache`.
     inputs: [batch, src_len] source ids ending in EOS, 0 on padding.
-    beam_size: 1 = greedy search; more = beam search with length penalty exponent `alpha`.
+    beam_size: 1 = greedy search; more = beam search with length penalty exponent `alpha`, of
+      the form `penalty` ('gnmt', the paper's, or 'fairseq': see `search.beam_search`).
     max_extra_len: a sentence's output has at most (its source tokens + this) tokens, EOS
       included (the last one forced to EOS).
     max_decode_len: static output width; default src_len + max_extra_len (capped by
@@ -354,8 +186,9 @@ def translate(
     rng, temperature, top_k: temperature > 0 samples (from the top_k tokens when top_k > 0)
       instead of searching; rng defaults to `jax.random.key(0)`.
     use_cache: False re-runs the full model on the prefix every step (same output, slower).
-    segment: self-attention caches grow this many positions at a time (None: allocate
-      `max_decode_len` at once); same output, faster for long outputs (`decoder_state`).
+    segment: self-attention caches start at this many positions and grow, doubling (None:
+      allocate `max_decode_len` at once); same output, faster for long outputs
+      (`decoder_state`).
     num_ids: only ids below this are emitted (pass the vocabulary's size: when model.vocab_size
       is larger, the extra output rows have no piece to decode to); None = every id.
 
@@ -381,6 +214,8 @@ def translate(
     raise ValueError(f"translate: num_ids must exceed the EOS id {EOS_ID}, got {num_ids}")
   if segment is not None and segment < 1:
     raise ValueError(f"translate: segment must be positive or None, got {segment}")
+  if penalty not in search.PENALTIES:
+    raise ValueError(f"translate: penalty={penalty!r} is not one of {search.PENALTIES}")
   if ensemble and not use_cache:
     raise ValueError(
       "translate: an ensemble decodes with the key/value cache; use_cache=False "
@@ -392,6 +227,7 @@ def translate(
     model,
     1 if sampling else int(beam_size),
     float(alpha) if beam_size > 1 and not sampling else 0.0,
+    penalty if beam_size > 1 and not sampling else "gnmt",
     int(max_extra_len),
     int(max_decode_len),
     float(temperature),
@@ -403,70 +239,21 @@ def translate(
   )
   if rng is None:
     rng = jax.random.key(0)
+  leaves, tree = jax.tree.flatten(params)
+  _SIGNATURES.add(
+    (fn, tree, inputs.shape, tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves))
+  )
   return fn(params, inputs, rng)
 
 
 def compiled_count() -> int:
-  """Number of compilations `translate` holds (all settings and shapes together)."""
-  return sum(fn._cache_size() for fn in _COMPILED.values())
+  """Number of programs `translate` has compiled: one per distinct settings and argument
+  shapes (and dtypes) it was called with, all models together."""
+  return len(_SIGNATURES)
 
 
 # ---------------------------------------------------------------------------------------------
-# Many sentences: batches of similar length.
-
-
-def bucket_length(n: int) -> int:
-  """Padded length for a sentence of `n` tokens: the smallest of 8, 12, 16, 24, 32, 48, ...
-  (2^k and 1.5 * 2^k) that is >= n, so padding wastes at most a third."""
-  length = MIN_BUCKET
-  while length < n:
-    length = length * 3 // 2 if length & (length - 1) == 0 else length // 3 * 4
-  return length
-
-
-class LengthBatch(NamedTuple):
-  """One batch of `length_batches`: `inputs` [rows, length] padded ids; row j < len(indices) is
-  sentence `indices[j]`, later rows repeat the last real row (filler)."""
-
-  indices: np.ndarray
-  inputs: np.ndarray
-
-
-def length_batches(
-  token_lists: Sequence[Sequence[int]], tokens_per_batch: int, batch_multiple: int = 1
-) -> list[LengthBatch]:
-  """Groups sentences of similar length into padded batches.
-
-  Sentences are sorted by length and padded to `bucket_length`; a batch holds at most
-  `tokens_per_batch // length` rows (at least `batch_multiple`), always a multiple of
-  `batch_multiple`. A bucket's last, partial batch is rounded up to `batch_multiple` times a
-  power of two rows, so few distinct shapes (compilations) occur.
-
-  Returns:
-    the batches; concatenating their `indices` gives every sentence index once.
-  """
-  if tokens_per_batch < 1 or batch_multiple < 1:
-    raise ValueError(
-      f"length_batches: tokens_per_batch ({tokens_per_batch}) and batch_multiple "
-      f"({batch_multiple}) must be positive"
-    )
-  lengths = np.array([len(t) for t in token_lists], np.int64)
-  order = np.argsort(lengths, kind="stable")
-  buckets = np.array([bucket_length(n) for n in lengths[order]], np.int64)
-  batches = []
-  for length in np.unique(buckets):
-    members = order[buckets == length]
-    full = max(batch_multiple, tokens_per_batch // length // batch_multiple * batch_multiple)
-    for start in range(0, len(members), full):
-      indices = members[start : start + full]
-      groups = -(-len(indices) // batch_multiple)
-      rows = min(full, batch_multiple * (1 << (groups - 1).bit_length()))
-      ids = np.zeros((rows, int(length)), np.int32)
-      for row, i in enumerate(indices):
-        ids[row, : lengths[i]] = token_lists[i]
-      ids[len(indices) :] = ids[len(indices) - 1]
-      batches.append(LengthBatch(indices, ids))
-  return batches
+# Many sentences: batches of similar length (model/batching.py).
 
 
 def translate_all(
@@ -476,6 +263,8 @@ def translate_all(
   *,
   tokens_per_batch: int = 4096,
   batch_multiple: int = 1,
+  place: Callable | None = None,
+  on_batch: Callable[[int], None] | None = None,
   **kwargs,
 ) -> list[np.ndarray]:
   """`translate` over any number of sentences, batched by `length_batches`.
@@ -483,6 +272,11 @@ def translate_all(
   Args:
     token_lists: source ids of each sentence, each ending in EOS.
     tokens_per_batch: padded source tokens per batch (beam search multiplies the work by beam).
+    batch_multiple: every batch's row count is a multiple of this (e.g. the devices it is split
+      over).
+    place: applied to each batch's [rows, length] ids before decoding (e.g. `jax.device_put`
+      with a sharding); None leaves them as numpy.
+    on_batch: called after each batch with the number of sentences done so far.
     **kwargs: passed to `translate` (beam_size, alpha, max_extra_len, ...); `rng` (default
       `jax.random.key(0)`) is folded with the batch's number, so batches of the same shape
       sample independently.
@@ -493,11 +287,16 @@ def translate_all(
   outputs: list[np.ndarray | None] = [None] * len(token_lists)
   rng = kwargs.pop("rng", None)
   rng = jax.random.key(0) if rng is None else rng
+  done = 0
   for n, batch in enumerate(length_batches(token_lists, tokens_per_batch, batch_multiple)):
     kwargs["rng"] = jax.random.fold_in(rng, n)
-    ids = np.asarray(translate(model, params, batch.inputs, **kwargs))
+    inputs = batch.inputs if place is None else place(batch.inputs)
+    ids = np.asarray(translate(model, params, inputs, **kwargs))
     for row, i in enumerate(batch.indices):
       outputs[i] = strip(ids[row])
+    done += len(batch.indices)
+    if on_batch is not None:
+      on_batch(done)
   return outputs
 
 

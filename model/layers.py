@@ -25,6 +25,25 @@ def _kernel(names: tuple[str, ...], init=_dense_init):
   return nn.with_logical_partitioning(init, names)
 
 
+def product_in_float32(lhs, rhs, dimension_numbers, precision=None, *, keep_float32=False):
+  """`lax.dot_general` summing in float32 whatever the operands' dtype; the result in their dtype
+  (float32 with `keep_float32`). For float32 operands it is plain `lax.dot_general`; bfloat16
+  ones then run as XLA:CPU's bfloat16 products with float32 accumulation (AMX or avx512_bf16
+  where the CPU has them), not as a float32 product rounded to bfloat16, which on CPUs is as slow
+  as float32 or slower (docs/experiments.md, "Decoding speed"). Flax's `dot_general` hook."""
+  out = jax.lax.dot_general(
+    lhs, rhs, dimension_numbers, precision, preferred_element_type=jnp.float32
+  )
+  return out if keep_float32 else out.astype(jnp.result_type(lhs, rhs))
+
+
+def product(subscripts: str, x: jax.Array, w: jax.Array, dtype, out_dtype=None) -> jax.Array:
+  """`jnp.einsum(subscripts, x, w)` with both operands in `dtype`, summed in float32
+  (`product_in_float32`); the result in `out_dtype` (default `dtype`)."""
+  out = jnp.einsum(subscripts, x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+  return out.astype(out_dtype or dtype)
+
+
 def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
   """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same)   (section 3.5).
 
@@ -67,9 +86,10 @@ class Embed(nn.Module):
     """[batch, length] ids -> [batch, length, d_model]."""
     return (jnp.take(self.embedding, tokens, axis=0) * jnp.sqrt(self.d_model)).astype(self.dtype)
 
-  def attend(self, x: jax.Array) -> jax.Array:
-    """[batch, length, d_model] -> [batch, length, vocab] logits (x Eᵀ)."""
-    return jnp.einsum("bld,vd->blv", x, self.embedding.astype(self.dtype))
+  def attend(self, x: jax.Array, out_dtype=None) -> jax.Array:
+    """[batch, length, d_model] -> [batch, length, vocab] logits (x Eᵀ), in `out_dtype` (default
+    the computation dtype)."""
+    return product("bld,vd->blv", x, self.embedding, self.dtype, out_dtype)
 
 
 class HeadsKernel(nn.Module):
@@ -116,7 +136,7 @@ class MultiHeadAttention(nn.Module):
     data between devices before and after every product."""
     cfg = self.config
     w = jnp.stack([HeadsKernel(cfg, name=name)() for name in names], axis=1)
-    y = jnp.einsum("bld,dnhk->blnhk", x.astype(cfg.compute_dtype), w.astype(cfg.compute_dtype))
+    y = product("bld,dnhk->blnhk", x, w, cfg.compute_dtype)
     return [y[:, :, i] for i in range(len(names))]
 
   @nn.compact
@@ -179,17 +199,22 @@ class MultiHeadAttention(nn.Module):
       kernel_init=_kernel(("heads", "kv", "embed")),
       dtype=cfg.compute_dtype,
       param_dtype=jnp.float32,
+      dot_general=product_in_float32,
       name="out",
     )(out)
 
   # Decode-time caches are stored heads-major, [batch, heads, length, d_k]: the layout the
   # attention products read without a transpose (one per step per layer otherwise).
 
+  # bfloat16 keys/values are cached as their uint16 bits: XLA:CPU moves no bfloat16 data as it
+  # is (it converts a whole buffer to float32 and back around each in-place write and each beam
+  # reorder), integers it does; the attention reads them back as bfloat16 (a free bitcast).
+
   def _create_self_cache(self, key, value):
     """Creates empty self-attention caches sized by a [batch, max_len] dummy target."""
     shape = (key.shape[0], key.shape[2], key.shape[1], key.shape[3])
-    self.variable("cache", "cached_key", jnp.zeros, shape, key.dtype)
-    self.variable("cache", "cached_value", jnp.zeros, shape, value.dtype)
+    for name, x in (("cached_key", key), ("cached_value", value)):
+      self.variable("cache", name, jnp.zeros, shape, _stored(x).dtype)
     self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
 
   def _self_step(self, query, key, value):
@@ -204,13 +229,14 @@ class MultiHeadAttention(nn.Module):
     cached_value = self.variable("cache", "cached_value")
     index = self.variable("cache", "cache_index")
     i = index.value
-    key = key.transpose(0, 2, 1, 3)  # [n, heads, 1, d_k]
-    value = value.transpose(0, 2, 1, 3)
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, 0, i, 0))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, 0, i, 0))
+    for cached, new in ((cached_key, key), (cached_value, value)):
+      new = _stored(new.transpose(0, 2, 1, 3))  # [n, heads, 1, d_k]
+      cached.value = jax.lax.dynamic_update_slice(cached.value, new, (0, 0, i, 0))
     index.value = i + 1
     mask = (jnp.arange(cached_key.value.shape[2]) <= i)[None, None, None, :]
-    return attn.cached_attention(query, cached_key.value, cached_value.value, mask)
+    return attn.cached_attention(
+      query, _loaded(cached_key.value), _loaded(cached_value.value), mask
+    )
 
   def _cross_step(self, query):
     """One decode step of encoder-decoder attention over the cached source keys/values.
@@ -247,6 +273,16 @@ class MultiHeadAttention(nn.Module):
     return key, value, mask
 
 
+def _stored(x: jax.Array) -> jax.Array:
+  """A key/value as the self-attention cache keeps it: bfloat16 as its uint16 bits."""
+  return jax.lax.bitcast_convert_type(x, jnp.uint16) if x.dtype == jnp.bfloat16 else x
+
+
+def _loaded(x: jax.Array) -> jax.Array:
+  """`_stored`'s inverse."""
+  return jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == jnp.uint16 else x
+
+
 class FeedForward(nn.Module):
   """FFN(x) = max(0, x W1 + b1) W2 + b2   (section 3.3)."""
 
@@ -262,6 +298,7 @@ class FeedForward(nn.Module):
       bias_init=nn.with_logical_partitioning(initializers.zeros, ("mlp",)),
       dtype=cfg.compute_dtype,
       param_dtype=jnp.float32,
+      dot_general=product_in_float32,
       name="wi",
     )(x)
     h = nn.relu(h)
@@ -271,6 +308,7 @@ class FeedForward(nn.Module):
       bias_init=nn.with_logical_partitioning(initializers.zeros, ("embed",)),
       dtype=cfg.compute_dtype,
       param_dtype=jnp.float32,
+      dot_general=product_in_float32,
       name="wo",
     )(h)
 

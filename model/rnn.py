@@ -22,6 +22,10 @@ supported: at every segment start (forward) or end (backward) the state resets, 
 gets the context of its own source segment, attention only sees its own segment, and the decoder
 restarts from that segment's initial state. Positions are not used (recurrence orders the tokens).
 The LSTM's memory cell starts at zero (its hidden state from the context, as the GRU's).
+
+One module for both models (~590 lines): they share encoder, cells and decoder, and the decoder's
+teacher-forced scan and its one-position decode step mirror each other line for line, so they
+are kept side by side.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import jax.numpy as jnp
 from flax.linen import initializers
 from jax import lax
 
-from model.config import _DTYPES
+from model.config import DTYPES
 from model.dropout import Dropout, keep_mask
 from model.layers import Embed
 from model.transformer import check_tokens, shift_right
@@ -76,12 +80,12 @@ class RNNConfig:
       bad("rnn_cell", f"must be one of {CELLS}")
     if not isinstance(self.rnn_bidirectional, bool):
       bad("rnn_bidirectional", "must be True or False")
-    if self.dtype not in _DTYPES:
-      bad("dtype", f"must be one of {sorted(_DTYPES)}")
+    if self.dtype not in DTYPES:
+      bad("dtype", f"must be one of {sorted(DTYPES)}")
 
   @property
   def compute_dtype(self):
-    return _DTYPES[self.dtype]
+    return DTYPES[self.dtype]
 
   @property
   def context_size(self) -> int:

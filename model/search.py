@@ -18,14 +18,18 @@ Step function contract::
 
 Growing caches (``grow``, ``segment``): a cache whose buffers have one slot per generated
 position need not be allocated for ``max_len`` up front. With ``grow`` given, the cache is
-sized for the first ``segment`` steps and the loop runs in segments of ``segment`` steps;
-between segments ``grow(cache, extra)`` must return the cache with room for ``extra`` more
-positions. Each step then reads (and beam search reorders) only the buffer filled so far
-rounded up to a segment, not the whole ``max_len``; each segment is one more compiled loop.
+sized for the first ``segment`` steps and the loop runs in segments: ``segment`` steps, then
+segments doubling in length up to ``max_len`` (``_segment_ends``); between segments
+``grow(cache, extra)`` must return the cache with room for ``extra`` more positions. Each step
+then reads (and beam search reorders) only the buffer allocated so far, not the whole
+``max_len``; each segment is one more compiled loop.
 
 Output convention: ``ids`` rows hold the generated tokens (the start symbol is
 not included); after a row's EOS every position is PAD, and a row that never
 emits EOS runs to ``max_len`` without one.
+
+The three searches share the time loop, its segments and the step contract, so they are one
+module (~480 lines, half of it beam search).
 
 ``max_lens`` (optional, ``[batch]`` int): per-sentence maximum number of
 generated tokens *including* EOS. At step ``t`` (0-based) a sentence with
@@ -48,6 +52,7 @@ from model.special_tokens import EOS_ID, PAD_ID
 __all__ = [
   "PAD_ID",
   "EOS_ID",
+  "PENALTIES",
   "length_penalty",
   "chunked_top_k",
   "expand_to_beams",
@@ -62,9 +67,17 @@ NEG_INF = float("-inf")
 StepFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 
 
-def length_penalty(length, alpha):
-  """GNMT length penalty ``((5 + length) / 6) ** alpha`` in float32 (any shape)."""
-  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+PENALTIES = ("gnmt", "fairseq")
+
+
+def length_penalty(length, alpha, penalty: str = "gnmt"):
+  """The divisor of a hypothesis' summed log-probability, in float32 (any shape): GNMT's
+  ``((5 + length) / 6) ** alpha`` (the paper's), or fairseq's and CTranslate2's
+  ``length ** alpha`` (``penalty='fairseq'``)."""
+  length = jnp.asarray(length, jnp.float32)
+  if penalty == "fairseq":
+    return length**alpha
+  return ((5.0 + length) / 6.0) ** alpha
 
 
 def _map_batched(fn, tree):
@@ -149,13 +162,21 @@ def _log_probs(logits):
 
 
 def _segment_ends(max_len: int, segment: int | None, grow) -> list[int]:
-  """Step counts at which the loop pauses to grow the cache: [segment, 2*segment, ..., max_len]
-  (just [max_len] without ``grow``)."""
+  """Step counts at which the loop pauses to grow the cache: ``segment``, then twice as far
+  each time (``2*segment``, ``4*segment``, ...), then ``max_len``, a last stretch shorter than
+  ``segment`` joined to the one before (just ``[max_len]`` without ``grow``). Each segment is
+  one more loop to trace and compile; doubling keeps them few for long limits, which outputs
+  seldom reach."""
   if segment is not None and segment < 1:
     raise ValueError(f"search: segment must be positive, got {segment}")
   if grow is None or segment is None or segment >= max_len:
     return [max_len]
-  return list(range(segment, max_len, segment)) + [max_len]
+  ends = [segment]
+  while 2 * ends[-1] < max_len:
+    ends.append(2 * ends[-1])
+  if len(ends) > 1 and max_len - ends[-1] < segment:
+    ends.pop()
+  return ends + [max_len]
 
 
 def _segmented_loop(cond, body, state, max_len, segment, grow, get_t, get_cache, set_cache):
@@ -320,12 +341,14 @@ def beam_search(
   *,
   beam_size: int = 4,
   alpha=0.6,
+  penalty: str = "gnmt",
   eos_id: int = EOS_ID,
   max_lens=None,
   grow=None,
   segment=None,
 ):
-  """Beam search with the GNMT length penalty (Wu et al. 2016; Vaswani et al. 2017).
+  """Beam search with the GNMT length penalty (Wu et al. 2016; Vaswani et al. 2017), or with
+  fairseq's and CTranslate2's (``penalty='fairseq'``).
 
   Scoring: a hypothesis of ``len`` generated tokens, *counting its EOS*, with summed
   log-probability ``logp`` scores ``logp / ((5 + len) / 6) ** alpha``. E.g. ``[a, b, EOS]``
@@ -345,11 +368,17 @@ def beam_search(
   ends when every entry is done or at ``max_len``; an entry with fewer than ``beam``
   finished hypotheses is then filled with the best live ones (scored as above).
 
+  ``penalty='fairseq'`` scores ``logp / len ** alpha`` (``len`` counting the EOS) and an entry
+  is done as soon as ``beam`` hypotheses have finished, as fairseq and CTranslate2 (patience 1)
+  decide: no bound on what a live hypothesis might still reach, so a large ``alpha`` does not
+  keep every sentence searching to its length limit. The two searches agree at ``alpha=0``.
+
   Args:
     step_fn: see module doc; called with ``n = batch * beam_size``.
     cache: pytree with leaves ``[batch, ...]`` (or rank 0); expanded here to
       ``[batch * beam_size, ...]`` with ``expand_to_beams``.
     alpha: length-penalty exponent (0 = plain log-prob).
+    penalty: 'gnmt' or 'fairseq': the length penalty's form and stopping rule (above).
     max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
     grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
   Returns:
@@ -359,7 +388,9 @@ def beam_search(
   """
   b, k = batch_size, beam_size
   lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
-  lp_max = length_penalty(lmax, alpha)  # [] or [batch]
+  if penalty not in PENALTIES:
+    raise ValueError(f"beam_search: penalty={penalty!r} is not one of {PENALTIES}")
+  lp_max = length_penalty(lmax, alpha, penalty)  # [] or [batch]
 
   def body(s: _BeamState) -> _BeamState:
     t = s.t
@@ -382,7 +413,7 @@ def beam_search(
 
     # Finished: EOS among the top k, merged with the previous finished set.
     new_fin = is_eos[:, :k] & (vals[:, :k] > NEG_INF) & ~s.done[:, None]
-    new_scores = jnp.where(new_fin, vals[:, :k] / length_penalty(t + 1, alpha), NEG_INF)
+    new_scores = jnp.where(new_fin, vals[:, :k] / length_penalty(t + 1, alpha, penalty), NEG_INF)
     all_scores = jnp.concatenate([s.fin_scores, new_scores], axis=1)
     all_flags = jnp.concatenate([s.fin_flags, new_fin], axis=1)
     all_seqs = jnp.concatenate([s.fin_seqs, seqs[:, :k]], axis=1)
@@ -397,11 +428,11 @@ def beam_search(
     cache = gather_beams(cache, jnp.take_along_axis(src, pick, axis=1), b, k)
 
     full = jnp.all(fin_flags, axis=1)
-    if k == 1:
+    if k == 1 or penalty == "fairseq":
       stop = full | (live_logp[:, 0] == NEG_INF)
     else:
       # logp <= 0, so logp / lp(L) is largest at the largest reachable lp(L).
-      best_lp = jnp.maximum(length_penalty(t + 2, alpha), lp_max)
+      best_lp = jnp.maximum(length_penalty(t + 2, alpha, penalty), lp_max)
       bound = live_logp[:, 0] / best_lp
       worst = jnp.where(full, fin_scores[:, -1], NEG_INF)
       stop = bound <= worst
@@ -438,7 +469,7 @@ def beam_search(
   )
 
   # Fill entries with fewer than k finished hypotheses from the live ones, then sort.
-  live_scores = s.live_logp / length_penalty(s.t, alpha)
+  live_scores = s.live_logp / length_penalty(s.t, alpha, penalty)
   scores = jnp.concatenate([s.fin_scores, live_scores], axis=1)  # [b, 2k]
   is_fin = jnp.concatenate([s.fin_flags, jnp.zeros((b, k), bool)], axis=1)
   seqs = jnp.concatenate([s.fin_seqs, s.live_seqs], axis=1)

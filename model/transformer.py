@@ -9,6 +9,8 @@ Incremental decoding: `init_cache` once per batch, then `decode_step` per target
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -22,6 +24,7 @@ from model.layers import (
   EncoderLayer,
   layer_norm,
   maybe_remat,
+  product_in_float32,
   sinusoidal_encoding,
 )
 
@@ -113,13 +116,15 @@ class Decoder(nn.Module):
       )
     if cfg.pre_ln:
       y = layer_norm("final_norm", cfg)(y)
+    # Decoding takes float32 logits straight from the product's float32 sums.
     if cfg.share_embeddings:
-      logits = self.embed.attend(y)
+      logits = self.embed.attend(y, jnp.float32 if decode else None)
     else:
       logits = nn.Dense(
         cfg.vocab_size,
         dtype=cfg.compute_dtype,
         param_dtype=jnp.float32,
+        dot_general=functools.partial(product_in_float32, keep_float32=decode),
         kernel_init=nn.with_logical_partitioning(
           nn.initializers.xavier_uniform(), ("embed", "vocab")
         ),

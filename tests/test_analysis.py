@@ -9,6 +9,7 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from analysis import bleu_by_length as bbl
+from cli.errors import UsageError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -36,7 +37,7 @@ def test_scores_equal_sacrebleu_on_each_subset():
 
 
 def test_mismatched_lengths_name_the_system():
-  with pytest.raises(bbl.InputError, match="--hyp=b: 1 lines, but the source has 2"):
+  with pytest.raises(UsageError, match="--hyp=b: 1 lines, but the source has 2"):
     bbl.bleu_by_length(["x", "y"], ["x", "y"], {"a": ["x", "y"], "b": ["x"]}, [5])
 
 
@@ -45,7 +46,7 @@ def test_truncated_gz_names_the_file(tmp_path):
 
   cut = tmp_path / "cut.gz"
   cut.write_bytes(gzip.compress(b"a line\n" * 1000)[:-20])
-  with pytest.raises(bbl.InputError, match="cut.gz: cannot read"):
+  with pytest.raises(UsageError, match="cut.gz: cannot read"):
     bbl.read_lines(str(cut))
 
 

@@ -12,7 +12,8 @@ import threading
 
 import pytest
 
-from benchmark import paired, peak, report, sweeps, timing
+from benchmark import decoding, options, paired, peak, records, report, sweeps, timing
+from benchmark.options import Options
 from cli.errors import RunError, UsageError
 from cli.host_memory import user_settings
 from configs import common, tiny
@@ -288,10 +289,10 @@ def test_searches_run_to_the_end_without_eos(runs):
     logits = jnp.broadcast_to(jnp.array([0.0, 9.0, 1.0, 2.0, 3.0, 4.0]), (ids.shape[0], 6))
     return logits, cache
 
-  greedy = jax.jit(lambda: search.greedy_search(timing.without_eos(eos_first), {}, 2, 4))
+  greedy = jax.jit(lambda: search.greedy_search(decoding.without_eos(eos_first), {}, 2, 4))
   np.testing.assert_array_equal(greedy(), np.full((2, 4), 5))
   beam = jax.jit(
-    lambda: search.beam_search(timing.without_eos(eos_first), {}, 2, 4, beam_size=2)[0]
+    lambda: search.beam_search(decoding.without_eos(eos_first), {}, 2, 4, beam_size=2)[0]
   )
   ids = np.asarray(beam())
   assert ids.shape == (2, 2, 4) and np.all(ids > 1)
@@ -379,7 +380,7 @@ def test_failed_sweep_writes_the_points_done(tmp_path):
     return {"config": "configs/tiny.py", "seq_len": 8 * len(done)}
 
   done = []
-  path = tmp_path / "out" / "sweep.json"
+  path = tmp_path / "sweep.json"
   with pytest.raises(RuntimeError, match="out of memory"):
     sweeps.run_points(points, one, "seq_len", "train", str(path))
   data = json.loads(path.read_text())
@@ -398,7 +399,7 @@ def test_paired_timing_swaps_the_order_every_round(monkeypatch):
   import types
 
   clock, log = [0.0], []
-  monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  monkeypatch.setattr(records, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
 
   def runner(name, first, step):
     calls = []
@@ -408,7 +409,7 @@ def test_paired_timing_swaps_the_order_every_round(monkeypatch):
       calls.append(1)
       log.append(name)
 
-    return timing.Runner(name, call, None)
+    return records.Runner(name, call, None)
 
   a, b = runner("A", 5.0, 1.0), runner("B", 7.0, 2.0)
   firsts, times, ratios = paired.time_paired([a, b], steps=2, warmup=1, rounds=3)
@@ -420,7 +421,14 @@ def test_paired_timing_swaps_the_order_every_round(monkeypatch):
     "B",
   ]
   assert times[0].tolist() == [1.0] * 6 and times[1].tolist() == [2.0] * 6
-  assert ratios == [2.0, 2.0, 2.0]
+  assert ratios == [[2.0, 2.0, 2.0]]
+
+  log.clear()  # three sides (ours and two peers): A B C, then C B A; a ratio per peer
+  c = runner("C", 3.0, 4.0)
+  a, b = runner("A", 5.0, 1.0), runner("B", 7.0, 2.0)
+  firsts, times, ratios = paired.time_paired([a, b, c], steps=1, warmup=0, rounds=2)
+  assert firsts == [5.0, 7.0, 3.0] and log == list("ABC") + list("ABC") + list("CBA")
+  assert ratios == [[2.0, 2.0], [4.0, 4.0]]
 
 
 def test_paired_result_holds_both_records_and_their_ratio():
@@ -430,15 +438,12 @@ def test_paired_result_holds_both_records_and_their_ratio():
   c.model.update(vocab_size=64, num_layers=1)
   c.bench.update(batch_size=4, seq_len=8)
   c.num_devices = 1
-  sides = []
-  options = timing.Options(mode="train", steps=2, warmup=1, peak="1e15")
+  options = Options(mode="train", steps=2, warmup=1, peak="1e15")
 
-  def make(config, options, flax):
-    sides.append(flax)
-    return timing.train_runner(config, options)
+  def make(config, options):
+    return [timing.train_runner(config, options), timing.train_runner(config, options)]
 
   result = paired.bench_paired(c, options, rounds=3, make=make)
-  assert sides == [False, True]
   assert set(result) == set(paired.PAIRED_FIELDS)
   assert (result["mode"], result["paired"], result["rounds"], result["steps_per_round"]) == (
     "train",
@@ -448,7 +453,7 @@ def test_paired_result_holds_both_records_and_their_ratio():
   )
   ours, theirs = result["records"]
   for record in (ours, theirs):
-    assert set(timing.TRAIN_FIELDS) <= set(record)
+    assert set(records.TRAIN_FIELDS) <= set(record)
     assert record["peak_memory_bytes"] is None and record["peak_source"] == "given"
     assert record["config"] is None  # no --config command line in this process
   assert result["speedup"] == pytest.approx(theirs["step_time_s"] / ours["step_time_s"])
@@ -567,15 +572,67 @@ def test_a_separate_process_reports_its_record_or_its_error(tmp_path):
 
 
 def test_paired_needs_flax_and_one_plain_benchmark():
-  import bench
 
-  with pytest.raises(UsageError, match="give --flax_wmt=<its directory>"):
-    bench.check_flags({"paired": True})
+  with pytest.raises(UsageError, match="give --flax_wmt=<its directory>.* or --ctranslate2"):
+    options.check_flags({"paired": True})
   flax = "flax-0.12.8/examples/wmt"
   with pytest.raises(UsageError, match="drop --sweep / --trace"):
-    bench.check_flags({"paired": True, "flax_wmt": flax, "sweep": "batch"})
+    options.check_flags({"paired": True, "flax_wmt": flax, "sweep": "batch"})
   with pytest.raises(UsageError, match="add --paired and --flax_wmt"):
-    bench.check_flags({"separate_processes": True, "flax_wmt": flax, "sweep": "batch"})
+    options.check_flags({"separate_processes": True, "flax_wmt": flax, "sweep": "batch"})
+
+
+def test_ctranslate2_times_one_decoding_benchmark():
+  """--ctranslate2 is a decoding peer of one plain benchmark in this process, with the cache, at
+  compute types CTranslate2 knows; anything else is a usage error before any work."""
+
+  ok = {"ctranslate2": True, "mode": "decode", "ctranslate2_compute_types": ["float32", "int8"]}
+  options.check_flags(ok)
+  options.check_flags(dict(ok, paired=True))
+  for extra, message in [
+    ({"mode": "train"}, "--ctranslate2 times decoding: add --mode=decode"),
+    ({"flax_wmt": "wmt"}, "--flax_wmt and --ctranslate2 are two peers"),
+    ({"sweep": "batch"}, "drop --sweep / --trace / --separate_processes"),
+    ({"trace": "t"}, "drop --sweep / --trace / --separate_processes"),
+    ({"paired": True, "separate_processes": True}, "drop --sweep / --trace"),
+    ({"decode_cache": False}, "decodes with its cache: drop --decode_cache=false"),
+    ({"ctranslate2_compute_types": ["int4"]}, "=int4: expected some of default, auto, float32"),
+    ({"ctranslate2_compute_types": []}, "--ctranslate2_compute_types=: expected"),
+  ]:
+    with pytest.raises(UsageError, match=message):
+      options.check_flags(dict(ok, **extra))
+
+
+def test_ctranslate2_missing_is_a_usage_error_saying_how_to_install_it(monkeypatch):
+  """CTranslate2 is optional: bench.py and the export import without it, and using it says how
+  to install it (one line, before any work)."""
+  from benchmark import ctranslate2
+
+  monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 -> ImportError
+  with pytest.raises(UsageError, match=r"pip install 'attention-jax\[ctranslate2\]'"):
+    ctranslate2.check_model(tiny.get_config().model)
+
+
+def test_json_and_plot_paths_are_checked_before_any_benchmark(tmp_path):
+  """--json and --plot: a folder that does not exist or is a file, or a path that is a folder, is
+  a one-line usage error (exit 2) before anything runs (cli/files.py's check, as decode.py's)."""
+  a_file = tmp_path / "a_file"
+  a_file.write_text("")
+  for flag, message in (
+    (f"--json={a_file}/r.json", f"--json={a_file}/r.json: the folder {a_file} does not exist"),
+    (f"--json={tmp_path}/new/r.json", "the folder"),
+    (f"--plot={tmp_path}", f"--plot={tmp_path}: is a folder, not a file"),
+  ):
+    proc = subprocess.run(
+      [sys.executable, str(REPO / "bench.py"), *SMALL, flag],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+    )
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-800:]
+    assert last.startswith("bench.py: error: ") and message in last, last
+    assert "step_time_s" not in proc.stdout  # nothing was timed
 
 
 def test_cudnn_needs_an_even_train_length_and_a_gpu():
@@ -744,8 +801,8 @@ def test_plot_of_a_decode_sweep(tmp_path):
     }
     for n in (8, 16, 32)
   ]
-  sweeps.plot_sweep(records, "seq_len", tmp_path / "p" / "seq.png", "title")
-  assert (tmp_path / "p" / "seq.png").read_bytes()[:4] == b"\x89PNG"
+  sweeps.plot_sweep(records, "seq_len", tmp_path / "seq.png", "title")
+  assert (tmp_path / "seq.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_plot_from_saved_sweeps(tmp_path, capsys):
@@ -786,7 +843,7 @@ def test_train_json_has_every_field(runs):
   proc, folder = runs("train")
   _ok(proc)
   record = json.loads((folder / "train.json").read_text())
-  assert set(timing.TRAIN_FIELDS) <= set(record)
+  assert set(records.TRAIN_FIELDS) <= set(record)
   assert record["mode"] == "train" and record["config"] == "configs/tiny.py"
   assert record["batch_size"] == 4 and record["seq_len"] == 8 and record["num_devices"] == 1
   assert record["parallelism"] == "mesh" and record["dtype"] == "float32"
@@ -822,7 +879,7 @@ def test_decode_json(runs):
   proc, folder = runs("decode")
   _ok(proc)
   record = json.loads((folder / "decode.json").read_text())
-  assert set(timing.DECODE_FIELDS) <= set(record)
+  assert set(records.DECODE_FIELDS) <= set(record)
   assert record["mode"] == "decode" and record["decode_cache"] is True
   assert record["decode_len"] == 5 and record["beam_size"] == 2 and record["num_devices"] == 1
   assert record["sent_per_s"] == pytest.approx(4 / record["step_time_s"])

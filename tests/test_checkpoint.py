@@ -1,14 +1,21 @@
 """The resume checkpointer (training/checkpoint.py, training/compatibility.py): exact resume,
 other topologies, keep-best, and damaged, missing or unfitting checkpoints."""
 
+import builtins
+import errno
+import gc
 import json
 import logging
+import os
 import pathlib
 import shutil
+import threading
+import time
 
 import jax
 import numpy as np
 import pytest
+from orbax.checkpoint._src.futures import future as orbax_future
 
 from inference.restore import load_for_inference
 from tests.helpers import assert_trees_equal, saved_params, train_losses, train_run
@@ -357,3 +364,59 @@ def test_resume_with_another_data_vocab_size_is_refused(tmp_path):
       tiny_config(num_devices=1, num_train_steps=4, **dict(files, **{"data.vocab_size": 70})), work
     )
   assert ckpt.available_steps(work) == [2]
+
+
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited")  # the cancelled writes'
+@pytest.mark.parametrize("async_save", [True, False])
+@pytest.mark.parametrize("fault", ["mkdir", "write"])
+def test_a_failed_save_is_one_error_and_leaves_no_thread_waiting(
+  tmp_path, monkeypatch, async_save, fault
+):
+  """The disk fills up (os.makedirs, which Orbax calls through etils.epath to create the step's
+  temporary folder, or builtins.open, with which it writes the JSON metadata inside it, raises
+  ENOSPC for that folder): the call that finds it (save, or check once the background write is
+  over) raises one RunError naming the step and the reason; none of Orbax's threads is left
+  waiting for the failed step (they kept the process alive for 300 s); the previous checkpoint
+  is intact and the manager closes."""
+  checkpointer = ckpt.Checkpointer(tmp_path, async_save=async_save)
+  state = {"w": np.arange(6.0, dtype=np.float32)}
+  checkpointer.save(1, state, {"step": 1})
+  checkpointer.wait()
+  real = {"mkdir": os.makedirs, "write": builtins.open}[fault]
+
+  def full_disk(path, *args, **kwargs):
+    mode = args[0] if args else kwargs.get("mode", "r")
+    if "2.orbax-checkpoint-tmp" in str(path) and (fault == "mkdir" or "w" in mode):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return real(path, *args, **kwargs)
+
+  monkeypatch.setattr(*((os, "makedirs") if fault == "mkdir" else (builtins, "open")), full_disk)
+  with pytest.raises(ckpt.RunError) as raised:
+    checkpointer.save(2, state, {"step": 2})
+    deadline = time.time() + 30
+    while time.time() < deadline:
+      checkpointer.check()
+      time.sleep(0.01)
+  monkeypatch.undo()
+  message = str(raised.value)
+  assert message.startswith(f"could not save checkpoint {tmp_path / 'checkpoints' / '2'} (No space")
+  assert f"the last finished checkpoint, {tmp_path / 'checkpoints' / '1'}, is intact" in message
+  waiting = [t for t in threading.enumerate() if isinstance(t, orbax_future._SignalingThread)]
+  for t in waiting:
+    threading.Thread.join(t, timeout=5)
+  assert not [t for t in waiting if t.is_alive()]
+  checkpointer.close()
+  del checkpointer, waiting
+  gc.collect()  # the cancelled writes' coroutines, under this test's warning filter
+  assert ckpt.available_steps(tmp_path) == [1]
+  restored, meta = ckpt.restore(ckpt.checkpoint_dir(tmp_path) / "1")
+  assert meta == {"step": 1} and np.array_equal(restored["w"], state["w"])
+
+
+def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path):
+  """Found before the data is read and the first step: a UsageError naming the folder, and
+  nothing written in the workdir but the folder itself."""
+  (tmp_path / "checkpoints").write_text("a file where the folder should be")
+  with pytest.raises(ckpt.UsageError, match=f"checkpoint folder {tmp_path / 'checkpoints'}: not"):
+    train_run(tiny_config(num_devices=1), tmp_path)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]

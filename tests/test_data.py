@@ -1,7 +1,9 @@
 """Tests of data/: sources, vocabularies, the token-id cache, batching and the pipeline."""
 
 import gzip
+import os
 import pathlib
+import stat
 import subprocess
 import sys
 
@@ -110,6 +112,65 @@ def test_pipeline_rejects_misaligned_files_before_training(tmp_path):
   assert not workdir.exists() or not any(workdir.rglob("*"))
 
 
+@pytest.mark.parametrize(
+  "source,target,reason",
+  [
+    ([], [], "are empty"),
+    (["", "  "], [" ", ""], "every line pair has an empty side"),
+    ("unreadable", ["a"], "cannot read: Permission denied"),
+    ("corrupt gzip", ["a"], "cannot read: Error -3 while decompressing data"),
+  ],
+)
+def test_training_files_that_hold_no_text_are_one_error_naming_them(
+  tmp_path, monkeypatch, source, target, reason
+):
+  """An empty or blank corpus (SentencePiece used to fail with an internal error naming no file),
+  an unreadable file (root reads any file, so open is made to refuse it) and a gzip file whose
+  body is damaged: a ValueError naming the file, before a vocabulary or cache is written."""
+  src = tmp_path / "train.en"
+  write(tmp_path / "train.de", target)
+  if source == "corrupt gzip":
+    src = tmp_path / "train.en.gz"
+    data = bytearray(gzip.compress(b"a sentence long enough to be compressed\n" * 50))
+    data[20:30] = b"\xff" * 10  # the deflate stream, past the 10-byte header
+    src.write_bytes(bytes(data))
+  elif source == "unreadable":
+    write(src, ["a"])
+    real_open = open
+
+    def refusing_open(path, *args, **kwargs):
+      if pathlib.Path(path) == src:
+        raise PermissionError(13, "Permission denied", str(path))
+      return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(sources, "open", refusing_open, raising=False)
+  else:
+    write(src, source)
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=reason) as raised:
+    pipeline.build(make_config(name="files", dir=str(tmp_path), vocab_size=50), workdir)
+  assert str(src) in str(raised.value) and "\n" not in str(raised.value)
+  assert not workdir.exists() or not any(workdir.rglob("*"))
+
+
+def test_vocabulary_and_cache_follow_the_umask(tmp_path):
+  """Written under umask 022, the vocabulary (vocab.json, vocab.model) and the token-id cache
+  are readable by the group and others (tempfile made them 0600 and 0700): a teammate can
+  decode a shared workdir."""
+  previous = os.umask(0o022)
+  try:
+    pipeline.build(small_synthetic(), tmp_path / "synthetic")
+    texts = ["a b c d", "e f g h"] * 20
+    tokenizer.train_sentencepiece(texts, 20, tmp_path / "spm" / "vocab.model")
+  finally:
+    os.umask(previous)
+  paths = [tmp_path / "spm" / "vocab.model", *(tmp_path / "synthetic").rglob("*")]
+  assert len(paths) > 10
+  for path in paths:
+    wanted = 0o755 if path.is_dir() else 0o644
+    assert stat.S_IMODE(path.stat().st_mode) == wanted, path
+
+
 def test_files_and_synthetic_do_not_import_tfds(tmp_path):
   code = (
     "import sys, ml_collections; from data import pipeline\n"
@@ -189,6 +250,41 @@ def test_real_multi30k(shared_data):
   assert any("\u00a0" in t for t in german)  # no-break spaces inside are kept
   assert any("\t" in t for t in german)
   assert len(sources.load_split(config.data, "val")[0]) == 1014
+
+
+def test_a_split_losing_over_one_percent_of_its_pairs_is_a_warning(tmp_path, caplog):
+  """Examples dropped as too long (or cut, with data.truncate) are counted at INFO; when more than
+  1% of a split goes, a WARNING names the split, the count, the share and the setting to change."""
+  long = " ".join(f"w{i}" for i in range(40))
+  train = [f"w{i} w{i + 1}" for i in range(90)] + [long] * 10  # 10% too long for max_len 16
+  val = [f"w{i} w{i + 2}" for i in range(200)] + [long]  # 0.5%: no warning
+  for split, lines in (("train", train), ("val", val)):
+    for lang in ("en", "de"):
+      write(tmp_path / f"{split}.{lang}", lines)
+  config = make_config(
+    name="files",
+    dir=str(tmp_path),
+    eval_split="val",
+    vocab_size=60,
+    max_len=16,
+    tokens_per_batch=64,
+  )
+  import logging
+
+  with caplog.at_level(logging.INFO):
+    pipeline.build(config, tmp_path / "work")
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  dropped = [w for w in warnings if "dropped as longer than data.max_len=16" in w]
+  assert len(dropped) == 1 and "files/train: 10 of 100 pairs (10.0%)" in dropped[0], warnings
+  assert "data.truncate=True" in dropped[0]
+  caplog.clear()
+  config.data.update(truncate=True)
+  with caplog.at_level(logging.INFO):
+    pipeline.build(config, tmp_path / "work2")
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert any(
+    "files/train: 10 of 100 pairs (10.0%) were cut to data.max_len=16" in w for w in warnings
+  )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -123,6 +123,7 @@ def test_split_scores_json_and_attention_plot(workdir, tmp_path):
     "tokens_per_s",
     "beam_size",
     "alpha",
+    "length_penalty",
     "checkpoint_step",
     "checkpoint",
     "checkpoint_steps",
@@ -191,12 +192,11 @@ def test_gzip_input_and_top_k_without_temperature(workdir, tmp_path):
 
 
 def test_score_cased_lowercased_and_chrf():
-  code = (
-    "import json, decode; print(json.dumps(decode.score(['The cat sat on the mat .'], "
-    "['the cat sat on the mat .'])[0]))"
-  )
-  out = json.loads(run(["-c", code]).stdout.decode())
   from sacrebleu.metrics import BLEU, CHRF
+
+  from inference.scores import score
+
+  out = score(["The cat sat on the mat ."], ["the cat sat on the mat ."]).as_dict()
 
   assert out["bleu_lowercase"] == pytest.approx(100.0) and out["bleu"] < 100.0
   assert out["bleu"] == pytest.approx(
@@ -235,3 +235,71 @@ def test_ensemble_of_checkpoints(workdir, tmp_path):
   ):
     proc = decode(workdir, f"--checkpoint={bad}", stdin=text, check=False)
     assert proc.returncode == 2 and message in proc.stderr.decode(), proc.stderr.decode()[-500:]
+
+
+def test_bad_numbers_and_output_paths_fail_before_any_decoding(workdir, tmp_path):
+  """NaN options, an output folder that does not exist and a damaged gzip input: one line each,
+  exit 2, before the model is loaded (nothing is decoded, and no output file is created)."""
+  for flags, message in (
+    (["--alpha=nan"], "flag --alpha=nan: must be a finite number >= 0"),
+    (["--temperature=nan"], "flag --temperature=nan: must be a finite number >= 0"),
+    (["--beam_size=0"], "flag --beam_size=0: must be >= 1"),
+    ([f"--output={tmp_path}/missing/out.txt"], "the folder"),
+    ([f"--json={tmp_path}/missing/s.json"], "--json="),
+    ([f"--plot_attention={tmp_path}"], "is a folder"),
+  ):
+    proc = decode(workdir, *flags, stdin=b"w1 w2\n", check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and message in err.strip().splitlines()[-1], (flags, err[-800:])
+    assert "Translating" not in err and "Traceback" not in err, err[-800:]
+  damaged = tmp_path / "in.txt.gz"
+  body = "".join(f"w{i % 31} w{(7 * i) % 29} w{(3 * i) % 23}\n" for i in range(400)).encode()
+  packed = __import__("gzip").compress(body)
+  damaged.write_bytes(packed[: len(packed) // 2])  # a body cut short: a partial download
+  proc = decode(workdir, f"--input={damaged}", check=False)
+  last = proc.stderr.decode().strip().splitlines()[-1]
+  assert proc.returncode == 2 and f"--input={damaged}: cannot read" in last, last
+  assert not (tmp_path / "missing").exists()
+
+
+def test_default_verbosity_shows_no_library_chatter(workdir):
+  """Orbax's INFO lines and missing-metadata warning, and JAX's TPU-backend probe, stay hidden;
+  `--verbosity=1` brings them back. The project's own lines stay."""
+  quiet = decode(workdir, "--beam_size=1", stdin=b"w1 w2\n").stderr.decode()
+  lines = [line for line in quiet.splitlines() if line.strip()]
+  assert lines and all(("decode.py:" in line) for line in lines), quiet[-2000:]
+  loud = decode(workdir, "--beam_size=1", "--verbosity=1", stdin=b"w1 w2\n").stderr.decode()
+  assert "orbax" in loud or "checkpoint.py" in loud, loud[-2000:]
+  assert len(loud.splitlines()) > len(lines)
+
+
+def test_a_second_run_compiles_nothing(workdir, tmp_path):
+  """decode.py's persistent compilation cache (cli/compilation_cache.py): the second process on
+  the same workdir and input loads every program from the cache folder (JAX_LOG_COMPILES names
+  each compilation and each cache hit) and writes the same translations; --compilation_cache=off
+  writes nothing there."""
+  cache = tmp_path / "cache"
+  env = dict(_env(), JAX_LOG_COMPILES="1", JAX_COMPILATION_CACHE_DIR=str(cache))
+  for name in (
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+  ):
+    env.pop(name, None)  # decode.py's own minimums: every program is cached
+  args = [sys.executable, "decode.py", f"--workdir={workdir}", f"--max_extra_len={EXTRA}"]
+  stdin = b"w1 w2 w3\nw4 w5\nw6 w7 w8 w9\n"
+
+  def logged(*extra):
+    proc = subprocess.run(
+      [*args, *extra], cwd=REPO, input=stdin, capture_output=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    err = proc.stderr.decode()
+    return proc.stdout, err.count("Finished XLA compilation of"), err.count("cache hit for")
+
+  first, compiled, hits = logged()
+  assert compiled > 0 and hits == 0 and any(cache.iterdir())
+  second, compiled_again, hits = logged()
+  assert second == first and hits == compiled_again > 0
+  off = tmp_path / "off"
+  env["JAX_COMPILATION_CACHE_DIR"] = str(off)
+  assert logged("--compilation_cache=off")[0] == first and not off.exists()

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from model import generate
+from model import batching, decoder_state, generate
 from model.build import abstract_params, build_model
+from tests.helpers import Compilations
 
 PAD, EOS = 0, 1
 EXTRA = 4  # max_extra_len
@@ -171,33 +172,62 @@ def test_growing_cache_changes_nothing(tiny):
 
 def test_length_batches_cover_every_sentence_once():
   lists = [[7] * n for n in (1, 30, 5, 9, 9, 16, 17, 3, 0, 8, 100)]
-  batches = generate.length_batches(lists, tokens_per_batch=64, batch_multiple=2)
+  batches = batching.length_batches(lists, tokens_per_batch=64, batch_multiple=2)
   seen = np.concatenate([b.indices for b in batches])
   assert sorted(seen.tolist()) == list(range(len(lists)))
   for b in batches:
     n_rows, length = b.inputs.shape
     assert n_rows % 2 == 0 and n_rows >= len(b.indices)
     assert n_rows * length <= 64 or n_rows == 2
-    assert length == generate.bucket_length(max(len(lists[i]) for i in b.indices))
+    assert length == batching.bucket_length(max(len(lists[i]) for i in b.indices))
     for row, i in enumerate(b.indices):
       assert b.inputs[row].tolist() == lists[i] + [0] * (length - len(lists[i]))
-  shapes = {b.inputs.shape for b in batches}
-  assert len(shapes) <= 6, shapes
-  assert [generate.bucket_length(n) for n in (0, 8, 9, 13, 17, 25, 33, 100)] == [
-    8,
+  # One shape per length bucket (32, 128).
+  assert len({b.inputs.shape for b in batches}) == 2, [b.inputs.shape for b in batches]
+  assert [batching.bucket_length(n) for n in (0, 8, 32, 33, 64, 65, 100)] == [
+    32,
+    32,
+    32,
+    64,
+    64,
+    128,
+    128,
+  ]
+  assert [batching.round_rows(n) for n in (1, 2, 3, 5, 7, 9, 13, 100)] == [
+    1,
+    2,
+    3,
+    6,
     8,
     12,
     16,
-    24,
-    32,
-    48,
     128,
   ]
 
 
+def test_a_file_compiles_one_program_per_length_bucket(tiny):
+  """A file-like mix (300 sentences of 3..40 tokens, Multi30k's spread): two length buckets,
+  several batches each, one compilation per bucket, the translations of each sentence decoded
+  alone."""
+  model, params = tiny
+  rng = np.random.default_rng(0)
+  lengths = np.clip(rng.normal(15, 6, 300).round().astype(int), 3, 40)
+  lists = [list(rng.integers(3, 24, n - 1)) + [EOS] for n in lengths]
+  batches = batching.length_batches(lists, tokens_per_batch=512)
+  assert len(batches) > 5 and len({b.inputs.shape for b in batches}) == 2
+  before = generate.compiled_count()
+  how = dict(beam_size=2, max_extra_len=EXTRA + 1)  # settings no other test compiles
+  with Compilations("jit(run)") as compiled:
+    outputs = generate.translate_all(model, params, lists, tokens_per_batch=512, **how)
+  assert compiled.count == 2 and generate.compiled_count() - before == 2
+  for i in (0, 1, 150, 299):  # a sentence alone in its batch decodes to the same tokens
+    alone = generate.translate(model, params, padded([lists[i]], 64), **how)
+    assert outputs[i].tolist() == generate.strip(alone[0]).tolist(), i
+
+
 def test_translate_all_restores_input_order(tiny, reference):
   model, params = tiny
-  # Batches [2, 8] and [8, 12] (the 12-bucket padded with two filler rows).
+  # One batch [3, 32] (tokens_per_batch 96).
   outputs = generate.translate_all(
     model, params, SOURCES, tokens_per_batch=96, beam_size=1, max_extra_len=EXTRA
   )
@@ -261,13 +291,14 @@ def test_same_shapes_do_not_recompile(tiny):
   inputs = padded(SOURCES)
   first = generate.translate(model, params, inputs, beam_size=1, max_extra_len=EXTRA)
   count = generate.compiled_count()
-  # Other token values, other parameter values, an alpha that greedy ignores: same compilation.
-  generate.translate(model, params, inputs[::-1].copy(), beam_size=1, max_extra_len=EXTRA)
-  other = jax.tree_util.tree_map(lambda x: x * 1.5, params)
-  second = generate.translate(model, other, inputs, beam_size=1, alpha=0.2, max_extra_len=EXTRA)
-  # num_ids at the model's own vocabulary size masks nothing: the same compilation too.
-  generate.translate(model, params, inputs, beam_size=1, max_extra_len=EXTRA, num_ids=24)
-  assert generate.compiled_count() == count
+  with Compilations("jit(run)") as compiled:
+    # Other token values, other parameter values, an alpha that greedy ignores: same program.
+    generate.translate(model, params, inputs[::-1].copy(), beam_size=1, max_extra_len=EXTRA)
+    other = jax.tree_util.tree_map(lambda x: x * 1.5, params)
+    second = generate.translate(model, other, inputs, beam_size=1, alpha=0.2, max_extra_len=EXTRA)
+    # num_ids at the model's own vocabulary size masks nothing: the same program too.
+    generate.translate(model, params, inputs, beam_size=1, max_extra_len=EXTRA, num_ids=24)
+  assert compiled.count == 0 and generate.compiled_count() == count
   assert not np.array_equal(first, second), "parameters must be an argument, not constants"
 
 
@@ -285,7 +316,7 @@ def test_cache_follows_reordered_hypotheses(tiny):
   batch = inputs.shape[0]
   # Buffers of 2 positions grown by 2 (then 1) as the steps go: reordering must carry the
   # grown buffers along too.
-  step, cache, grow, segment = generate.decoder_state(model, params, inputs, steps, segment=2)
+  step, cache, grow, segment = decoder_state.decoder_state(model, params, inputs, steps, segment=2)
   assert grow is not None and segment == 2
   step = jax.jit(step)
   teacher_forced = jax.jit(lambda src, tgt: model.apply({"params": params}, src, tgt))
@@ -339,8 +370,8 @@ def test_ensemble_step_is_the_log_of_the_mean_probability(tiny):
   model, params_a = tiny
   _, params_b = random_model(num_layers=1, seed=5, eos_bias=0.0)
   inputs = jnp.asarray(padded(SOURCES[:3]))
-  singles = [generate.decoder_state(model, p, inputs, 8) for p in (params_a, params_b)]
-  ens = generate.ensemble_decoder_state(model, stack(params_a, params_b), inputs, 8)
+  singles = [decoder_state.decoder_state(model, p, inputs, 8) for p in (params_a, params_b)]
+  ens = decoder_state.ensemble_decoder_state(model, stack(params_a, params_b), inputs, 8)
   caches = [s.cache for s in singles]
   cache = ens.cache
   for token in (0, 7, 12):
@@ -355,4 +386,38 @@ def test_ensemble_step_is_the_log_of_the_mean_probability(tiny):
   with pytest.raises(ValueError, match="leading"):
     bad = stack(params_a, params_b)
     bad["decoder"]["logits"]["bias"] = bad["decoder"]["logits"]["bias"][:1]
-    generate.ensemble_decoder_state(model, bad, inputs, 8)
+    decoder_state.ensemble_decoder_state(model, bad, inputs, 8)
+
+
+def test_bfloat16_decoding_casts_the_matrices_once_and_stays_close(tiny):
+  """model.dtype=bfloat16 (decode.py --dtype=bfloat16): every matrix the model multiplies by is
+  cast once before the search (nothing else), the key/value cache holds bfloat16 bits (uint16),
+  the decoder's logits come out in float32, and the translations stay those of float32 for most
+  sentences."""
+  model, params = tiny
+  fast = build_model(dict(model.config.__dict__, type="transformer", dtype="bfloat16"))
+  assert decoder_state.matrices_in_compute_dtype(model, params) is params
+  cast = traverse_util.flatten_dict(decoder_state.matrices_in_compute_dtype(fast, params))
+  assert {p[-1] for p, x in cast.items() if x.dtype == jnp.bfloat16} == {"kernel", "embedding"}
+  assert {p[-1] for p, x in cast.items() if x.dtype == jnp.float32} == {"bias", "scale"}
+  cache = decoder_state._initial_cache(fast, params, jnp.asarray(padded(SOURCES)), 8)
+  logits, _ = fast.apply(
+    {"params": params, "cache": traverse_util.unflatten_dict(cache)},
+    jnp.zeros((len(SOURCES), 1), jnp.int32),
+    method="decode_step",
+    mutable=["cache"],
+  )
+  assert (
+    logits.dtype == jnp.float32
+    and cache[("decoder", "layer_0", "self_attention", "cached_key")].dtype == jnp.uint16
+  )
+  rows = 0
+  for beam in (1, 3):
+    exact, close = (
+      np.asarray(
+        generate.translate(m, params, padded(SOURCES), beam_size=beam, max_extra_len=EXTRA)
+      )
+      for m in (model, fast)
+    )
+    rows += np.sum(np.all(exact == close, axis=1))
+  assert rows >= 0.75 * 2 * len(SOURCES), rows

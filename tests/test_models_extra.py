@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from model import generate, masks, search
+from model import decoder_state, masks, search
 from model.build import MODEL_TYPES, abstract_params, build_model
 from model.config import TransformerConfig
 from model.decoder_only import CausalStack, DecoderOnly, combined_sequence
@@ -128,7 +128,7 @@ def _run(model, full, rng):
     step_fn, cache, batch, MAX_DECODE, beam_size=3, max_lens=MAX_LENS
   )
   # The same search with self-attention buffers grown 2 positions at a time (none for RNNs).
-  grown = generate.decoder_state(model, params, INPUTS, MAX_DECODE, segment=2)
+  grown = decoder_state.decoder_state(model, params, INPUTS, MAX_DECODE, segment=2)
   out["grows"] = grown.grow is not None
   out["beams_grown"], _ = search.beam_search(
     grown.step,
@@ -142,7 +142,7 @@ def _run(model, full, rng):
   )
   # An ensemble of two copies of the model (members on a leading axis) searches as the model.
   copies = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), params)
-  ens = generate.ensemble_decoder_state(model, copies, INPUTS, MAX_DECODE, segment=2)
+  ens = decoder_state.ensemble_decoder_state(model, copies, INPUTS, MAX_DECODE, segment=2)
   out["beams_ensemble"], _ = search.beam_search(
     ens.step,
     ens.cache,
@@ -298,7 +298,7 @@ def test_growing_cache_changes_nothing(name):
 
 @full_models
 def test_ensemble_of_copies_searches_as_the_model(name):
-  """`generate.ensemble_decoder_state` over every model type's cache (recurrent states, the
+  """`decoder_state.ensemble_decoder_state` over every model type's cache (recurrent states, the
   decoder-only rows and positions): two copies of a model find its beam hypotheses."""
   np.testing.assert_array_equal(results(name)["beams_ensemble"], results(name)["beams"])
 

@@ -41,56 +41,54 @@ def _env(devices):
   return env
 
 
-@pytest.mark.parametrize("parallelism", ["mesh", "pmap"])
-def test_two_process_job_agrees_and_only_process_0_writes(tmp_path, parallelism):
-  port = _free_port()
-  job, single = tmp_path / "job", tmp_path / "single"
+def _run_together(jobs, timeout=400):
+  """Starts each (argv, env) of `jobs` at once and waits for all; their (stdout, stderr), once
+  every one has exited 0."""
   procs = []
   try:
-    for pid in range(2):
-      cmd = [
-        sys.executable,
-        str(REPO / "train.py"),
-        *ARGS,
-        f"--workdir={job}",
-        f"--config.parallelism={parallelism}",
-        f"--coordinator_address=127.0.0.1:{port}",
-        "--num_processes=2",
-        f"--process_id={pid}",
-      ]
-      if parallelism == "mesh":  # translate with parameters spread over both processes' devices
-        cmd.append("--config.eval.bleu_sentences=4")
+    for argv, env in jobs:
       procs.append(
         subprocess.Popen(
-          cmd, cwd=REPO, env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+          argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
       )
-    # The same 4 devices in one process, run alongside (compiling is mostly single-threaded, so
-    # three processes share the two cores better than two and then one).
-    procs.append(
-      subprocess.Popen(
-        [
-          sys.executable,
-          str(REPO / "train.py"),
-          *ARGS,
-          f"--workdir={single}",
-          f"--config.parallelism={parallelism}",
-        ],
-        cwd=REPO,
-        env=_env(4),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-      )
-    )
-    outs = [p.communicate(timeout=400) for p in procs]
+    outs = [p.communicate(timeout=timeout) for p in procs]
   finally:
     for p in procs:
       if p.poll() is None:
         p.kill()
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
-  losses = [re.findall(r"\[train\] step (\d+): .*?loss=([0-9.e+-]+)", err) for _, err in outs[:2]]
+  return outs
+
+
+def _logged_losses(stderr: str) -> list[tuple[str, str]]:
+  """(step, loss) of each train line a process logged (process 0's and the others' alike)."""
+  return re.findall(r"\[train\] step (\d+): .*?loss=([0-9.e+-]+)", stderr)
+
+
+@pytest.mark.parametrize("parallelism", ["mesh", "pmap"])
+def test_two_process_job_agrees_and_only_process_0_writes(tmp_path, parallelism):
+  port = _free_port()
+  job, single = tmp_path / "job", tmp_path / "single"
+  train = [sys.executable, str(REPO / "train.py"), *ARGS, f"--config.parallelism={parallelism}"]
+  jobs = []
+  for pid in range(2):
+    cmd = [
+      *train,
+      f"--workdir={job}",
+      f"--coordinator_address=127.0.0.1:{port}",
+      "--num_processes=2",
+      f"--process_id={pid}",
+    ]
+    if parallelism == "mesh":  # translate with parameters spread over both processes' devices
+      cmd.append("--config.eval.bleu_sentences=4")
+    jobs.append((cmd, _env(2)))
+  # The same 4 devices in one process, run alongside (compiling is mostly single-threaded, so
+  # three processes share the two cores better than two and then one).
+  jobs.append(([*train, f"--workdir={single}"], _env(4)))
+  outs = _run_together(jobs)
+  losses = [_logged_losses(err) for _, err in outs[:2]]
   assert [int(s) for s, _ in losses[0]] == [1, 2, 3, 4, 5]
   assert [(s, float(x)) for s, x in losses[0]] == [(s, float(x)) for s, x in losses[1]], (
     outs[0][1][-3000:],
@@ -117,26 +115,88 @@ def test_two_process_job_agrees_and_only_process_0_writes(tmp_path, parallelism)
   np.testing.assert_allclose(train_losses(job), train_losses(single), rtol=1e-4)
 
 
-def test_unreachable_coordinator_fails_within_timeout(tmp_path):
-  port = _free_port()  # nothing listens there
-  t0 = time.time()
-  out = subprocess.run(
-    [
-      sys.executable,
-      str(REPO / "train.py"),
-      *ARGS,
-      f"--workdir={tmp_path}",
-      f"--coordinator_address=127.0.0.1:{port}",
-      "--num_processes=2",
-      "--process_id=1",
-      "--distributed_timeout=5",
-    ],
-    cwd=REPO,
-    env=_env(1),
-    capture_output=True,
-    text=True,
-    timeout=120,
+@pytest.mark.parametrize("listening", [False, True], ids=["nothing_listens", "never_answers"])
+def test_an_unreachable_or_silent_coordinator_fails_within_timeout(tmp_path, listening):
+  """Nothing listens at the coordinator's address, or a service accepts the connection and never
+  answers (the wrong port, a hung coordinator: JAX would wait out its timeout and then abort the
+  process with a C++ stack trace): one line, exit status 1, within --distributed_timeout."""
+  with socket.socket() as server:
+    server.bind(("127.0.0.1", 0))
+    if listening:
+      server.listen(8)
+    port = server.getsockname()[1]
+    t0 = time.time()
+    out = subprocess.run(
+      [
+        sys.executable,
+        str(REPO / "train.py"),
+        *ARGS,
+        f"--workdir={tmp_path}",
+        f"--coordinator_address=127.0.0.1:{port}",
+        "--num_processes=2",
+        "--process_id=1",
+        "--distributed_timeout=4",
+      ],
+      cwd=REPO,
+      env=_env(1),
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
+  waited = time.time() - t0
+  assert out.returncode == 1, out.stderr[-3000:]
+  assert out.stderr.count("\n") == 1 and "Check failed" not in out.stderr, out.stderr[-3000:]
+  assert f"could not join the distributed job at coordinator 127.0.0.1:{port} within 4 s" in (
+    out.stderr
   )
-  assert out.returncode == 1
-  assert "could not join the distributed job" in out.stderr and f"127.0.0.1:{port}" in out.stderr
-  assert time.time() - t0 < 60
+  assert ("never answered" in out.stderr) == listening
+  assert 4 <= waited < 60, waited
+
+
+# train.py, run as the main program, printing what JAX made of the environment when training
+# starts.
+_REPORTING_TRAIN = """
+import runpy, sys
+import jax
+import training.loop
+real_train = training.loop.train
+def train(*args, **kwargs):
+  print(f"process {jax.process_index()} of {jax.process_count()}", flush=True)
+  return real_train(*args, **kwargs)
+training.loop.train = train
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_two_processes_under_slurm_form_one_job_without_flags(tmp_path):
+  """The environment `srun` gives each task (the variables jax/_src/clusters/slurm_cluster.py
+  reads, with the node list of one host) and JAX_COORDINATOR_PORT, no --coordinator_address:
+  JAX's cluster detection joins the two train.py processes into one job."""
+  env = {
+    k: v
+    for k, v in _env(1).items()
+    if not k.startswith(("SLURM_", "OMPI_", "PMI_", "KUBERNETES_", "TPU_", "JAX_COORDINATOR"))
+  }
+  env.update(
+    SLURM_JOB_ID="4242",
+    SLURM_JOB_NUM_NODES="1",
+    SLURM_NNODES="1",
+    SLURM_NODELIST="localhost",
+    SLURM_STEP_NODELIST="localhost",
+    SLURM_STEP_NUM_NODES="1",
+    SLURM_NTASKS="2",
+    SLURM_STEP_NUM_TASKS="2",
+    SLURM_TASKS_PER_NODE="2",
+    JAX_COORDINATOR_PORT=str(_free_port()),
+  )
+  argv = [sys.executable, "-c", _REPORTING_TRAIN, *ARGS, f"--workdir={tmp_path}"]
+  tasks = [dict(env, SLURM_PROCID=str(i), SLURM_LOCALID=str(i), SLURM_NODEID="0") for i in (0, 1)]
+  outs = _run_together([(argv, task) for task in tasks], timeout=300)
+  assert "process 0 of 2" in outs[0][0] and "process 1 of 2" in outs[1][0]
+  losses = [_logged_losses(err) for _, err in outs]
+  assert [int(s) for s, _ in losses[0]] == [1, 2, 3, 4, 5]
+  assert losses[0] == losses[1]
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert len(lines) == 6  # process 0 only: 5 train records and the final eval
+  assert "final:" in outs[0][0] and "final:" not in outs[1][0]

@@ -25,6 +25,7 @@ from model.search import (
   length_penalty,
   sample,
 )
+from tests.helpers import Compilations
 
 PAD, EOS = 0, 1
 NEG = -1e4  # logit of tokens that should never be chosen
@@ -74,9 +75,11 @@ def table_greedy(table, offs=None, *, batch=1, max_len=T_MAXLEN):
   return greedy_search(*_table_args(table, offs, batch), batch, max_len)
 
 
-@functools.partial(jax.jit, static_argnames=("batch", "max_len", "beam"))
-def table_beam(table, alpha, offs=None, *, batch=1, max_len=T_MAXLEN, beam=2):
-  return beam_search(*_table_args(table, offs, batch), batch, max_len, beam_size=beam, alpha=alpha)
+@functools.partial(jax.jit, static_argnames=("batch", "max_len", "beam", "penalty"))
+def table_beam(table, alpha, offs=None, *, batch=1, max_len=T_MAXLEN, beam=2, penalty="gnmt"):
+  return beam_search(
+    *_table_args(table, offs, batch), batch, max_len, beam_size=beam, alpha=alpha, penalty=penalty
+  )
 
 
 @functools.partial(jax.jit, static_argnames=("batch", "max_len", "top_k"))
@@ -511,6 +514,30 @@ def test_beam_bound_uses_max_length_penalty():
   assert steps == 4
 
 
+def test_fairseq_penalty_divides_by_length_power_and_stops_when_the_beam_is_finished():
+  """penalty='fairseq' (fairseq's and CTranslate2's search): score = logp / len^alpha, len
+  counting EOS, and a sentence is done once beam_size hypotheses have finished, with no bound on
+  what a live one could still reach. On the table above, after step 2 the finished set is full
+  ([EOS] at -0.799, [B, EOS] at -1.397 / 2 = -0.698), so the search stops there, where the
+  GNMT search went on to step 4 for [B, A, A, EOS]."""
+  t = eos_table()
+  t[0, 0] = logps(EOS=0.45, B=0.45, A=0.1)
+  t[1, B] = logps(EOS=0.55, A=0.45)
+  t[2, A] = logps(A=1.0)
+  (ids, scores), steps = count_steps(lambda: table_beam(jnp.asarray(t), 1.0, penalty="fairseq"))
+  assert steps == 2
+  expect = {(EOS,): math.log(0.45), (B, EOS): (math.log(0.45) + math.log(0.55)) / 2}
+  got = {tuple(int(x) for x in row if x != PAD): float(s) for row, s in zip(ids[0], scores[0])}
+  assert got == pytest.approx(expect, rel=1e-5)
+  assert list(np.asarray(scores[0])) == sorted(np.asarray(scores[0]), reverse=True)
+  # At alpha 0 the two forms score alike, and on this table stop alike too.
+  gnmt = table_beam(jnp.asarray(t), 0.0)
+  fairseq = table_beam(jnp.asarray(t), 0.0, penalty="fairseq")
+  np.testing.assert_array_equal(fairseq[0], gnmt[0])
+  np.testing.assert_allclose(fairseq[1], gnmt[1])
+  assert float(length_penalty(4, 1.5, "fairseq")) == pytest.approx(4**1.5)
+
+
 @pytest.mark.parametrize("seed,beam,alpha", [(0, 4, 0.6), (1, 3, 0.0), (2, 4, 1.2), (3, 3, 0.6)])
 def test_beam_matches_reference_and_cache_follows_beams(seed, beam, alpha):
   """The step function reads history from the cache: a wrong cache gather changes the result."""
@@ -598,10 +625,11 @@ def test_jit_compiles_once():
     return ids, scores, greedy_search(step_fn, hash_cache(), H_BATCH, H_LEN)
 
   w, offs = hash_model(0)
-  out1 = decode(w, offs, jnp.array([5, 9, 9, 2]))
-  out2 = decode(w * 0.5, offs, jnp.array([3, 9, 9, 9]))
-  out3 = decode(w, offs, jnp.array([5, 9, 9, 2]))
-  assert len(traces) == 1 and decode._cache_size() == 1
+  with Compilations("jit(decode)") as compiled:
+    out1 = decode(w, offs, jnp.array([5, 9, 9, 2]))
+    out2 = decode(w * 0.5, offs, jnp.array([3, 9, 9, 9]))
+    out3 = decode(w, offs, jnp.array([5, 9, 9, 2]))
+  assert len(traces) == 1 and compiled.count == 1
   for a, b in zip(out1, out3):
     np.testing.assert_array_equal(a, b)
   assert not np.array_equal(out1[0], out2[0])

@@ -462,6 +462,28 @@ def test_train_py_bad_input_is_one_clear_line(tmp_path):
   assert out.returncode == 2 and "no_such_tfds_dataset" in out.stderr
 
 
+def test_train_py_empty_training_files_are_one_line_naming_them(tmp_path):
+  """Both sides empty: SentencePiece used to fail with an internal error naming no file."""
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  for name in ("train.en", "train.de", "validation.en", "validation.de"):
+    (corpus / name).write_text("" if name.startswith("train") else "a\n")
+  out = _train_py(
+    [
+      "--config=configs/tiny.py",
+      f"--workdir={tmp_path}/w",
+      "--config.data.name=files",
+      f"--config.data.dir={corpus}",
+    ],
+    timeout=120,
+  )
+  assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+  error = out.stderr.strip().splitlines()[-1]
+  assert error.startswith("train.py: error: ") and out.stderr.count("error") == 1
+  assert f"{corpus / 'train.en'} and {corpus / 'train.de'} are empty" in error
+  assert not (tmp_path / "w" / "vocab.model").exists()
+
+
 def test_mesh_axes_that_divide_no_parameter_dimension_are_reported(caplog):
   """tensor=8 with 4 heads: the attention kernels stay replicated (the vocabulary's 36 over 8 is
   expected and not listed); fsdp=8 with d_model 32 divides, so nothing is reported for it."""

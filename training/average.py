@@ -20,6 +20,7 @@ from absl import flags, logging
 
 from cli import app
 from cli.errors import UsageError
+from configs.rules import Int, check_flag
 from training.checkpoint import available_steps, checkpoint_dir, describe_workdir, restore
 from training.compatibility import config_from_meta
 
@@ -102,5 +103,6 @@ def main() -> None:
 
 if __name__ == "__main__":
   _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
-  _LAST = flags.DEFINE_integer("last", 5, "Average the last N checkpoints.", lower_bound=1)
+  _LAST = flags.DEFINE_integer("last", 5, "Average the last N checkpoints.")
+  check_flag("last", Int(min=1))
   app.run(main, prog="training.average")

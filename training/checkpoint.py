@@ -13,6 +13,16 @@ an error (never a silent fresh start). With `keep_best`, each evaluated checkpoi
 written beside it, so the best survives restarts. A readable checkpoint
 whose arrays do not fit the run's state (another model or optimizer layout) is an error naming the
 arrays that differ, never a silent fresh start.
+
+A save that fails (permission denied, disk full, an I/O error), synchronous or asynchronous, is
+one RunError naming the step's folder and the system's reason, raised by the call that finds it:
+`save`, `wait`, `close`, or `check`, which the loop calls at every step so that an asynchronous
+save's failure stops the run within a step rather than at the next save. Orbax's threads of the
+failed save are released, so the process exits at once (they would otherwise keep it alive for
+Orbax's 300 s coordination timeout), and the tracebacks Orbax logs on the way (~300 lines) are
+dropped where Orbax raises the error again, cut to one line elsewhere (kept whole with
+`--verbosity=1` or ATTENTION_JAX_TRACEBACK=1): training/orbax_logs.py. The unfinished step stays
+a temporary folder that restore skips: the last finished checkpoint is untouched.
 """
 
 from __future__ import annotations
@@ -26,7 +36,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
-from cli.errors import RunError, UsageError
+from cli.errors import RunError, UsageError, first_line
+from training import orbax_logs
 
 CHECKPOINT_DIR = "checkpoints"
 UNREADABLE_MARK = ".unreadable-"  # <step>.unreadable-<n>: set aside by a resume (_set_aside)
@@ -81,7 +92,7 @@ class Checkpointer:
       # Orbax writes a checkpoint's metrics to disk only with best_fn set; without it they live in
       # memory and, after a restart, every older checkpoint looks unscored and the best is deleted.
       best = dict(best_fn=_bleu, best_mode="max")
-      _quiet_unscored_save_warning()
+      orbax_logs.quiet_unscored_save_warning()
       _set_aside_unreadable_metrics(self.root)
     self._options = ocp.CheckpointManagerOptions(
       preservation_policy=pp.AnyPreservationPolicy(policies),
@@ -89,18 +100,29 @@ class Checkpointer:
       create=True,
       **best,
     )
+    orbax_logs.quiet_failed_save_tracebacks()
     self.manager = ocp.CheckpointManager(self.root, options=self._options)
+    self._writing: int | None = None  # the step of the save that may still be in flight
+    self._failed = False
 
   def save(self, step: int, state, meta: dict, metrics: dict | None = None, force=False) -> bool:
     """Starts writing `state` (a pytree of arrays) and `meta` (JSON-able) at `step`; returns
-    while the write finishes in the background (async mode)."""
-    saved = self.manager.save(
-      int(step),
-      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-      metrics=metrics,
-      force=force,
-    )
-    if not saved:
+    while the write finishes in the background (async mode). RunError when this save, or the
+    previous one still in flight, fails."""
+    if self._writing is not None:
+      self.wait()  # Orbax would wait for it too; a failure of it is named as its own
+    try:
+      saved = self.manager.save(
+        int(step),
+        args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+        metrics=metrics,
+        force=force,
+      )
+    except Exception as e:  # noqa: BLE001 - any failure to write: one error naming the step
+      raise self._save_failed(step, e) from e
+    if saved:
+      self._writing = int(step)
+    else:
       logging.warning(
         "checkpoint at step %d was not written (Orbax's save policy declined it; "
         "existing steps: %s)",
@@ -110,7 +132,38 @@ class Checkpointer:
     return saved
 
   def wait(self):
-    self.manager.wait_until_finished()
+    """Returns once the save in flight is finished; RunError when it failed."""
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # noqa: BLE001 - see save
+      raise self._save_failed(self._writing, e) from e
+    self._writing = None
+
+  def check(self):
+    """RunError when an asynchronous save has failed; returns at once while one is in flight."""
+    if self._writing is not None and not self.manager.is_saving_in_progress():
+      self.wait()
+
+  def _save_failed(self, step: int | None, error: Exception) -> RunError:
+    """The RunError of a failed save, once Orbax's threads that still wait on it are released."""
+    self._failed = True
+    self._writing = None
+    orbax_logs.release_failed_save_threads()
+    if isinstance(error, OSError) and error.strerror:
+      reason = error.strerror + (f": {error.filename}" if error.filename else "")
+    else:
+      reason = first_line(error)
+    folder = self.root / str(step) if step is not None else self.root
+    earlier = [s for s in _step_dirs(self.root)[0] if s != step]
+    return RunError(
+      f"could not save checkpoint {folder} ({reason}); "
+      + (
+        f"the last finished checkpoint, {self.root / str(earlier[-1])}, is intact"
+        if earlier
+        else "there is no earlier checkpoint"
+      )
+      + ": fix the cause (disk space, permissions, the file system) and re-run the same command"
+    )
 
   def steps(self) -> list[int]:
     return list(self.manager.all_steps())
@@ -195,8 +248,14 @@ class Checkpointer:
     self.manager = ocp.CheckpointManager(self.root, options=self._options)
 
   def close(self):
-    self.manager.wait_until_finished()
-    self.manager.close()
+    """Waits for the save in flight (RunError when it failed) and closes the manager."""
+    if not self._failed:
+      self.wait()
+    try:
+      self.manager.close()
+    except Exception:  # noqa: BLE001 - after a failed save, already reported
+      if not self._failed:
+        raise
 
 
 def _bleu(metrics) -> float:
@@ -261,28 +320,6 @@ def _agree_across_processes(step: int | None, root: pathlib.Path) -> None:
       f"(by process: {steps}, -1 = none): a checkpoint is damaged for some of "
       f"them; move the damaged step folder away and re-run"
     )
-
-
-def first_line(e: Exception) -> str:
-  """'<Type>: <first line of the message>' of an exception, at most 200 characters of text."""
-  text = str(e).splitlines()[0][:200] if str(e) else ""
-  return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
-class _DropUnscoredSaveWarning:
-  """Orbax warns at every save without metrics once best_fn is set; here only evaluation steps
-  carry a BLEU, so the other saves are expected."""
-
-  def filter(self, record) -> bool:
-    return "did not provide metrics" not in record.getMessage()
-
-
-def _quiet_unscored_save_warning():
-  import logging as std_logging
-
-  absl_logger = std_logging.getLogger("absl")
-  if not any(isinstance(f, _DropUnscoredSaveWarning) for f in absl_logger.filters):
-    absl_logger.addFilter(_DropUnscoredSaveWarning())
 
 
 def restore(path: pathlib.Path, abstract_state=None):

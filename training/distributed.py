@@ -7,6 +7,11 @@ uses all of its local devices (under SLURM or Open MPI detection would pin each 
 by its local rank; set JAX_LOCAL_DEVICE_IDS to choose devices). Without them JAX reads the cluster
 environment it detects (SLURM, Open MPI, Kubernetes, Cloud TPU); on a machine with none of them
 this is a single-process run and nothing happens.
+
+With the flags, processes other than 0 first check that the coordinator answers as a gRPC server
+(an HTTP/2 handshake), within the same timeout: JAX itself, connected to a service that accepts
+the connection and never answers (the wrong port, a hung coordinator), waits out its timeout and
+then aborts the process with a C++ stack trace instead of raising.
 """
 
 from __future__ import annotations
@@ -56,8 +61,8 @@ def initialize_distributed(
   host, port = _host_port(coordinator_address)
   if process_id != 0:
     # JAX aborts the whole process (no exception) when the coordinator never answers, so wait for
-    # its port here first and fail with a message instead.
-    _wait_for_port(host, port, timeout_s, f"process {process_id} of {num_processes}")
+    # it here first and fail with a message instead.
+    _wait_for_coordinator(host, port, timeout_s, f"process {process_id} of {num_processes}")
   try:
     jax.distributed.initialize(
       coordinator_address=coordinator_address,
@@ -80,17 +85,40 @@ def _host_port(address: str) -> tuple[str, int]:
   return host.strip("[]"), int(port)
 
 
-def _wait_for_port(host: str, port: int, timeout_s: float, who: str) -> None:
-  """Returns once `host:port` accepts a connection; RunError after `timeout_s`."""
+# The HTTP/2 client connection preface and an empty SETTINGS frame (RFC 9113, 3.4 and 6.5): a
+# gRPC server answers with its own SETTINGS frame, type 0x4 on stream 0.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_SETTINGS = 4
+
+
+def _wait_for_coordinator(host: str, port: int, timeout_s: float, who: str) -> None:
+  """Returns once `host:port` answers the HTTP/2 handshake as a gRPC server (JAX's coordinator is
+  one); RunError after `timeout_s`: nothing listens there, or something that is not a
+  coordinator (a service that accepts and never answers, or answers in another protocol)."""
   deadline = time.monotonic() + timeout_s
   while True:
     try:
-      with socket.create_connection((host, port), timeout=2):
-        return
+      connection = socket.create_connection((host, port), timeout=2)
     except OSError as e:
-      if time.monotonic() >= deadline:
-        raise RunError(
-          f"could not join the distributed job at coordinator {host}:{port} within "
-          f"{timeout_s} s ({who}): {e.strerror or e}"
-        ) from None
-      time.sleep(0.5)
+      problem = e.strerror or str(e)
+    else:
+      try:
+        with connection:
+          connection.settimeout(max(deadline - time.monotonic(), 0.1))
+          connection.sendall(_HTTP2_HELLO)
+          header = b""
+          while len(header) < 9 and (chunk := connection.recv(9 - len(header))):
+            header += chunk
+        if len(header) == 9 and header[3] == _SETTINGS and not any(header[5:9]):
+          return
+        problem = "it answers, but not as a gRPC server (is that the coordinator's port?)"
+      except TimeoutError:
+        problem = "it accepted the connection but never answered (not a JAX coordinator?)"
+      except OSError as e:
+        problem = e.strerror or str(e)
+    if time.monotonic() >= deadline:
+      raise RunError(
+        f"could not join the distributed job at coordinator {host}:{port} within "
+        f"{timeout_s} s ({who}): {problem}"
+      ) from None
+    time.sleep(0.5)

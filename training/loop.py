@@ -13,6 +13,7 @@ import pathlib
 import time
 
 import jax
+import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
@@ -27,7 +28,7 @@ from training import parallel as par
 from training.build import build_steps
 from training.metrics import MetricsWriter, accumulate, window_means
 from training.preemption import Preemption
-from training.workdir import check_workdir
+from training.workdir import WorkdirLock, check_workdir, check_writable
 
 
 def fit_model_vocab(config, vocab_size: int) -> None:
@@ -72,12 +73,40 @@ def _build_data(config, workdir: pathlib.Path, data_parallel: int):
   return pipeline or build()
 
 
-def train(config, workdir: pathlib.Path) -> dict:
-  """The whole run; returns the last eval metrics."""
+def _lock_workdir(workdir: pathlib.Path, take_over: bool) -> WorkdirLock | None:
+  """Process 0 takes `<workdir>/lock` (training/workdir.py); the others learn whether it could,
+  so that a refused job stops on every process instead of hanging in its first collective."""
+  lock, refused = None, None
+  if jax.process_index() == 0:
+    try:
+      lock = WorkdirLock(workdir, take_over=take_over).acquire()
+    except UsageError as e:
+      refused = e
+  if jax.process_count() > 1:
+    if multihost_utils.broadcast_one_to_all(np.int32(refused is not None)) and refused is None:
+      raise UsageError(f"process 0 could not lock {workdir} (see its error)")
+  if refused is not None:
+    raise refused
+  return lock
+
+
+def train(config, workdir: pathlib.Path, take_over_lock: bool = False) -> dict:
+  """The whole run; returns the last eval metrics. Process 0 holds the workdir's lock from
+  before anything is written until the end; `take_over_lock` takes it from a live holder."""
   check_config(config, "train")
   workdir = pathlib.Path(workdir)
   check_workdir(workdir)
   check_backend(config)
+  lock = _lock_workdir(workdir, take_over_lock)
+  try:
+    check_writable(ckpt.checkpoint_dir(workdir), "checkpoint folder")
+    return _train(config, workdir, lock)
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _train(config, workdir: pathlib.Path, lock: WorkdirLock | None) -> dict:
   lead = jax.process_index() == 0
   pipeline = _build_data(config, workdir, par.data_parallel_size(config))
   vocab = pipeline.vocab
@@ -184,6 +213,9 @@ def train(config, workdir: pathlib.Path) -> dict:
       batch = next(train_iter)
       state, metrics = parallel.train_step(state, batch, rng)
       step += 1
+      checkpointer.check()  # an asynchronous save that failed stops the run now
+      if lock is not None:
+        lock.check()
       tokens_since += (
         float((batch["targets_segmentation"] > 0).sum() + (batch["inputs_segmentation"] > 0).sum())
         * jax.process_count()

@@ -1,0 +1,71 @@
+"""Text files of the command lines: input lines read whole (plain or gzip, UTF-8, '-' = stdin)
+with errors that name the file and line, output lines written whole, and output paths checked
+before any work, so that hours of decoding are never lost to a folder that does not exist.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pathlib
+import sys
+import zlib
+
+from cli.errors import UsageError
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def read_lines(path: str | None, what: str = "--input") -> list[str]:
+  """Lines of a UTF-8 text file, gzip-compressed or not ('-' or None = stdin), without their line
+  terminators. `what` names the input in errors (a flag, e.g. '--reference')."""
+  name = "stdin" if path in (None, "-") else f"{what}={path}"
+  try:
+    data = sys.stdin.buffer.read() if name == "stdin" else pathlib.Path(path).read_bytes()
+    if data[:2] == GZIP_MAGIC:
+      data = gzip.decompress(data)
+  except (OSError, EOFError, zlib.error) as e:  # missing, unreadable, or a damaged gzip body
+    reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    raise UsageError(f"{name}: cannot read: {reason}") from None
+  raw = data.split(b"\n")
+  if raw[-1] == b"":  # the final newline ends the last line, it does not start a new one
+    raw.pop()
+  lines = []
+  for number, line in enumerate(raw, start=1):
+    try:
+      lines.append(line.decode("utf-8").rstrip("\r"))
+    except UnicodeDecodeError as e:
+      raise UsageError(
+        f"{name}, line {number}: invalid UTF-8 ({e.reason} at byte {e.start})"
+      ) from None
+  return lines
+
+
+def write_lines(path: str, lines: list[str], what: str = "--output") -> None:
+  """Writes `lines` to `path` ('-' = stdout), one per line."""
+  data = "".join(line + "\n" for line in lines).encode("utf-8")
+  if path == "-":
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+    return
+  try:
+    pathlib.Path(path).write_bytes(data)
+  except OSError as e:
+    raise UsageError(f"{what}={path}: cannot write: {e.strerror or e}") from None
+
+
+def check_writable(path: str | None, what: str) -> None:
+  """Raises UsageError unless `path` (None and '-' pass) can be written: its folder exists and
+  is writable, and it is not a folder itself. Creates nothing."""
+  if path in (None, "", "-"):
+    return
+  target = pathlib.Path(path)
+  folder = target.parent if str(target.parent) else pathlib.Path(".")
+  if target.is_dir():
+    raise UsageError(f"{what}={path}: is a folder, not a file")
+  if not folder.is_dir():
+    raise UsageError(f"{what}={path}: the folder {folder} does not exist")
+  if not os.access(folder, os.W_OK | os.X_OK) or (
+    target.exists() and not os.access(target, os.W_OK)
+  ):
+    raise UsageError(f"{what}={path}: not writable")

@@ -1,0 +1,352 @@
+"""A trained Transformer workdir as a CTranslate2 model directory (model.bin, config.json,
+shared_vocabulary.json, and our vocabulary file for text in and out), for serving with
+`ctranslate2.Translator` on CPUs (inference/ctranslate2_translate.py), optionally quantized.
+
+    pip install 'attention-jax[ctranslate2]'
+    python -m inference.ctranslate2_export --workdir=runs/m30k --output=m30k_ct2 \
+        [--checkpoint=latest|<step>|average:<k>] [--quantization=int8]
+
+    translator = ctranslate2.Translator("m30k_ct2", compute_type="int8")
+    texts = translate_texts(translator, Pieces(vocab), lines, beam_size=1)  # our limit on length
+
+The model is written through CTranslate2's spec API (`ctranslate2.specs.TransformerSpec`), every
+weight mapped from ours (model/layers.py): LayerNorms before or after each sublayer as
+`model.pre_ln` says (and the stacks' final LayerNorms with pre-LN), the embeddings scaled by
+√d_model, Q/K/V fused into CTranslate2's projections (no biases, as ours), the output projection
+tied to the embedding with `model.share_embeddings`, and our sinusoidal table (sin and cos
+interleaved, positions from 0) written out as the position encodings: CTranslate2's own table
+concatenates sin and cos. The output layer gets a bias of NEVER on PAD (zero elsewhere, or our
+logits bias): our searches never emit PAD, the decoder's start symbol. CTranslate2 appends our EOS
+to each source itself (`add_source_eos`), so sources are given without it.
+
+Lengths: ours stops a sentence at (source tokens with EOS + max_extra_len) tokens, EOS included;
+CTranslate2's `max_decoding_length` counts tokens without EOS and applies to a whole batch
+(`max_decoding_length`, `translate_tokens` batches sentences by length), and its default
+min_decoding_length of 1 would forbid an empty translation (passed as 0 here).
+
+Beam search: CTranslate2 (4.8) scores a finished hypothesis logp / len**length_penalty, len
+counting its EOS (`return_end_token` changes only what is returned), and stops a sentence as soon
+as beam_size * patience hypotheses have finished: our search with `penalty='fairseq'`
+(`decode.py --length_penalty=fairseq`, patience 1) does the same and gives the same translations.
+Our default, GNMT's logp / ((5 + len) / 6)**alpha searching on while a live hypothesis could still
+win (model/search.py), agrees with it at alpha = length_penalty = 0 and greedily.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from absl import flags, logging
+
+from cli import app
+from cli.errors import RunError, UsageError
+from data.tokenizer import Vocab, workdir_name
+from inference.restore import load_for_inference
+from model.config import TransformerConfig
+from model.layers import sinusoidal_encoding
+from model.special_tokens import EOS_ID, PAD_ID, UNK_ID
+
+QUANTIZATIONS = (
+  "float32",
+  "int8",
+  "int8_float32",
+  "int8_float16",
+  "int8_bfloat16",
+  "int16",
+  "float16",
+  "bfloat16",
+)
+# What a translator can compute in (its `compute_type`): a storage type, or its own choice.
+COMPUTE_TYPES = ("default", "auto", *QUANTIZATIONS)
+POSITIONS = 1024  # rows of the position table: CTranslate2 truncates sources at 1024 by default
+NEVER = -1e4  # the output bias of PAD: exp(NEVER) is 0 in float32 and float16 softmaxes
+LAYER_NORM_EPSILON = 1e-6  # flax.linen.LayerNorm's
+
+
+def import_ctranslate2():
+  """The optional `ctranslate2` package, or a UsageError saying how to install it."""
+  try:
+    import ctranslate2
+  except ImportError:
+    raise UsageError(
+      "CTranslate2 is not installed: pip install 'attention-jax[ctranslate2]' (or ctranslate2)"
+    ) from None
+  return ctranslate2
+
+
+# ----------------------------------------------------------------------------- the model
+def check_model_type(model_cfg) -> None:
+  """A UsageError unless `model_cfg` (config.model) is the encoder-decoder Transformer."""
+  kind = model_cfg.get("type", "transformer")
+  if kind != "transformer":
+    raise UsageError(
+      f"model.type={kind!r}: the CTranslate2 export covers the encoder-decoder Transformer "
+      f"(model.type='transformer') only"
+    )
+
+
+def _matrix(kernel, inputs: int) -> np.ndarray:
+  """One of our kernels as CTranslate2's [out, in] weight; `inputs`: how many leading axes are
+  the input (1 for W^Q/K/V's [d_model, heads, d_k], 2 for W^O's [heads, d_k, d_model])."""
+  k = np.asarray(kernel, np.float32)
+  return k.reshape(int(np.prod(k.shape[:inputs])), -1).T
+
+
+def _norm(spec, tree) -> None:
+  spec.gamma = np.asarray(tree["norm"]["scale"], np.float32)
+  spec.beta = np.asarray(tree["norm"]["bias"], np.float32)
+
+
+def _dense(spec, tree) -> None:
+  spec.weight = _matrix(tree["kernel"], 1)
+  spec.bias = np.asarray(tree["bias"], np.float32)
+
+
+def _attention(spec, tree, cross: bool) -> None:
+  """Our MultiHeadAttention's W^Q, W^K, W^V, W^O as CTranslate2's projections: self-attention
+  has [Q; K; V] then the output; encoder-decoder attention has Q, [K; V] then the output."""
+  q, k, v = (_matrix(tree[name]["kernel"], 1) for name in ("query", "key", "value"))
+  fused = [q, np.concatenate([k, v])] if cross else [np.concatenate([q, k, v])]
+  for linear, weight in zip(spec.linear, [*fused, _matrix(tree["out"]["kernel"], 2)]):
+    linear.weight = weight
+
+
+def _ffn(spec, layer) -> None:
+  _norm(spec.layer_norm, layer["ffn_block"])
+  _dense(spec.linear_0, layer["ffn"]["wi"])
+  _dense(spec.linear_1, layer["ffn"]["wo"])
+
+
+def position_table(d_model: int, positions: int = POSITIONS) -> np.ndarray:
+  """[positions, d_model] float32: our sinusoidal encoding of positions 0, 1, ... (model/layers)."""
+  return np.asarray(sinusoidal_encoding(jnp.arange(positions)[None], d_model)[0], np.float32)
+
+
+def transformer_spec(model_cfg, params, pieces: Sequence[str], positions: int = POSITIONS):
+  """Our Transformer (`model_cfg` = config.model, `params` its parameter tree, numpy or jax) as a
+  `ctranslate2.specs.TransformerSpec` with the vocabulary `pieces` (the piece of each id; the
+  embeddings keep their first len(pieces) rows: ids beyond the vocabulary are never read, and
+  ours never emits them). Not yet validated or quantized (`write_model` does both)."""
+  ctranslate2 = import_ctranslate2()
+  specs = ctranslate2.specs
+  check_model_type(model_cfg)
+  cfg = TransformerConfig.from_config(model_cfg)
+  n = len(pieces)
+  if n > cfg.vocab_size:
+    raise UsageError(
+      f"the vocabulary has {n} pieces but the model only model.vocab_size={cfg.vocab_size} ids"
+    )
+  encoder = specs.TransformerEncoderSpec(cfg.num_layers, cfg.num_heads, pre_norm=cfg.pre_ln)
+  decoder = specs.TransformerDecoderSpec(cfg.num_layers, cfg.num_heads, pre_norm=cfg.pre_ln)
+  table = position_table(cfg.d_model, positions)
+  source = np.asarray(params["embed"]["embedding"], np.float32)[:n]
+  target = source
+  if not cfg.share_embeddings:
+    target = np.asarray(params["target_embed"]["embedding"], np.float32)[:n]
+  encoder.embeddings[0].weight = source
+  decoder.embeddings.weight = target
+  for stack in (encoder, decoder):
+    stack.scale_embeddings = True  # × √d_model, as our Embed
+    stack.position_encodings.encodings = table
+  if cfg.share_embeddings:
+    decoder.projection.weight = target
+    bias = np.zeros(n, np.float32)
+  else:
+    logits = params["decoder"]["logits"]
+    decoder.projection.weight = _matrix(logits["kernel"], 1)[:n]
+    bias = np.asarray(logits["bias"], np.float32)[:n].copy()
+  bias[PAD_ID] = NEVER
+  decoder.projection.bias = bias
+  for i, layer in enumerate(encoder.layer):
+    ours = params["encoder"][f"layer_{i}"]
+    _norm(layer.self_attention.layer_norm, ours["attention_block"])
+    _attention(layer.self_attention, ours["self_attention"], cross=False)
+    _ffn(layer.ffn, ours)
+  for i, layer in enumerate(decoder.layer):
+    ours = params["decoder"][f"layer_{i}"]
+    _norm(layer.self_attention.layer_norm, ours["self_attention_block"])
+    _attention(layer.self_attention, ours["self_attention"], cross=False)
+    _norm(layer.attention.layer_norm, ours["cross_attention_block"])
+    _attention(layer.attention, ours["cross_attention"], cross=True)
+    _ffn(layer.ffn, ours)
+  if cfg.pre_ln:
+    _norm(encoder.layer_norm, {"norm": params["encoder"]["final_norm"]})
+    _norm(decoder.layer_norm, {"norm": params["decoder"]["final_norm"]})
+  spec = specs.TransformerSpec(encoder, decoder)
+  spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+  spec.config.unk_token = pieces[UNK_ID]
+  spec.config.eos_token = pieces[EOS_ID]
+  spec.config.bos_token = pieces[PAD_ID]
+  spec.config.decoder_start_token = pieces[PAD_ID]  # targets are shifted right with PAD
+  spec.config.add_source_eos = True
+  spec.register_source_vocabulary(list(pieces))
+  spec.register_target_vocabulary(list(pieces))
+  return spec
+
+
+def _bfloat16_without_torch(spec, quantization: str) -> None:
+  """CTranslate2 converts float32 to bfloat16 through torch; without it, the arrays of the
+  validated `spec` it would convert are cast here (numpy's bfloat16 from ml_dtypes, which JAX
+  brings): all float arrays for 'bfloat16', those not quantized to int8 for 'int8_bfloat16'."""
+  from ctranslate2.specs import model_spec
+
+  def cast(layer, name, value):
+    quantized = quantization != "bfloat16" and hasattr(layer, f"{name.split('/')[-1]}_scale")
+    if isinstance(value, model_spec.NumpyVariable) and value.dtype == "float32" and not quantized:
+      value.array = value.array.astype(jnp.bfloat16)
+
+  model_spec.visit_spec(spec, cast)
+
+
+def check_output(output) -> pathlib.Path:
+  """The output directory, checked before any work: it may exist only as an empty directory, and
+  it (or the nearest folder above it that exists) must be writable. A UsageError otherwise."""
+  path = pathlib.Path(output)
+  if path.exists():
+    if not path.is_dir():
+      raise UsageError(f"--output={output}: exists and is not a directory")
+    if any(path.iterdir()):
+      raise UsageError(f"--output={output}: exists and is not empty; give a new directory")
+    where = path
+  else:
+    where = next(p for p in path.absolute().parents if p.exists())
+    if not where.is_dir():
+      raise UsageError(f"--output={output}: {where} is not a directory")
+  if not os.access(where, os.W_OK | os.X_OK):
+    raise UsageError(f"--output={output}: {where} is not writable")
+  return path
+
+
+def write_model(spec, output, quantization: str | None = None) -> pathlib.Path:
+  """Validates `spec`, quantizes its weights (`quantization`: one of QUANTIZATIONS, None =
+  float32) and saves it into the new directory `output` (see `check_output`)."""
+  if quantization is not None and quantization not in QUANTIZATIONS:
+    raise UsageError(f"--quantization={quantization}: expected one of {', '.join(QUANTIZATIONS)}")
+  path = check_output(output)
+  try:
+    spec.validate()
+  except ValueError as e:
+    raise RunError(f"the CTranslate2 spec is incomplete: {' '.join(str(e).split())}") from None
+  if quantization in ("bfloat16", "int8_bfloat16"):
+    try:
+      import torch  # noqa: F401 - CTranslate2 converts to bfloat16 with it when present
+    except ImportError:
+      _bfloat16_without_torch(spec, quantization)
+  spec.optimize(quantization=quantization)
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    spec.save(str(path))
+  except OSError as e:
+    raise RunError(f"--output={output}: cannot write the model: {e.strerror or e}") from None
+  return path
+
+
+def export(workdir, output, checkpoint: str = "latest", quantization: str | None = None):
+  """Writes the Transformer of `workdir` (its `checkpoint`: 'latest', a step or 'average:<k>';
+  as decode.py restores it) as a CTranslate2 model directory `output`, weights stored as
+  `quantization` (None: float32). Returns the directory's path."""
+  checkpoint = str(checkpoint)
+  if checkpoint.startswith("ensemble:"):
+    raise UsageError(
+      f"--checkpoint={checkpoint}: CTranslate2 runs one model; export one checkpoint, or the "
+      f"mean of the last k with average:<k>"
+    )
+  if quantization is not None and quantization not in QUANTIZATIONS:
+    raise UsageError(f"--quantization={quantization}: expected one of {', '.join(QUANTIZATIONS)}")
+  check_output(output)
+  restored = load_for_inference(workdir, checkpoint)
+  spec = transformer_spec(restored.config.model, restored.params, Pieces(restored.vocab).pieces)
+  path = write_model(spec, output, quantization)
+  restored.vocab.save(path / workdir_name(restored.vocab))  # text in and out with the model alone
+  logging.info(
+    "wrote %s: step %d (%s), %s", path, restored.step, checkpoint, quantization or "float32"
+  )
+  return path
+
+
+# ----------------------------------------------------------------------------- translating
+class Pieces:
+  """Our vocabulary as CTranslate2's tokens: `source(text)` is the token list `translate_batch`
+  takes for a sentence (our ids' pieces, without EOS: the model adds it), `text(tokens)` the text
+  of a hypothesis, `ids(tokens)` its ids."""
+
+  def __init__(self, vocab: Vocab):
+    self.vocab = vocab
+    self.pieces = [vocab.piece(i) for i in range(vocab.vocab_size)]
+    self._ids = {piece: i for i, piece in enumerate(self.pieces)}
+    if len(self._ids) != len(self.pieces):
+      raise UsageError("the vocabulary has repeated pieces; CTranslate2 maps tokens by piece")
+
+  def source(self, text: str) -> list[str]:
+    return [self.pieces[i] for i in self.vocab.encode(text)]
+
+  def ids(self, tokens: Sequence[str]) -> list[int]:
+    return [self._ids.get(t, UNK_ID) for t in tokens]
+
+  def text(self, tokens: Sequence[str]) -> str:
+    return self.vocab.decode(self.ids(tokens))
+
+
+def max_decoding_length(source_tokens: int, max_extra_len: int) -> int:
+  """CTranslate2's `max_decoding_length` for our limit on a sentence of `source_tokens` tokens
+  (without EOS): ours allows source tokens + EOS + max_extra_len tokens counting its own EOS,
+  CTranslate2 counts tokens without EOS."""
+  return max(1, source_tokens + max_extra_len)
+
+
+def translate_tokens(
+  translator, sources: Sequence[Sequence[str]], *, max_extra_len: int = 50, **options
+) -> list[list[str]]:
+  """The best hypothesis of each source (token lists, `Pieces.source`) from
+  `translator.translate_batch(..., **options)`, with our per-sentence length limit: sentences of
+  one length are translated together, at that length's `max_decoding_length`; an empty
+  translation is allowed (min_decoding_length 0), as in ours. Input order."""
+  options.setdefault("min_decoding_length", 0)  # CTranslate2's default 1 forbids EOS first
+  options.setdefault("max_input_length", 0)  # no truncation (its default: 1024 tokens)
+  by_length: dict[int, list[int]] = {}
+  for i, tokens in enumerate(sources):
+    by_length.setdefault(len(tokens), []).append(i)
+  out: list[list[str]] = [[] for _ in sources]
+  for length, indices in sorted(by_length.items()):
+    results = translator.translate_batch(
+      [list(sources[i]) for i in indices],
+      max_decoding_length=max_decoding_length(length, max_extra_len),
+      **options,
+    )
+    for i, result in zip(indices, results):
+      out[i] = list(result.hypotheses[0])
+  return out
+
+
+def translate_texts(translator, pieces: Pieces, texts: Sequence[str], **options) -> list[str]:
+  """`translate_tokens` from text to text through our vocabulary."""
+  hypotheses = translate_tokens(translator, [pieces.source(t) for t in texts], **options)
+  return [pieces.text(tokens) for tokens in hypotheses]
+
+
+# ----------------------------------------------------------------------------- command line
+def main() -> None:
+  path = export(_WORKDIR.value, _OUTPUT.value, _CHECKPOINT.value, _QUANTIZATION.value)
+  print(f"wrote the CTranslate2 model {path} ({_QUANTIZATION.value or 'float32'} weights)")
+
+
+if __name__ == "__main__":
+  _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
+  _OUTPUT = flags.DEFINE_string(
+    "output", None, "The CTranslate2 model directory to write (new or empty).", required=True
+  )
+  _CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", "latest", "latest, a step number or average:<k> (the mean of the last k)."
+  )
+  _QUANTIZATION = flags.DEFINE_enum(
+    "quantization",
+    None,
+    list(QUANTIZATIONS),
+    "Store the weights quantized (default float32); a Translator may still compute in "
+    "another type (its compute_type).",
+  )
+  app.run(main, prog="inference.ctranslate2_export")

@@ -1,0 +1,116 @@
+"""Translates text with an exported CTranslate2 model (inference/ctranslate2_export.py): the
+serving path on CPUs, no JAX involved.
+
+    python -m inference.ctranslate2_translate --model=m30k_ct2 --input=test.en [--output=-] \
+        [--reference=test.de] [--compute_type=int8] [--beam_size=4] [--alpha=0.6]
+
+The export directory holds the vocabulary (vocab.model) beside CTranslate2's files, so it is all
+this needs. Search as decode.py's `--length_penalty=fairseq`: the best of `beam_size`
+hypotheses by logp / len^alpha, a sentence done once `beam_size` have finished, at most (source
+tokens + EOS + `max_extra_len`) tokens. Translations one per line in input order (an empty line
+gives an empty line); with references the sacreBLEU score lines go to stdout, or to stderr when
+the translations do. Exit status 2: bad usage or input; 1: a failure while running.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+from absl import flags, logging
+
+from cli import app
+from cli.errors import RunError, UsageError
+from cli.files import check_writable, read_lines, write_lines
+from configs.rules import Float, Int, check_flag
+from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_vocab
+from inference.ctranslate2_export import (
+  COMPUTE_TYPES,
+  Pieces,
+  import_ctranslate2,
+  translate_texts,
+)
+from inference.scores import score
+
+
+def load(model_dir, compute_type: str = "default", threads: int = 0):
+  """(ctranslate2.Translator, Pieces) of an export directory; `threads` 0 = all cores."""
+  path = pathlib.Path(model_dir)
+  if not (path / "model.bin").is_file():
+    raise UsageError(
+      f"--model={model_dir}: no model.bin; export one with inference.ctranslate2_export"
+    )
+  vocab_files = [
+    path / name for name in (VOCAB_MODEL_NAME, VOCAB_JSON_NAME) if (path / name).is_file()
+  ]
+  if not vocab_files:
+    raise UsageError(
+      f"--model={model_dir}: no {VOCAB_MODEL_NAME} or {VOCAB_JSON_NAME} beside the model"
+    )
+  ctranslate2 = import_ctranslate2()
+  try:
+    translator = ctranslate2.Translator(
+      str(path),
+      device="cpu",
+      compute_type=compute_type,
+      inter_threads=1,
+      intra_threads=threads or os.cpu_count() or 1,
+    )
+  except ValueError as e:  # a compute type this CPU or build cannot run
+    raise UsageError(f"--compute_type={compute_type}: {' '.join(str(e).split())}") from None
+  except RuntimeError as e:  # a damaged model directory
+    raise RunError(f"--model={model_dir}: cannot load: {' '.join(str(e).split())}") from None
+  return translator, Pieces(load_vocab(vocab_files[0]))
+
+
+def main() -> None:
+  check_writable(_OUTPUT.value, "--output")
+  sources = read_lines(_INPUT.value)
+  references = read_lines(_REFERENCE.value, "--reference") if _REFERENCE.value else None
+  if references is not None and len(references) != len(sources):
+    raise UsageError(
+      f"--reference={_REFERENCE.value} has {len(references)} lines, the input has {len(sources)}"
+    )
+  translator, pieces = load(_MODEL.value, _COMPUTE_TYPE.value, _THREADS.value)
+  logging.info("translating %d sentences with %s", len(sources), _MODEL.value)
+  translations = translate_texts(
+    translator,
+    pieces,
+    sources,
+    beam_size=_BEAM.value,
+    length_penalty=_ALPHA.value,
+    max_extra_len=_EXTRA.value,
+  )
+  write_lines(_OUTPUT.value, translations)
+  if references is not None:
+    to = sys.stderr if _OUTPUT.value == "-" else sys.stdout
+    for line in score(translations, references).lines:
+      print(line, file=to)
+
+
+if __name__ == "__main__":
+  _MODEL = flags.DEFINE_string("model", None, "Export directory.", required=True)
+  _INPUT = flags.DEFINE_string(
+    "input", None, "Source sentences, one per line; '-' or unset = stdin."
+  )
+  _OUTPUT = flags.DEFINE_string("output", "-", "Where translations go; '-' = stdout.")
+  _REFERENCE = flags.DEFINE_string("reference", None, "Reference translations, one per line.")
+  _COMPUTE_TYPE = flags.DEFINE_enum(
+    "compute_type",
+    "default",
+    list(COMPUTE_TYPES),
+    "CTranslate2's compute type (default: as saved).",
+  )
+  _BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size; 1 = greedy search.")
+  _ALPHA = flags.DEFINE_float("alpha", 1.0, "Length penalty exponent: logp / len^alpha.")
+  _EXTRA = flags.DEFINE_integer("max_extra_len", 50, "Output tokens allowed beyond the source's.")
+  _THREADS = flags.DEFINE_integer("threads", 0, "CPU threads; 0 = all cores.")
+  for _name, _rule in [
+    ("beam_size", Int(1)),
+    ("alpha", Float(0.0)),
+    ("max_extra_len", Int(0)),
+    ("threads", Int(0)),
+  ]:
+    check_flag(_name, _rule)
+  app.run(main, prog="inference.ctranslate2_translate")

@@ -1,0 +1,45 @@
+"""Scores of translations against references, with sacreBLEU: corpus BLEU cased (the standard)
+and lowercased (as published Multi30k figures are), and chrF, each with its signature.
+
+    scores = score(hypotheses, references)
+    scores.bleu, scores.bleu_lowercase, scores.chrf, scores.lines
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from sacrebleu.metrics import BLEU, CHRF
+
+from cli.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+  bleu: float
+  bleu_lowercase: float
+  chrf: float
+  lines: tuple[str, ...]  # sacreBLEU's printable result lines, with their signatures
+
+  def as_dict(self) -> dict[str, float]:
+    return {"bleu": self.bleu, "bleu_lowercase": self.bleu_lowercase, "chrf": self.chrf}
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
+  """Corpus scores of `hypotheses` against one reference each (same length, same order)."""
+  if len(hypotheses) != len(references):
+    raise UsageError(
+      f"score: {len(hypotheses)} translations but {len(references)} references; they must "
+      f"match line for line"
+    )
+  values, lines = {}, []
+  for key, metric in (
+    ("bleu", BLEU()),
+    ("bleu_lowercase", BLEU(lowercase=True)),
+    ("chrf", CHRF()),
+  ):
+    result = metric.corpus_score(list(hypotheses), [list(references)])
+    values[key] = result.score
+    lines.append(result.format(signature=str(metric.get_signature())))
+  return Scores(lines=tuple(lines), **values)

@@ -1,0 +1,305 @@
+"""Translation from Python: load a trained workdir once, then translate lists of sentences and
+score them.
+
+    from inference import Translator
+    translator = Translator.load("runs/m30k_tiny_ende", checkpoint="average:5")
+    translator.translate(["A man is riding a bicycle."], beam_size=5, alpha=1.5)
+    translator.score(hypotheses, references)   # sacreBLEU cased and lowercased, chrF
+
+Sentences are plain text: the vocabulary tokenizes them (EOS appended), batches of similar
+length are decoded together, and the outputs are detokenized in input order. An empty sentence
+translates to an empty string; one longer than the model takes (`model.max_len` tokens) is cut,
+with a warning naming how many were. decode.py is the command line over this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from absl import logging
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from cli.compilation_cache import enable as enable_compilation_cache
+from cli.errors import UsageError
+from cli.terminal import Progress
+from configs.rules import Choice, Float, Int, RuleError
+from inference.restore import Restored, load_for_inference
+from inference.scores import Scores, score
+from model import generate
+from model.build import build_model
+from model.search import PENALTIES
+from model.special_tokens import EOS_ID
+
+# What `translate`'s options may be; decode.py checks its flags of the same names with these.
+OPTION_RULES = {
+  "beam_size": Int(min=1),
+  "alpha": Float(min=0.0),
+  "length_penalty": Choice(*PENALTIES),
+  "max_extra_len": Int(min=0),
+  "temperature": Float(min=0.0),
+  "top_k": Int(min=0),
+  "seed": Int(),
+  "tokens_per_batch": Int(min=1),
+}
+DTYPES = ("float32", "bfloat16")
+# Padded source tokens per batch by default, per platform. On CPUs small batches win: a batch
+# runs until its slowest sentence ends, and a larger one gains little per step there (Multi30k
+# test, beam 5: 4096 -> 512 tokens took decoding from 27.7 to 16.3 s in float32, 21.6 to 12.7 s
+# in bfloat16; docs/experiments.md, "Decoding speed").
+TOKENS_PER_BATCH = {"cpu": 512, "gpu": 4096, "tpu": 4096}
+
+
+@dataclasses.dataclass
+class Translations:
+  """The outcome of `Translator.run`, per input sentence in input order.
+
+  Attributes:
+    texts: the translations ("" for an empty sentence).
+    source_ids: the token ids the model read, EOS included (None for an empty sentence).
+    output_ids: the ids it wrote, without EOS (None for an empty sentence).
+    truncated: indices of the sentences cut to `model.max_len` tokens.
+    seconds: wall time of the decoding, compilation included.
+  """
+
+  texts: list[str]
+  source_ids: list[list[int] | None]
+  output_ids: list[np.ndarray | None]
+  truncated: list[int]
+  seconds: float
+
+  @property
+  def sentences(self) -> int:
+    """Non-empty sentences translated."""
+    return sum(ids is not None for ids in self.source_ids)
+
+  @property
+  def tokens(self) -> int:
+    """Output tokens written."""
+    return sum(len(ids) for ids in self.output_ids if ids is not None)
+
+
+class Translator:
+  """A trained model ready to translate: its config, vocabulary and parameters on the devices.
+
+  Make one with `Translator.load(workdir, checkpoint)`. `devices`: where to decode; None = every
+  local device of an accelerator (batches split over them), or one CPU device (several CPU
+  devices share the same cores). `dtype='bfloat16'` decodes with bfloat16 matrices and float32
+  sums: on CPUs with bfloat16 matrix units 1.3-1.6x the sentences per second of float32, the
+  translations nearly all the same (docs/experiments.md, "Decoding speed").
+  """
+
+  def __init__(self, restored: Restored, *, dtype: str | None = None, devices=None):
+    if dtype is not None and dtype not in DTYPES:
+      raise UsageError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
+    self.restored = restored
+    self.config = restored.config
+    self.vocab = restored.vocab
+    model_cfg = self.config.model.copy_and_resolve_references()
+    if dtype is not None:
+      model_cfg.dtype = dtype
+    self.dtype = model_cfg.dtype
+    self.model = build_model(model_cfg)
+    self.devices = list(devices) if devices is not None else _default_devices()
+    mesh = Mesh(np.asarray(self.devices), ("batch",))
+    self._rows = NamedSharding(mesh, PartitionSpec("batch"))
+    self.params = jax.device_put(restored.params, NamedSharding(mesh, PartitionSpec()))
+
+  @classmethod
+  def load(
+    cls,
+    workdir,
+    checkpoint: str = "latest",
+    *,
+    dtype: str | None = None,
+    devices=None,
+    compilation_cache: bool | str = False,
+  ):
+    """From a training workdir alone: `checkpoint` is 'latest', a step number, 'average:<k>'
+    (the mean of the last k checkpoints' parameters) or 'ensemble:<k>' (the last k decoded
+    together). `compilation_cache`: True (the per-user folder of cli/compilation_cache.py) or a
+    folder turns on JAX's persistent compilation cache for the whole process, so that a later
+    process decoding the same model and settings compiles nothing; it takes effect only before
+    the process's first compilation."""
+    if compilation_cache:
+      enable_compilation_cache(None if compilation_cache is True else str(compilation_cache))
+    return cls(load_for_inference(workdir, checkpoint), dtype=dtype, devices=devices)
+
+  @property
+  def step(self) -> int:
+    return self.restored.step
+
+  @property
+  def max_len(self) -> int:
+    """The longest source the model takes, in tokens, EOS included."""
+    return int(self.config.model.max_len)
+
+  def encode(self, sentences: Sequence[str]) -> tuple[list[list[int] | None], list[int]]:
+    """(token ids + EOS of each sentence, None for an empty one; indices of those cut to
+    `max_len`)."""
+    ids, cut = [], []
+    for index, sentence in enumerate(sentences):
+      text = sentence.strip()
+      if not text:
+        ids.append(None)
+        continue
+      tokens = self.vocab.encode(text)
+      if len(tokens) + 1 > self.max_len:
+        cut.append(index)
+        tokens = tokens[: self.max_len - 1]
+      ids.append(list(tokens) + [EOS_ID])
+    return ids, cut
+
+  def translate(self, sentences: Sequence[str], **options) -> list[str]:
+    """The translation of each sentence, in order. Options as `run`."""
+    return self.run(sentences, **options).texts
+
+  def run(
+    self,
+    sentences: Sequence[str],
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    length_penalty: str = "gnmt",
+    max_extra_len: int | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    seed: int = 0,
+    tokens_per_batch: int | None = None,
+    progress: bool = False,
+  ) -> Translations:
+    """Translates `sentences`. Beam search as in the paper: length penalty ((5+len)/6)^alpha
+    (`length_penalty='fairseq'`: len^alpha, a sentence done once `beam_size` hypotheses are, as
+    fairseq and CTranslate2 search); `beam_size=1` is greedy; `temperature > 0` samples, from the
+    `top_k` most likely tokens when `top_k > 0`. Outputs have at most source tokens +
+    `max_extra_len` tokens (default: the training config's eval.max_decode_extra). Batches hold
+    `tokens_per_batch` padded source tokens (default `TOKENS_PER_BATCH` of the devices'
+    platform). `progress`: a progress bar on stderr when it is a terminal."""
+    if isinstance(sentences, str):
+      raise UsageError("translate: expected a list of sentences, got one string")
+    if max_extra_len is None:
+      max_extra_len = int(self.config.eval.max_decode_extra)
+    if tokens_per_batch is None:
+      tokens_per_batch = TOKENS_PER_BATCH.get(self.devices[0].platform, TOKENS_PER_BATCH["gpu"])
+    options = dict(
+      beam_size=beam_size,
+      alpha=alpha,
+      length_penalty=length_penalty,
+      max_extra_len=max_extra_len,
+      temperature=temperature,
+      top_k=top_k,
+      seed=seed,
+      tokens_per_batch=tokens_per_batch,
+    )
+    self.check_options(**options)
+    source_ids, cut = self.encode(sentences)
+    if cut:
+      logging.warning(
+        "%d of %d sentences are longer than model.max_len=%d tokens (EOS included) and were "
+        "truncated to it: line %s",
+        len(cut),
+        len(sentences),
+        self.max_len,
+        _listed([i + 1 for i in cut]),
+      )
+    present = [i for i, ids in enumerate(source_ids) if ids is not None]
+    bar = Progress(len(present), 0, unit="sentences", enabled=progress)
+    start = time.perf_counter()
+    outputs = generate.translate_all(
+      self.model,
+      self.params,
+      [source_ids[i] for i in present],
+      tokens_per_batch=tokens_per_batch,
+      batch_multiple=len(self.devices),
+      place=lambda inputs: jax.device_put(inputs, self._rows),
+      on_batch=bar.update,
+      beam_size=beam_size,
+      alpha=alpha,
+      penalty=length_penalty,
+      max_extra_len=max_extra_len,
+      temperature=temperature,
+      top_k=top_k,
+      rng=jax.random.key(seed),
+      num_ids=self.vocab.vocab_size,
+      ensemble=self.restored.ensemble,
+    )
+    seconds = time.perf_counter() - start
+    bar.close()
+    output_ids: list[np.ndarray | None] = [None] * len(source_ids)
+    for i, ids in zip(present, outputs):
+      output_ids[i] = ids
+    texts = ["" if ids is None else self.vocab.decode(ids.tolist()) for ids in output_ids]
+    return Translations(texts, source_ids, output_ids, cut, seconds)
+
+  def check_options(self, **options) -> None:
+    """UsageError for an option out of its range or options that do not go together."""
+    for name, value in options.items():
+      try:
+        OPTION_RULES[name].check(value)
+      except RuleError as e:
+        raise UsageError(f"{name}={value!r}: {e}") from None
+    top_k, temperature = options.get("top_k", 0), options.get("temperature", 0.0)
+    if top_k and not temperature > 0:
+      raise UsageError(
+        f"top_k={top_k} applies to sampling only: set a temperature (e.g. 1) or drop top_k"
+      )
+    if temperature > 0 and top_k > int(self.config.model.vocab_size):
+      raise UsageError(
+        f"top_k={top_k}: larger than the model's vocabulary ({self.config.model.vocab_size} "
+        f"ids); use 0 for all of them"
+      )
+
+  def describe(
+    self, beam_size=4, alpha=0.6, temperature=0.0, top_k=0, length_penalty="gnmt"
+  ) -> str:
+    """A line saying what decodes and how, for logs."""
+    if temperature > 0:
+      how = f"sampling at temperature {temperature:g} (top_k {top_k})"
+    elif beam_size > 1:
+      form = "" if length_penalty == "gnmt" else f", {length_penalty} length penalty"
+      how = f"beam search (beam {beam_size}, alpha {alpha:g}{form})"
+    else:
+      how = "greedy search"
+    which = (
+      f"an ensemble of the checkpoints of steps {', '.join(map(str, self.restored.steps))}"
+      if self.restored.ensemble
+      else f"checkpoint step {self.step}"
+    )
+    return (
+      f"{self.config.model.type}, {which}, {how}, dtype {self.dtype} on {len(self.devices)} "
+      f"{self.devices[0].platform} device(s)"
+    )
+
+  @staticmethod
+  def score(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
+    """sacreBLEU corpus BLEU cased (the standard) and lowercased (as published Multi30k figures
+    are), and chrF, with their signatures."""
+    return score(hypotheses, references)
+
+  def attention(self, translations: Translations, index: int) -> np.ndarray:
+    """The encoder-decoder attention of sentence `index` of `translations` (from this model; an
+    ensemble's newest member): [layers, heads, target tokens + EOS, source tokens]."""
+    if not hasattr(self.model, "decode"):
+      raise UsageError(
+        f"model.type={self.config.model.type!r} has no encoder-decoder attention weights"
+      )
+    source = translations.source_ids[index]
+    if source is None:
+      raise UsageError(f"sentence {index} is empty: no attention to show")
+    params = self.restored.params
+    if self.restored.ensemble:
+      params = jax.tree_util.tree_map(lambda x: x[-1], params)
+    return generate.attention_weights(self.model, params, source, translations.output_ids[index])
+
+
+def _default_devices() -> list:
+  devices = jax.local_devices()
+  return devices[:1] if devices[0].platform == "cpu" else devices
+
+
+def _listed(numbers: list[int], limit: int = 20) -> str:
+  shown = ", ".join(map(str, numbers[:limit]))
+  return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")

@@ -1,0 +1,113 @@
+"""The command lines' shared behaviour (cli/, configs/rules.py, configs/validate.py): every config
+field and number flag checked for type and range before any work, one-line errors with the exit
+status of their kind, `--show_config`, and config files that cannot be loaded."""
+
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from cli.errors import RunError, UsageError, exit_status
+from configs import common
+from configs.rules import Choice, Float, Int, RuleError
+from configs.validate import check_config
+from tests.test_training import tiny_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _cli(*args, timeout=120):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  return subprocess.run(
+    [sys.executable, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout
+  )
+
+
+def test_rules_refuse_nan_infinities_wrong_types_and_out_of_range_values():
+  for rule, good, bad in (
+    (Int(min=1), [1, 7], [0, -3, 1.5, True, "2"]),
+    (Int(min=1, also=(-1,)), [-1, 4], [0, -2]),
+    (Float(min=0.0, below=1.0), [0, 0.5], [1.0, -0.1, math.nan, math.inf, "0.1"]),
+    (Float(above=0.0), [1e-9, 3], [0.0, -1.0, math.nan]),
+    (Choice("pmap", "mesh"), ["mesh"], ["Mesh", ""]),
+  ):
+    for value in good:
+      rule.check(value)
+    for value in bad:
+      with pytest.raises(RuleError):
+        rule.check(value)
+
+
+def test_every_field_has_a_description_and_a_rule_its_default_passes():
+  flat = common._flatten(common.base_config())
+  assert set(flat) == set(common.FIELDS)
+  for name, field in common.FIELDS.items():
+    assert field.help and len(field.help) < 100, name
+    field.rule.check(field.default)
+
+
+@pytest.mark.parametrize(
+  "override, message",
+  [
+    ({"optim.learning_rate": -1.0}, "optim.learning_rate=-1.0 must be > 0"),
+    ({"optim.learning_rate": math.nan}, "optim.learning_rate=nan must be a finite number > 0"),
+    ({"num_train_steps": 0}, "num_train_steps=0 must be >= 1"),
+    ({"model.dropout_rate": math.inf}, "model.dropout_rate=inf must be a finite number in [0, 1)"),
+    ({"optim.clip_norm": -0.5}, "optim.clip_norm=-0.5 must be >= 0"),
+    ({"data.tokens_per_batch": 0}, "data.tokens_per_batch=0 must be >= 1"),
+    ({"stop_timeout_s": math.nan}, "stop_timeout_s=nan must be a finite number >= 0"),
+    ({"mesh.data": 0}, "mesh.data=0 must be >= 1 or -1"),
+    ({"parallelism": "tpu"}, "parallelism='tpu' must be one of 'pmap', 'mesh'"),
+    ({"model.d_model": 30}, "model.d_model=30: must be divisible by model.num_heads=4"),
+    ({"data.synthetic_min_len": 9, "data.synthetic_max_len": 5}, "synthetic_min_len=9 is larger"),
+  ],
+)
+def test_a_bad_config_value_is_an_error_naming_the_field(override, message):
+  with pytest.raises(UsageError) as e:
+    check_config(tiny_config(num_devices=1, **override), "train")
+  assert message in str(e.value)
+
+
+def test_exit_status_by_kind():
+  assert exit_status(UsageError("x")) == exit_status(ValueError("x")) == 2
+  assert exit_status(FileNotFoundError(2, "missing")) == 2
+  assert exit_status(RunError("x")) == exit_status(OSError(28, "No space left")) == 1
+  assert exit_status(KeyError("bug")) is None  # a bug keeps its traceback
+
+
+def test_show_config_prints_every_field_with_its_value_and_meaning():
+  out = _cli("train.py", "--config=configs/tiny.py", "--show_config", "--config.model.d_model=48")
+  assert out.returncode == 0, out.stderr[-2000:]
+  lines = out.stdout.strip().splitlines()
+  assert len(lines) == len(common.FIELDS)
+  shown = {line.split(" = ")[0]: line for line in lines}
+  assert set(shown) == set(common.FIELDS)
+  assert shown["model.d_model"].startswith("model.d_model = 48 ")  # the override, resolved
+  assert common.FIELDS["model.d_model"].help in shown["model.d_model"]
+  assert shown["num_train_steps"].startswith("num_train_steps = 200 ")  # from configs/tiny.py
+  helped = _cli("train.py", "--help")
+  assert "--[no]show_config" in helped.stdout + helped.stderr
+
+
+def test_a_config_file_that_cannot_be_loaded_is_one_line_and_creates_nothing(tmp_path):
+  workdir = tmp_path / "w"
+  broken = tmp_path / "broken.py"
+  broken.write_text("def get_config(:\n")
+  for config, message in (
+    ("configs/no_such.py", "--config=configs/no_such.py: cannot load it: [Errno 2]"),
+    (str(broken), f"--config={broken}: cannot load it (line 1): SyntaxError"),
+  ):
+    out = _cli("train.py", f"--config={config}", f"--workdir={workdir}")
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: ") and message in lines[0]
+  out = _cli("train.py", "--config=configs/tiny.py", f"--workdir={workdir}", "--config.seed=-1")
+  assert out.returncode == 2 and "config error: seed=-1 must be >= 0" in out.stderr
+  assert not workdir.exists()
+  out = _cli("train.py", "--config=configs/tiny.py", f"--workdir={workdir}", "--process_id=-1")
+  assert out.returncode == 2 and "flag --process_id=-1: must be >= 0" in out.stderr
+  assert not workdir.exists()

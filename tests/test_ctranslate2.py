@@ -1,0 +1,362 @@
+"""inference/ctranslate2_export.py and bench.py's CTranslate2 peer: the exported model translates
+exactly as ours does (greedy, and beam search without a length penalty), token for token, with our
+length limit; every weight is mapped (post- and pre-LN, tied and separate embeddings); what cannot
+be exported, and bad command lines, are one-line errors; the benchmark's peer decodes our
+benchmark model's own weights to exactly bench.decode_len tokens."""
+
+import json
+import pathlib
+import subprocess
+import sys
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from benchmark import ctranslate2 as peer
+from benchmark import decoding, paired, records, report
+from benchmark.options import Options
+from cli.errors import UsageError
+from configs import tiny
+from data.sources import synthetic_pairs
+from inference import ctranslate2_export as ce
+from inference.restore import load_for_inference
+from model.build import build_model, init_variables
+from model.generate import translate_all
+from model.special_tokens import EOS_ID
+from tests.conftest import REPO
+from tests.test_training import tiny_config
+
+ctranslate2 = pytest.importorskip(
+  "ctranslate2",
+  reason="CTranslate2 is optional: pip install 'attention-jax[ctranslate2]' (CI installs it)",
+)
+
+PROG = "inference.ctranslate2_export"
+
+
+class Exported(NamedTuple):
+  """The tiny trained run (`workdir`, `restored`, its `model`) and its float32 export (`out`),
+  loaded (`translator`)."""
+
+  workdir: pathlib.Path
+  restored: Any
+  model: Any
+  out: pathlib.Path
+  translator: Any
+
+
+@pytest.fixture(scope="module")
+def exported(uninterrupted, tmp_path_factory):
+  _, workdir = uninterrupted
+  out = ce.export(workdir, tmp_path_factory.mktemp("ct2") / "model")
+  restored = load_for_inference(workdir)
+  translator = ctranslate2.Translator(str(out), device="cpu", compute_type="float32")
+  return Exported(workdir, restored, build_model(restored.config.model), out, translator)
+
+
+def _sentences(restored, n=300):
+  """`n` synthetic-task source sentences of 1..12 words (the model was trained on 4..6)."""
+  data = restored.config.data
+  pairs = synthetic_pairs(
+    "test", num_examples=n, vocab=data.synthetic_vocab, min_len=1, max_len=12, num_train=2000
+  )
+  return [source for source, _ in pairs]
+
+
+def _ours(restored, model, texts, **kwargs):
+  ids = [restored.vocab.encode(t) + [EOS_ID] for t in texts]
+  return [
+    o.tolist()
+    for o in translate_all(model, restored.params, ids, num_ids=restored.vocab.vocab_size, **kwargs)
+  ]
+
+
+def _theirs(restored, translator, texts, **options):
+  pieces = ce.Pieces(restored.vocab)
+  tokens = ce.translate_tokens(translator, [pieces.source(t) for t in texts], **options)
+  return [pieces.ids(t) for t in tokens]
+
+
+def test_export_writes_our_vocabulary_start_token_and_source_eos(exported):
+  restored, out = exported.restored, exported.out
+  assert sorted(p.name for p in out.iterdir()) == [
+    "config.json",
+    "model.bin",
+    "shared_vocabulary.json",
+    "vocab.json",  # ours, for text in and out with the directory alone
+  ]
+  pieces = [restored.vocab.piece(i) for i in range(restored.vocab.vocab_size)]
+  assert json.loads((out / "shared_vocabulary.json").read_text()) == pieces
+  config = json.loads((out / "config.json").read_text())
+  assert config["decoder_start_token"] == "<pad>" == pieces[0]  # targets shifted right with PAD
+  assert (config["eos_token"], config["unk_token"]) == (pieces[1], pieces[2])
+  assert config["add_source_eos"] is True and config["add_source_bos"] is False
+  assert ce.Pieces(restored.vocab).source("w3 w1 nope") == ["w3", "w1", "<unk>"]
+
+
+@pytest.mark.parametrize("max_extra_len", [50, 2])
+def test_greedy_equals_ours_token_for_token(exported, max_extra_len):
+  """Greedy search on 300 sentences, with our length limit (2 extra tokens: many sentences end at
+  it): CTranslate2's output is ours, token for token."""
+  restored, model, translator = exported.restored, exported.model, exported.translator
+  texts = _sentences(restored)
+  ours = _ours(restored, model, texts, beam_size=1, max_extra_len=max_extra_len)
+  theirs = _theirs(restored, translator, texts, beam_size=1, max_extra_len=max_extra_len)
+  assert theirs == ours
+  limited = sum(len(o) == len(t.split()) + max_extra_len for o, t in zip(ours, texts))
+  assert limited > (0 if max_extra_len == 50 else 30)  # the limit was reached, and agreed on
+
+
+def test_beam_search_without_length_penalty_equals_ours(exported):
+  """Beam 4 with alpha 0 (CTranslate2: length_penalty 0), some sentences ending at our length
+  limit: the same translations (alpha > 0: see inference/ctranslate2_export.py's docstring)."""
+  restored, model, translator = exported.restored, exported.model, exported.translator
+  texts = _sentences(restored)
+  ours = _ours(restored, model, texts, beam_size=4, alpha=0.0, max_extra_len=1)
+  theirs = _theirs(restored, translator, texts, beam_size=4, length_penalty=0.0, max_extra_len=1)
+  assert theirs == ours
+  limited = sum(len(o) == len(t.split()) + 1 for o, t in zip(ours, texts))
+  assert 10 < limited < len(texts) - 10  # many, not all, end at the limit
+
+
+@pytest.mark.parametrize("alpha", [0.6, 1.5])
+def test_beam_search_with_the_fairseq_length_penalty_equals_ours(exported, alpha):
+  """With alpha > 0 CTranslate2 divides by len^alpha and stops a sentence once beam_size
+  hypotheses have finished: our search with `penalty='fairseq'` does the same, so the
+  translations agree (with the GNMT penalty they differ on some sentences)."""
+  restored, model, translator = exported.restored, exported.model, exported.translator
+  texts = _sentences(restored)
+  ours = _ours(restored, model, texts, beam_size=4, alpha=alpha, penalty="fairseq")
+  theirs = _theirs(restored, translator, texts, beam_size=4, length_penalty=alpha)
+  assert theirs == ours
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_every_weight_is_mapped_pre_ln_and_separate_embeddings(tmp_path, pre_ln):
+  """A random two-layer model with separate source, target and output embeddings (and, pre-LN,
+  the stacks' final LayerNorms): greedy outputs equal ours on random sources."""
+  config = tiny_config(**{"model.num_layers": 2, "model.pre_ln": pre_ln})
+  config.model.share_embeddings = False
+  model = build_model(config.model)
+  params = nn.unbox(init_variables(model, jax.random.key(3)))["params"]
+  assert "target_embed" in params and "logits" in params["decoder"]
+  assert ("final_norm" in params["encoder"]) == pre_ln
+  vocab = int(config.model.vocab_size)
+  pieces = peer.placeholder_pieces(vocab)
+  spec = ce.transformer_spec(config.model, params, pieces)
+  translator = ctranslate2.Translator(str(ce.write_model(spec, tmp_path / "m")), device="cpu")
+  rng = np.random.default_rng(0)
+  sources = [rng.integers(4, vocab, size=int(n)).tolist() for n in rng.integers(2, 12, size=64)]
+  ours = translate_all(model, params, [s + [EOS_ID] for s in sources], beam_size=1, max_extra_len=8)
+  theirs = ce.translate_tokens(
+    translator, [[pieces[i] for i in s] for s in sources], beam_size=1, max_extra_len=8
+  )
+  index = {p: i for i, p in enumerate(pieces)}
+  assert [[index[t] for t in h] for h in theirs] == [o.tolist() for o in ours]
+
+
+def test_quantized_exports_load_and_translate(exported, tmp_path):
+  """int8 and bfloat16 weights (the latter without torch: cast through ml_dtypes) are written
+  smaller and translate, within our length limit."""
+  restored = exported.restored
+  texts = _sentences(restored, 20)
+  for quantization in ("int8", "bfloat16"):
+    path = ce.export(exported.workdir, tmp_path / quantization, quantization=quantization)
+    assert (path / "model.bin").stat().st_size < (exported.out / "model.bin").stat().st_size
+    translator = ctranslate2.Translator(str(path), device="cpu")
+    for text, ids in zip(texts, _theirs(restored, translator, texts, max_extra_len=3)):
+      assert len(ids) <= len(text.split()) + 3 and all(
+        3 < i < restored.vocab.vocab_size for i in ids
+      )
+
+
+def test_other_model_types_and_ensembles_are_refused(exported, monkeypatch, tmp_path):
+  restored, workdir = exported.restored, exported.workdir
+  with pytest.raises(UsageError, match="--checkpoint=ensemble:2: CTranslate2 runs one model"):
+    ce.export(workdir, tmp_path / "e", checkpoint="ensemble:2")
+  for kind in ("rnn", "rnn_attention", "decoder_only"):
+    config = restored.config.copy_and_resolve_references()
+    config.model.type = kind
+    other = type(restored)(config, restored.params, restored.step, restored.vocab)
+    monkeypatch.setattr(ce, "load_for_inference", lambda workdir, checkpoint, other=other: other)
+    with pytest.raises(UsageError, match=f"model.type='{kind}': the CTranslate2 export covers"):
+      ce.export(workdir, tmp_path / kind)
+    assert not (tmp_path / kind).exists()  # refused before writing anything
+
+
+def test_output_directory_is_checked_before_any_work(tmp_path, monkeypatch):
+  (tmp_path / "full").mkdir()
+  (tmp_path / "full" / "model.bin").write_text("")
+  (tmp_path / "a_file").write_text("")
+  with pytest.raises(UsageError, match="full: exists and is not empty; give a new directory"):
+    ce.check_output(tmp_path / "full")
+  with pytest.raises(UsageError, match="a_file: exists and is not a directory"):
+    ce.check_output(tmp_path / "a_file")
+  with pytest.raises(UsageError, match="a_file is not a directory"):
+    ce.check_output(tmp_path / "a_file" / "model")
+  (tmp_path / "empty").mkdir()
+  assert ce.check_output(tmp_path / "empty") == tmp_path / "empty"
+  assert ce.check_output(tmp_path / "new" / "model") == tmp_path / "new" / "model"
+  monkeypatch.setattr(ce.os, "access", lambda path, mode: False)
+  with pytest.raises(UsageError, match=f"--output=.*new/model: {tmp_path} is not writable"):
+    ce.check_output(tmp_path / "new" / "model")
+
+
+def _cli(*args):
+  return subprocess.run(
+    [sys.executable, "-m", PROG, *args], cwd=REPO, capture_output=True, text=True
+  )
+
+
+def test_command_line_exports_and_refuses_bad_input_in_one_line(exported, tmp_path):
+  workdir, out = exported.workdir, exported.out
+  done = _cli(f"--workdir={workdir}", f"--output={tmp_path / 'q'}", "--quantization=int8")
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "wrote the CTranslate2 model" in done.stdout and (tmp_path / "q" / "model.bin").is_file()
+  for args, message in [
+    ([f"--output={out}"], f"--output={out}: exists and is not empty; give a new directory"),
+    (
+      [f"--output={tmp_path / 'e'}", "--checkpoint=ensemble:2"],
+      "--checkpoint=ensemble:2: CTranslate2 runs one model",
+    ),
+    ([f"--output={tmp_path / 'x'}", "--quantization=int3"], "--quantization"),
+  ]:
+    proc = _cli(f"--workdir={workdir}", *args)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert last.startswith(f"{PROG}: error: ") or "FATAL Flags parsing error" in last, last
+    assert message in last, last
+
+
+def _translate_cli(*args):
+  return subprocess.run(
+    [sys.executable, "-m", "inference.ctranslate2_translate", *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+
+
+def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, tmp_path):
+  """The export directory alone translates a file from the command line, as decode.py does
+  with the same search (--length_penalty=fairseq), and scores it; bad input is one line."""
+  texts = _sentences(exported.restored, 60) + [""]
+  (tmp_path / "in.txt").write_text("".join(t + "\n" for t in texts))
+  (tmp_path / "ref.txt").write_text("".join(t + "\n" for t in texts))
+  how = ["--beam_size=3", "--alpha=1.0", "--max_extra_len=5"]
+  proc = _translate_cli(
+    f"--model={exported.out}",
+    f"--input={tmp_path / 'in.txt'}",
+    f"--output={tmp_path / 'ct2.txt'}",
+    f"--reference={tmp_path / 'ref.txt'}",
+    "--compute_type=float32",
+    *how,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.startswith("BLEU") and "chrF" in proc.stdout
+  ours = subprocess.run(
+    [sys.executable, "decode.py", f"--workdir={exported.workdir}", "--length_penalty=fairseq"]
+    + [f"--input={tmp_path / 'in.txt'}", *how],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+  assert ours.returncode == 0, ours.stderr[-2000:]
+  theirs = (tmp_path / "ct2.txt").read_text()
+  assert theirs == ours.stdout and len(theirs.splitlines()) == len(texts)
+  for args, message in [
+    ([f"--model={tmp_path}"], f"--model={tmp_path}: no model.bin"),
+    ([f"--model={exported.out}", "--beam_size=0"], "--beam_size=0"),
+    ([f"--model={exported.out}", "--alpha=nan"], "--alpha=nan"),
+    ([f"--model={exported.out}", f"--output={tmp_path / 'no' / 'o.txt'}"], "does not exist"),
+    ([f"--model={exported.out}", f"--reference={tmp_path / 'in.txt'}", "--input=/dev/null"], "61"),
+  ]:
+    proc = _translate_cli(f"--input={tmp_path / 'in.txt'}", *args)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert message in last, last
+
+
+# ----------------------------------------------------------------------------- the bench peer
+def _bench_config(beam):
+  c = tiny.get_config()
+  c.model.update(vocab_size=64, num_layers=1)
+  c.bench.update(batch_size=4, seq_len=8, decode_len=6, beam_size=beam)
+  return c
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_bench_peer_decodes_our_own_weights_to_the_fixed_length(beam):
+  """The peer exports the parameters our decoding runner times and reads the same source rows:
+  with EOS kept out of both, CTranslate2's fixed-length output equals ours; its records have
+  CTRANSLATE2_FIELDS, one per compute type."""
+  config = _bench_config(beam)
+  options = Options(mode="decode", steps=1, warmup=0, ctranslate2=True)
+  ours = decoding.decode_runner(config, options)
+  runners = decoding.ctranslate2_runners(config, options, ours.params)
+  decode = decoding.fixed_length_decoder(build_model(config.model), beam, 6, True)
+  expected = np.asarray(decode(ours.params, decoding.decode_inputs(config)))
+  for runner, compute_type in zip(runners, peer.COMPUTE_TYPES):
+    runner.call()
+    record = runner.record(0.1, [0.01])
+    assert set(record) == set(records.CTRANSLATE2_FIELDS)
+    assert record["implementation"] == f"ctranslate2 {compute_type}"
+    assert record["compute_type"] == compute_type
+    assert record["ctranslate2_version"] == ctranslate2.__version__
+    assert record["decode_len"] == 6 and record["beam_size"] == beam
+  (translator,) = peer.translators(config.model, ours.params, ["float32"], 1, 8).values()
+  call, ids = peer.decode_call(translator, decoding.decode_inputs(config), 64, 6, beam)
+  call()
+  np.testing.assert_array_equal(ids(), expected)
+
+
+def test_paired_with_ctranslate2_alternates_ours_and_each_compute_type(capsys):
+  """--ctranslate2 --paired: three sides, ours first; the top-level speed-up is the first peer's
+  (as for flax), `peer_speedups` holds each peer's; the table and a line per peer print."""
+  config = _bench_config(2)
+  options = Options(mode="decode", steps=2, warmup=0, ctranslate2=True)
+  result = paired.bench_paired(config, options, rounds=2)
+  assert set(result) == set(paired.PAIRED_FIELDS) | {"peer_speedups"}
+  names = [r["implementation"] for r in result["records"]]
+  assert names == ["this repository", "ctranslate2 float32", "ctranslate2 int8"]
+  ours = result["records"][0]["step_time_s"]
+  for record, speedup in zip(result["records"][1:], result["peer_speedups"]):
+    assert speedup["implementation"] == record["implementation"]
+    assert speedup["speedup"] == pytest.approx(record["step_time_s"] / ours)
+    assert len(speedup["speedup_per_round"]) == 2
+  assert result["speedup"] == result["peer_speedups"][0]["speedup"]
+  json.dumps(result)
+  report.print_paired(result)
+  printed = capsys.readouterr().out
+  assert "speedup (ctranslate2 int8's step time / ours)" in printed
+
+
+def test_bench_command_line_times_ctranslate2_alone(tmp_path):
+  record_path = tmp_path / "r.json"
+  proc = subprocess.run(
+    [
+      sys.executable,
+      str(REPO / "bench.py"),
+      "--config=configs/tiny.py",
+      "--config.model.vocab_size=64",
+      "--config.model.num_layers=1",
+      "--config.bench.batch_size=4",
+      "--config.bench.seq_len=8",
+      "--config.bench.decode_len=5",
+      "--mode=decode",
+      "--ctranslate2",
+      "--ctranslate2_compute_types=int8",
+      "--steps=2",
+      "--warmup=1",
+      f"--json={record_path}",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  record = json.loads(record_path.read_text())
+  assert record["implementation"] == "ctranslate2 int8" and record["decode_len"] == 5

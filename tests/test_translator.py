@@ -1,0 +1,161 @@
+"""The translation API (inference/translator.py): the same translations as decode.py for every
+model type, the README's example as written, empty and over-long sentences, bad options, and the
+progress bar."""
+
+import io
+import logging
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from cli.errors import UsageError
+from cli.terminal import Progress
+from inference import Translator
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TYPES = ("transformer", "rnn", "rnn_attention", "decoder_only")
+TRAIN_FLAGS = [
+  "--config=configs/tiny.py",
+  "--config.num_train_steps=150",
+  "--config.checkpoint_every_steps=150",
+  "--config.eval_every_steps=1000",
+  "--config.log_every_steps=150",
+  "--config.model.d_model=32",
+  "--config.model.d_ff=64",
+  "--config.model.num_layers=1",
+  "--config.data.synthetic_num_train=200",
+  "--config.data.synthetic_num_eval=16",
+  "--config.data.synthetic_max_len=6",
+  "--config.data.max_len=8",
+  "--config.model.max_len=24",
+  "--config.data.tokens_per_batch=256",
+  "--config.eval.bleu_sentences=0",
+  "--config.eval.num_batches=1",
+  "--config.num_devices=1",
+]
+SENTENCES = ["w1 w2 w3", "", "w5 w6 w7 w8 w9", "w3 w4", "w10 w11 w12 w13 w14 w15"]
+
+
+def _env():
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)  # one CPU device: faster compilation than the 8 of conftest
+  return env
+
+
+def _run(args, stdin=b""):
+  proc = subprocess.run(
+    [sys.executable, *args], cwd=REPO, input=stdin, capture_output=True, env=_env(), timeout=600
+  )
+  assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+  return proc
+
+
+@pytest.fixture(scope="module")
+def workdirs(tmp_path_factory):
+  """A few steps of each model type on the synthetic task, trained by train.py."""
+  out = {}
+  for kind in TYPES:
+    path = tmp_path_factory.mktemp(kind) / "run"
+    _run(["train.py", f"--workdir={path}", *TRAIN_FLAGS, f"--config.model.type={kind}"])
+    out[kind] = path
+  return out
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_the_api_and_decode_py_give_the_same_translations(workdirs, kind):
+  translator = Translator.load(workdirs[kind])
+  stdin = "".join(f"{s}\n" for s in SENTENCES).encode()
+  api = translator.translate(SENTENCES, beam_size=2, max_extra_len=4)
+  cli = _run(
+    ["decode.py", f"--workdir={workdirs[kind]}", "--beam_size=2", "--max_extra_len=4"], stdin=stdin
+  )
+  assert cli.stdout.decode().split("\n")[:-1] == api, kind
+  assert api[1] == "" and len(api) == len(SENTENCES)
+  assert any(api), api  # something was written
+
+
+def test_the_readme_example_runs_as_written(workdirs, capsys):
+  """The README's Python example, with its workdir pointed at a trained one."""
+  readme = (REPO / "README.md").read_text()
+  blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+  assert blocks, "the README has no Python example"
+  example = blocks[0]
+  workdirs_in_it = re.findall(r'Translator\.load\("([^"]+)"', example)
+  assert workdirs_in_it, example
+  code = example.replace(workdirs_in_it[0], str(workdirs["transformer"]))
+  code = code.replace('checkpoint="average:5"', 'checkpoint="latest"')
+  exec(compile(code, "README.md", "exec"), {})
+  printed = capsys.readouterr().out
+  assert printed.strip(), "the example prints its translations"
+
+
+def test_long_sentences_are_cut_with_a_warning_and_options_are_checked(workdirs, caplog):
+  translator = Translator.load(workdirs["transformer"])
+  long = " ".join(f"w{i % 30}" for i in range(40))  # > model.max_len=24 tokens
+  with caplog.at_level(logging.WARNING):
+    result = translator.run(["w1 w2", long, "  "], beam_size=1, max_extra_len=2)
+  assert result.truncated == [1] and result.sentences == 2 and result.texts[2] == ""
+  assert "1 of 3 sentences are longer than model.max_len=24" in caplog.text
+  assert "truncated to it: line 2" in caplog.text
+  assert len(result.source_ids[1]) == 24 and result.source_ids[1][-1] == 1  # cut, EOS kept
+  for options, message in (
+    ({"beam_size": 0}, "beam_size=0: must be >= 1"),
+    ({"alpha": float("nan")}, "alpha=nan: must be a finite number >= 0"),
+    ({"temperature": float("inf")}, "temperature=inf: must be a finite number >= 0"),
+    ({"top_k": 3}, "top_k=3 applies to sampling only"),
+    ({"max_extra_len": -1}, "max_extra_len=-1: must be >= 0"),
+  ):
+    with pytest.raises(UsageError, match=re.escape(message)):
+      translator.translate(["w1"], **options)
+  with pytest.raises(UsageError, match="expected a list of sentences"):
+    translator.translate("w1 w2")
+  scores = translator.score(["w1 w2 w3 w4 w5"], ["w1 w2 w3 w4 w5"])
+  assert scores.bleu == pytest.approx(100.0) and len(scores.lines) == 3
+
+
+def test_decoding_over_two_devices_equals_one(workdirs):
+  """Batches split over two (simulated) devices translate as on one."""
+  import jax
+
+  one = Translator.load(workdirs["transformer"], devices=jax.local_devices()[:1])
+  two = Translator.load(workdirs["transformer"], devices=jax.local_devices()[:2])
+  sentences = [s for s in SENTENCES if s] * 3
+  assert two.translate(sentences, beam_size=2, max_extra_len=3) == one.translate(
+    sentences, beam_size=2, max_extra_len=3
+  )
+
+
+class _Terminal(io.StringIO):
+  def isatty(self):
+    return True
+
+
+def test_the_progress_bar_shows_rate_and_eta_on_a_terminal_only():
+  screen = _Terminal()
+  bar = Progress(100, 0, unit="sentences", stream=screen)
+  bar.update(40)
+  bar.close()
+  text = screen.getvalue()
+  assert "40/100" in text and "sentences/s" in text and "ETA" in text and text.endswith("\n")
+  pipe = io.StringIO()
+  bar = Progress(100, 0, unit="sentences", stream=pipe)
+  bar.update(40)
+  bar.close()
+  assert pipe.getvalue() == ""
+
+
+def test_the_compilation_cache_when_asked(workdirs, tmp_path):
+  """`Translator.load(..., compilation_cache=folder)` turns JAX's persistent compilation cache on
+  in that folder (tests/test_decode.py checks that a second decode.py compiles nothing)."""
+  folder = tmp_path / "cache"
+  code = (
+    "import sys; from inference import Translator; "
+    "t = Translator.load(sys.argv[1], compilation_cache=sys.argv[2]); "
+    "print(t.translate(['w1 w2 w3'], beam_size=2))"
+  )
+  _run(["-c", code, str(workdirs["transformer"]), str(folder)])
+  assert any(p.name.startswith("jit_run") for p in folder.iterdir())
