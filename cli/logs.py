@@ -35,6 +35,21 @@ class _LibraryChatter(logging.Filter):
     return not any(text in message for text in EXPECTED_WARNINGS)
 
 
+class _ExpectedWarnings(logging.Filter):
+  def filter(self, record: logging.LogRecord) -> bool:
+    if absl_logging.get_verbosity() >= 1 or record.levelno != logging.WARNING:
+      return True
+    return not any(text in record.getMessage() for text in EXPECTED_WARNINGS)
+
+
+def hide_expected_warnings() -> None:
+  """For library use (the Python API) where the command lines' filter is not installed: drops
+  only the EXPECTED_WARNINGS that libraries log through absl (its logger), below verbosity 1."""
+  absl_logger = logging.getLogger("absl")
+  if not any(isinstance(f, _ExpectedWarnings) for f in absl_logger.filters):
+    absl_logger.addFilter(_ExpectedWarnings())
+
+
 def quiet_library_logs() -> None:
   """Installs the filter on absl's handler, through which every logger's records pass once
   absl.app runs (idempotent); keeps TensorFlow's C++ INFO and WARNING lines (TFDS imports it) off

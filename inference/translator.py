@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cli.compilation_cache import enable as enable_compilation_cache
 from cli.errors import UsageError
+from cli.logs import hide_expected_warnings
 from cli.terminal import Progress
 from configs.rules import Choice, Float, Int, RuleError
 from inference.restore import Restored, load_for_inference
@@ -126,6 +127,7 @@ class Translator:
     the process's first compilation."""
     if compilation_cache:
       enable_compilation_cache(None if compilation_cache is True else str(compilation_cache))
+    hide_expected_warnings()  # Orbax's missing-metadata warning on every restore
     return cls(load_for_inference(workdir, checkpoint), dtype=dtype, devices=devices)
 
   @property

@@ -1,7 +1,9 @@
 """The command lines' shared behaviour (cli/, configs/rules.py, configs/validate.py): every config
 field and number flag checked for type and range before any work, one-line errors with the exit
-status of their kind, `--show_config`, and config files that cannot be loaded."""
+status of their kind, `--show_config`, config files that cannot be loaded, and the library warnings
+the Python API hides."""
 
+import logging as std_logging
 import math
 import os
 import pathlib
@@ -9,7 +11,9 @@ import subprocess
 import sys
 
 import pytest
+from absl import logging as absl_logging
 
+from cli import logs
 from cli.errors import RunError, UsageError, exit_status
 from configs import common
 from configs.rules import Choice, Float, Int, RuleError
@@ -111,3 +115,24 @@ def test_a_config_file_that_cannot_be_loaded_is_one_line_and_creates_nothing(tmp
   out = _cli("train.py", "--config=configs/tiny.py", f"--workdir={workdir}", "--process_id=-1")
   assert out.returncode == 2 and "flag --process_id=-1: must be >= 0" in out.stderr
   assert not workdir.exists()
+
+
+def test_the_python_api_hides_only_the_expected_library_warnings(caplog):
+  """Translator.load installs `hide_expected_warnings`: Orbax's missing-metadata warning on
+  restore is dropped from absl's logger below verbosity 1, other warnings and --verbosity=1
+  keep it."""
+  logs.hide_expected_warnings()
+  logs.hide_expected_warnings()  # idempotent: one filter
+  absl_logger = std_logging.getLogger("absl")
+  assert sum(isinstance(f, logs._ExpectedWarnings) for f in absl_logger.filters) == 1
+  with caplog.at_level(std_logging.WARNING):
+    absl_logging.warning("Metadata file does not exist: /w/checkpoints/3/state")
+    absl_logging.warning("a warning that matters")
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(1)
+    try:
+      absl_logging.warning("Metadata file does not exist: shown")
+    finally:
+      absl_logging.set_verbosity(verbosity)
+  messages = [r.getMessage() for r in caplog.records]
+  assert messages == ["a warning that matters", "Metadata file does not exist: shown"]
