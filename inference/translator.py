@@ -186,17 +186,16 @@ class Translator:
       max_extra_len = int(self.config.eval.max_decode_extra)
     if tokens_per_batch is None:
       tokens_per_batch = TOKENS_PER_BATCH.get(self.devices[0].platform, TOKENS_PER_BATCH["gpu"])
-    options = dict(
+    search = dict(
       beam_size=beam_size,
       alpha=alpha,
-      length_penalty=length_penalty,
       max_extra_len=max_extra_len,
       temperature=temperature,
       top_k=top_k,
-      seed=seed,
-      tokens_per_batch=tokens_per_batch,
     )
-    self.check_options(**options)
+    self.check_options(
+      **search, length_penalty=length_penalty, seed=seed, tokens_per_batch=tokens_per_batch
+    )
     source_ids, cut = self.encode(sentences)
     if cut:
       logging.warning(
@@ -218,15 +217,11 @@ class Translator:
       batch_multiple=len(self.devices),
       place=lambda inputs: jax.device_put(inputs, self._rows),
       on_batch=bar.update,
-      beam_size=beam_size,
-      alpha=alpha,
       penalty=length_penalty,
-      max_extra_len=max_extra_len,
-      temperature=temperature,
-      top_k=top_k,
       rng=jax.random.key(seed),
       num_ids=self.vocab.vocab_size,
       ensemble=self.restored.ensemble,
+      **search,
     )
     seconds = time.perf_counter() - start
     bar.close()

@@ -15,28 +15,22 @@ import pytest
 from cli.errors import UsageError
 from cli.terminal import Progress
 from inference import Translator
+from tests.test_decode import TRAIN_FLAGS as DECODE_TRAIN_FLAGS
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TYPES = ("transformer", "rnn", "rnn_attention", "decoder_only")
+# test_decode.py's tiny run, trained longer (the model types must translate something) and with
+# room for over-long inputs.
+LONGER = {
+  "--config.num_train_steps": "150",
+  "--config.checkpoint_every_steps": "150",
+  "--config.log_every_steps": "150",
+  "--config.model.max_len": "24",
+}
 TRAIN_FLAGS = [
-  "--config=configs/tiny.py",
-  "--config.num_train_steps=150",
-  "--config.checkpoint_every_steps=150",
-  "--config.eval_every_steps=1000",
-  "--config.log_every_steps=150",
-  "--config.model.d_model=32",
-  "--config.model.d_ff=64",
-  "--config.model.num_layers=1",
-  "--config.data.synthetic_num_train=200",
-  "--config.data.synthetic_num_eval=16",
-  "--config.data.synthetic_max_len=6",
-  "--config.data.max_len=8",
-  "--config.model.max_len=24",
-  "--config.data.tokens_per_batch=256",
-  "--config.eval.bleu_sentences=0",
-  "--config.eval.num_batches=1",
-  "--config.num_devices=1",
-]
+  f"{name}={LONGER[name]}" if (name := flag.split("=")[0]) in LONGER else flag
+  for flag in DECODE_TRAIN_FLAGS
+] + ["--config.num_devices=1"]
 SENTENCES = ["w1 w2 w3", "", "w5 w6 w7 w8 w9", "w3 w4", "w10 w11 w12 w13 w14 w15"]
 
 
