@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 
 if __name__ == "__main__":  # first, before JAX starts its threads: see cli/host_memory.py
   from cli.host_memory import keep_freed_memory_on_cpu
@@ -29,7 +28,7 @@ from absl import flags, logging  # noqa: E402
 
 from cli import app, compilation_cache  # noqa: E402
 from cli.errors import UsageError  # noqa: E402
-from cli.files import check_writable, read_lines, write_lines  # noqa: E402
+from cli.files import check_writable, read_aligned, write_lines  # noqa: E402
 from configs.rules import Int, check_flag  # noqa: E402
 from data.sources import load_split  # noqa: E402
 from inference.attention_plot import plot_attention, token_labels  # noqa: E402
@@ -108,15 +107,7 @@ def _texts() -> tuple[list[str] | None, list[str] | None]:
     raise UsageError("--split scores against the split's own references; drop --reference")
   if _SPLIT.value:
     return None, None
-  sources = read_lines(_INPUT.value, "--input")
-  references = None
-  if _REFERENCE.value:
-    references = read_lines(_REFERENCE.value, "--reference")
-    if len(references) != len(sources):
-      raise UsageError(
-        f"--reference={_REFERENCE.value} has {len(references)} lines, the input has {len(sources)}"
-      )
-  return sources, references
+  return read_aligned(_INPUT.value, _REFERENCE.value)
 
 
 def decode() -> None:
@@ -187,8 +178,7 @@ def decode() -> None:
   if references is not None:
     scored = translator.score(result.texts, references)
     scores = scored.as_dict()
-    for line in scored.lines:
-      print(line, file=sys.stderr if _OUTPUT.value == "-" else sys.stdout, flush=True)
+    scored.print_beside(_OUTPUT.value)
 
   if _JSON.value:
     summary = dict(

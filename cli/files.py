@@ -41,6 +41,21 @@ def read_lines(path: str | None, what: str = "--input") -> list[str]:
   return lines
 
 
+def read_aligned(sources: str | None, references: str | None) -> tuple[list[str], list[str] | None]:
+  """(lines of --input `sources`, lines of --reference `references` or None), a UsageError
+  unless they have as many lines."""
+  source_lines = read_lines(sources, "--input")
+  if not references:
+    return source_lines, None
+  reference_lines = read_lines(references, "--reference")
+  if len(reference_lines) != len(source_lines):
+    raise UsageError(
+      f"--reference={references} has {len(reference_lines)} lines, the input has "
+      f"{len(source_lines)}"
+    )
+  return source_lines, reference_lines
+
+
 def write_lines(path: str, lines: list[str], what: str = "--output") -> None:
   """Writes `lines` to `path` ('-' = stdout), one per line."""
   data = "".join(line + "\n" for line in lines).encode("utf-8")

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import os
 import pathlib
-import sys
 
 from absl import flags, logging
 
 from cli import app
 from cli.errors import RunError, UsageError
-from cli.files import check_writable, read_lines, write_lines
+from cli.files import check_writable, read_aligned, write_lines
 from configs.rules import Float, Int, check_flag
 from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_vocab
 from inference.ctranslate2_export import (
@@ -66,12 +65,7 @@ def load(model_dir, compute_type: str = "default", threads: int = 0):
 
 def main() -> None:
   check_writable(_OUTPUT.value, "--output")
-  sources = read_lines(_INPUT.value)
-  references = read_lines(_REFERENCE.value, "--reference") if _REFERENCE.value else None
-  if references is not None and len(references) != len(sources):
-    raise UsageError(
-      f"--reference={_REFERENCE.value} has {len(references)} lines, the input has {len(sources)}"
-    )
+  sources, references = read_aligned(_INPUT.value, _REFERENCE.value)
   translator, pieces = load(_MODEL.value, _COMPUTE_TYPE.value, _THREADS.value)
   logging.info("translating %d sentences with %s", len(sources), _MODEL.value)
   translations = translate_texts(
@@ -84,9 +78,7 @@ def main() -> None:
   )
   write_lines(_OUTPUT.value, translations)
   if references is not None:
-    to = sys.stderr if _OUTPUT.value == "-" else sys.stdout
-    for line in score(translations, references).lines:
-      print(line, file=to)
+    score(translations, references).print_beside(_OUTPUT.value)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ and lowercased (as published Multi30k figures are), and chrF, each with its sign
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 
 from sacrebleu.metrics import BLEU, CHRF
@@ -24,6 +25,12 @@ class Scores:
 
   def as_dict(self) -> dict[str, float]:
     return {"bleu": self.bleu, "bleu_lowercase": self.bleu_lowercase, "chrf": self.chrf}
+
+  def print_beside(self, output: str) -> None:
+    """Prints the score lines on stdout, or on stderr when the translations (`output`, '-') go
+    to stdout, as the command lines do."""
+    for line in self.lines:
+      print(line, file=sys.stderr if output == "-" else sys.stdout, flush=True)
 
 
 def score(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:

@@ -41,7 +41,6 @@ def position_limit(model) -> int | None:
 
 
 _COMPILED: dict[tuple, Callable] = {}  # static settings -> jitted (params, inputs, rng) -> ids
-_SIGNATURES: set[tuple] = set()  # (settings, argument shapes and dtypes): one compilation each
 
 
 def _only_ids_below(step, num_ids: int):
@@ -239,17 +238,7 @@ def translate(
   )
   if rng is None:
     rng = jax.random.key(0)
-  leaves, tree = jax.tree.flatten(params)
-  _SIGNATURES.add(
-    (fn, tree, inputs.shape, tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves))
-  )
   return fn(params, inputs, rng)
-
-
-def compiled_count() -> int:
-  """Number of programs `translate` has compiled: one per distinct settings and argument
-  shapes (and dtypes) it was called with, all models together."""
-  return len(_SIGNATURES)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from training import parallel as par
 from training.build import build_steps
 from training.metrics import MetricsWriter, accumulate, window_means
 from training.preemption import Preemption
-from training.workdir import WorkdirLock, check_workdir, check_writable
+from training.workdir import WorkdirLock, check_workdir, check_writable_folder
 
 
 def fit_model_vocab(config, vocab_size: int) -> None:
@@ -99,7 +99,7 @@ def train(config, workdir: pathlib.Path, take_over_lock: bool = False) -> dict:
   check_backend(config)
   lock = _lock_workdir(workdir, take_over_lock)
   try:
-    check_writable(ckpt.checkpoint_dir(workdir), "checkpoint folder")
+    check_writable_folder(ckpt.checkpoint_dir(workdir), "checkpoint folder")
     return _train(config, workdir, lock)
   finally:
     if lock is not None:

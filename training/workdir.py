@@ -1,7 +1,7 @@
 """The run's workdir: checked writable before any work, and locked by the run that writes in it.
 
 check_workdir(workdir)                       # creates it; UsageError when it cannot be written
-check_writable(folder, "checkpoint folder")  # the same for a folder inside it
+check_writable_folder(folder, "checkpoint folder")  # the same for a folder inside it
 with WorkdirLock(workdir) as lock:           # process 0 of a run, for the whole run
   ...
   lock.check()                               # RunError once another run has forced it away
@@ -54,10 +54,10 @@ TAKE_OVER_FLAG = "--take_over_lock"
 
 def check_workdir(workdir: pathlib.Path) -> None:
   """Creates `workdir` if needed and checks that this process can write in it."""
-  check_writable(workdir, "--workdir")
+  check_writable_folder(workdir, "--workdir")
 
 
-def check_writable(folder: pathlib.Path, name: str) -> None:
+def check_writable_folder(folder: pathlib.Path, name: str) -> None:
   """Creates `folder` if needed and checks that this process can write in it; UsageError naming
   it (`name`: how the user knows it, e.g. '--workdir') otherwise."""
   folder = pathlib.Path(folder)
