@@ -48,9 +48,9 @@ from ml_collections import config_flags  # noqa: E402
 from benchmark import ctranslate2, paired, peak, report, sweeps, timing  # noqa: E402
 from benchmark.options import Options  # noqa: E402
 from cli import app  # noqa: E402
-from cli.errors import UsageError  # noqa: E402
 from cli.files import check_writable  # noqa: E402
 from configs.rules import Int, check_flag  # noqa: E402
+from core.errors import UsageError  # noqa: E402
 
 _CONFIG = app.define_config()
 flags.adopt_module_key_flags(app)  # --config and --show_config in --help

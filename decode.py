@@ -26,11 +26,12 @@ if __name__ == "__main__":  # first, before JAX starts its threads: see cli/host
 
 from absl import flags, logging  # noqa: E402
 
-from cli import app, compilation_cache  # noqa: E402
-from cli.errors import UsageError  # noqa: E402
+from cli import app  # noqa: E402
 from cli.files import check_writable, read_aligned, write_lines  # noqa: E402
 from configs.rules import Int, check_flag  # noqa: E402
+from core.errors import UsageError  # noqa: E402
 from data.sources import load_split  # noqa: E402
+from inference import compilation_cache  # noqa: E402
 from inference.attention_plot import plot_attention, token_labels  # noqa: E402
 from inference.translator import DTYPES, OPTION_RULES, Translator  # noqa: E402
 from model.search import PENALTIES  # noqa: E402

@@ -23,9 +23,9 @@ if __name__ == "__main__":  # first, before JAX starts its threads: see cli/host
 from absl import flags  # noqa: E402
 
 from cli import app  # noqa: E402
-from cli.errors import UsageError  # noqa: E402
 from configs.rules import Int, check_flag  # noqa: E402
 from configs.validate import check_config  # noqa: E402
+from core.errors import UsageError  # noqa: E402
 from training.distributed import initialize_distributed  # noqa: E402
 from training.loop import train  # noqa: E402
 from training.workdir import check_workdir  # noqa: E402

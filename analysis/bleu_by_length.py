@@ -20,8 +20,8 @@ from absl import flags
 from matplotlib.figure import Figure
 
 from cli import app
-from cli.errors import UsageError
 from cli.files import check_writable, read_lines
+from core.errors import UsageError
 
 FLAGS = flags.FLAGS
 

@@ -13,7 +13,7 @@ import jax
 from ml_collections import config_flags
 
 from cli import app
-from cli.errors import UsageError
+from core.errors import UsageError
 from model.build import abstract_params
 
 

@@ -26,7 +26,7 @@ from benchmark.records import (
   environment,
   time_stats,
 )
-from cli.errors import RunError, UsageError
+from core.errors import RunError, UsageError
 from model import decoder_state, search
 from model.build import build_model, init_variables
 from model.special_tokens import EOS_ID, PAD_ID

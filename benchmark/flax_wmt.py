@@ -34,7 +34,7 @@ import numpy as np
 import optax
 from flax import jax_utils
 
-from cli.errors import UsageError
+from core.errors import UsageError
 from training import parallel as par
 
 # flax examples/wmt's own modules, imported by these top-level names from inside its directory.

@@ -8,7 +8,7 @@ import dataclasses
 
 from benchmark import ctranslate2 as ct2
 from benchmark.peak import AUTO, MATMUL_SIZE
-from cli.errors import UsageError
+from core.errors import UsageError
 from inference import ctranslate2_export as export
 
 

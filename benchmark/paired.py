@@ -25,8 +25,8 @@ from benchmark.options import Options
 from benchmark.peak import resolve_peak
 from benchmark.records import Runner, first_and_warmup, time_calls
 from benchmark.timing import check_config, make_runners
-from cli.errors import RunError
 from cli.host_memory import user_settings
+from core.errors import RunError
 
 # The command line every child of --separate_processes runs.
 BENCH_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "bench.py"

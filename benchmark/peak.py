@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from cli.errors import UsageError
+from core.errors import UsageError
 from training import flops
 
 # Dense (no sparsity) peak FLOP/s per device from the vendors' datasheets: NVIDIA H100 Tensor

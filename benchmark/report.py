@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import pathlib
 
-from cli.errors import UsageError
-from cli.terminal import fmt
+from core.errors import UsageError
+from core.progress import fmt
 
 # What a field of the printed record is measured over, where that is easy to mistake.
 FIELD_NOTES = {

@@ -19,7 +19,7 @@ from matplotlib.ticker import ScalarFormatter
 
 from benchmark.report import print_sweep, write_json
 from benchmark.timing import check_config
-from cli.errors import UsageError
+from core.errors import UsageError
 
 SWEEP_DEFAULTS = {
   "devices": [1, 2, 4, 8],

@@ -35,8 +35,8 @@ from benchmark.records import (
   time_calls,
   time_stats,
 )
-from cli.errors import UsageError
 from configs import validate
+from core.errors import UsageError
 from model import generate
 from model.build import build_model
 from training import parallel as par

@@ -8,7 +8,7 @@ tools.
 
 `run` parses the flags with absl (a mistyped `--config.<field>=...` override, or a config file
 that cannot be loaded, is one line naming it), prints the resolved config and exits for
-`--show_config`, calls `main()` and turns the errors a user can act on (`cli/errors.py`) into one
+`--show_config`, calls `main()` and turns the errors a user can act on (`core/errors.py`) into one
 line `<prog>: error: <message>` with the exit status of their kind: 2 for bad usage or input, 1
 for a failure while running. Any other exception is a bug and keeps its traceback; so does every
 error when `ATTENTION_JAX_TRACEBACK=1` is set.
@@ -24,8 +24,8 @@ from collections.abc import Callable
 from absl import app, flags
 from ml_collections import config_flags
 
-from cli import errors, logs
 from configs.common import describe
+from core import errors, logs
 
 
 def fail(prog: str, text: str, status: int) -> None:

@@ -11,7 +11,7 @@ import pathlib
 import sys
 import zlib
 
-from cli.errors import UsageError
+from core.errors import UsageError
 
 GZIP_MAGIC = b"\x1f\x8b"
 

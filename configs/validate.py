@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import jax
 
-from cli.errors import UsageError
 from configs.common import FIELDS
 from configs.rules import RuleError
+from core.errors import UsageError
 from model.build import hyperparameters
 from model.special_tokens import NUM_SPECIAL
 

@@ -11,7 +11,7 @@ import math
 
 from matplotlib.figure import Figure
 
-from cli.errors import UsageError
+from core.errors import UsageError
 
 
 def token_labels(vocab, ids) -> list[str]:

@@ -43,7 +43,7 @@ import numpy as np
 from absl import flags, logging
 
 from cli import app
-from cli.errors import RunError, UsageError
+from core.errors import RunError, UsageError
 from data.tokenizer import Vocab, workdir_name
 from inference.restore import load_for_inference
 from model.config import TransformerConfig

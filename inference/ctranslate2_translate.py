@@ -20,9 +20,9 @@ import pathlib
 from absl import flags, logging
 
 from cli import app
-from cli.errors import RunError, UsageError
 from cli.files import check_writable, read_aligned, write_lines
 from configs.rules import Float, Int, check_flag
+from core.errors import RunError, UsageError
 from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_vocab
 from inference.ctranslate2_export import (
   COMPUTE_TYPES,

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from cli.errors import UsageError, first_line
+from core.errors import UsageError, first_line
 from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_vocab
 from training.average import AVERAGE_DIR, average_params, load_params, report_average
 from training.checkpoint import (

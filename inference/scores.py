@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from cli.errors import UsageError
+from core.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)

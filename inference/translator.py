@@ -23,11 +23,11 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from cli.compilation_cache import enable as enable_compilation_cache
-from cli.errors import UsageError
-from cli.logs import hide_expected_warnings
-from cli.terminal import Progress
 from configs.rules import Choice, Float, Int, RuleError
+from core.errors import UsageError
+from core.logs import hide_expected_warnings
+from core.progress import Progress
+from inference.compilation_cache import enable as enable_compilation_cache
 from inference.restore import Restored, load_for_inference
 from inference.scores import Scores, score
 from model import generate
@@ -121,7 +121,7 @@ class Translator:
   ):
     """From a training workdir alone: `checkpoint` is 'latest', a step number, 'average:<k>'
     (the mean of the last k checkpoints' parameters) or 'ensemble:<k>' (the last k decoded
-    together). `compilation_cache`: True (the per-user folder of cli/compilation_cache.py) or a
+    together). `compilation_cache`: True (the per-user folder of compilation_cache.py) or a
     folder turns on JAX's persistent compilation cache for the whole process, so that a later
     process decoding the same model and settings compiles nothing; it takes effect only before
     the process's first compilation."""

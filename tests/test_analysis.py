@@ -9,7 +9,7 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from analysis import bleu_by_length as bbl
-from cli.errors import UsageError
+from core.errors import UsageError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

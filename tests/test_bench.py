@@ -14,9 +14,9 @@ import pytest
 
 from benchmark import decoding, options, paired, peak, records, report, sweeps, timing
 from benchmark.options import Options
-from cli.errors import RunError, UsageError
 from cli.host_memory import user_settings
 from configs import common, tiny
+from core.errors import RunError, UsageError
 from training import flops
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

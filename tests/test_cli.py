@@ -13,11 +13,11 @@ import sys
 import pytest
 from absl import logging as absl_logging
 
-from cli import logs
-from cli.errors import RunError, UsageError, exit_status
 from configs import common
 from configs.rules import Choice, Float, Int, RuleError
 from configs.validate import check_config
+from core import logs
+from core.errors import RunError, UsageError, exit_status
 from tests.test_training import tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

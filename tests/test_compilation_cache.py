@@ -1,9 +1,9 @@
-"""Where cli/compilation_cache.py puts JAX's persistent compilation cache (decode.py's second run
-compiling nothing is tested in tests/test_decode.py)."""
+"""Where inference/compilation_cache.py puts JAX's persistent compilation cache (decode.py's
+second run compiling nothing is tested in tests/test_decode.py)."""
 
 import pathlib
 
-from cli import compilation_cache
+from inference import compilation_cache
 
 
 def test_the_folder_is_the_flag_then_jax_s_variable_then_the_user_s_cache():

@@ -18,8 +18,8 @@ import pytest
 from benchmark import ctranslate2 as peer
 from benchmark import decoding, paired, records, report
 from benchmark.options import Options
-from cli.errors import UsageError
 from configs import tiny
+from core.errors import UsageError
 from data.sources import synthetic_pairs
 from inference import ctranslate2_export as ce
 from inference.restore import load_for_inference

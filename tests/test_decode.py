@@ -274,8 +274,8 @@ def test_default_verbosity_shows_no_library_chatter(workdir):
 
 
 def test_a_second_run_compiles_nothing(workdir, tmp_path):
-  """decode.py's persistent compilation cache (cli/compilation_cache.py): the second process on
-  the same workdir and input loads every program from the cache folder (JAX_LOG_COMPILES names
+  """decode.py's persistent compilation cache (inference/compilation_cache.py): the second process
+  on the same workdir and input loads every program from the cache folder (JAX_LOG_COMPILES names
   each compilation and each cache hit) and writes the same translations; --compilation_cache=off
   writes nothing there."""
   cache = tmp_path / "cache"

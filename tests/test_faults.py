@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from cli.errors import RunError, UsageError
+from core.errors import RunError, UsageError
 from inference.restore import load_for_inference
 from tests.helpers import assert_trees_equal, saved_params, train_losses
 from tests.test_training import REPO
@@ -304,7 +304,7 @@ def test_readers_ignore_the_lock_and_it_follows_the_umask(uninterrupted, tmp_pat
 
 _TAKER = """
 import sys, time
-from cli.errors import UsageError
+from core.errors import UsageError
 from training.workdir import WorkdirLock
 time.sleep(max(float(sys.argv[2]) - time.time(), 0))
 try:

@@ -9,7 +9,7 @@ import types
 import pytest
 
 from benchmark import flax_wmt
-from cli.errors import UsageError
+from core.errors import UsageError
 
 THEIR_TRAIN = """
 import clu.metric_writers        # pipeline-only imports: stood in for when not installed

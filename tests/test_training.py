@@ -295,8 +295,8 @@ def test_float16_training_and_cudnn_float32_are_refused():
 
 
 def test_bad_loop_settings_are_config_errors(tmp_path):
-  from cli.errors import UsageError
   from configs.validate import check_config
+  from core.errors import UsageError
   from training.loop import train
 
   for eps in (1.0, -0.1):
@@ -317,7 +317,7 @@ def test_bad_loop_settings_are_config_errors(tmp_path):
 def test_model_vocab_size_is_fitted_to_the_vocabulary(caplog):
   """0 takes the vocabulary's size; fewer ids than the vocabulary is an error; more is a warning
   (those ids never occur but get logits and label-smoothing mass)."""
-  from cli.errors import UsageError
+  from core.errors import UsageError
   from training.loop import fit_model_vocab
 
   config = tiny_config(num_devices=1, **{"model.vocab_size": 0})
@@ -417,7 +417,7 @@ def test_train_lowers_loss_and_writes_metrics(tmp_path):
 
 
 def test_too_many_nonfinite_steps_stop_training(tmp_path):
-  from cli.errors import RunError
+  from core.errors import RunError
   from training.loop import train
 
   config = tiny_config(

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from cli.errors import UsageError
-from cli.terminal import Progress
+from core.errors import UsageError
+from core.progress import Progress
 from inference import Translator
 from tests.test_decode import TRAIN_FLAGS as DECODE_TRAIN_FLAGS
 

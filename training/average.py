@@ -19,8 +19,8 @@ import orbax.checkpoint as ocp
 from absl import flags, logging
 
 from cli import app
-from cli.errors import UsageError
 from configs.rules import Int, check_flag
+from core.errors import UsageError
 from training.checkpoint import available_steps, checkpoint_dir, describe_workdir, restore
 from training.compatibility import config_from_meta
 

@@ -36,7 +36,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
-from cli.errors import RunError, UsageError, first_line
+from core.errors import RunError, UsageError, first_line
 from training import orbax_logs
 
 CHECKPOINT_DIR = "checkpoints"

@@ -12,7 +12,7 @@ import json
 import ml_collections
 from absl import logging
 
-from cli.errors import UsageError
+from core.errors import UsageError
 
 # Model fields whose change makes a checkpoint's parameters unusable (or, pre_ln, meaningless).
 SHAPE_FIELDS = (

@@ -21,7 +21,7 @@ import time
 
 import jax
 
-from cli.errors import RunError, UsageError
+from core.errors import RunError, UsageError
 
 # What `jax.distributed.initialize()` raises, before it starts anything, when it was given no
 # coordinator and detected no cluster environment, and when JAX has already computed in this

@@ -17,9 +17,9 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from cli.errors import RunError, UsageError
-from cli.terminal import Progress
 from configs.validate import check_backend, check_config
+from core.errors import RunError, UsageError
+from core.progress import Progress
 from data import pipeline as data_pipeline
 from data import tokenizer
 from training import checkpoint as ckpt

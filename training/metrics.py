@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from cli.terminal import fmt
+from core.progress import fmt
 
 
 def _plain(value):

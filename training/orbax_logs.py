@@ -18,7 +18,7 @@ from absl import logging
 # tests/test_checkpoint.py fails if an upgrade changes it.
 from orbax.checkpoint._src.futures import future as orbax_future
 
-from cli.errors import TRACEBACK_ENV, first_line
+from core.errors import TRACEBACK_ENV, first_line
 
 
 def release_failed_save_threads() -> None:

@@ -43,7 +43,7 @@ import uuid
 
 from absl import logging
 
-from cli.errors import RunError, UsageError
+from core.errors import RunError, UsageError
 
 LOCK_NAME = "lock"
 HEARTBEAT_S = 30.0

@@ -2,7 +2,7 @@
 loads its compiled programs from disk instead of compiling them again (5-9 s per batch shape of
 beam search on a 2-core CPU, most of a small file's wall time).
 
-    from cli import compilation_cache
+    from inference import compilation_cache
     compilation_cache.enable()               # before anything compiles; returns the folder
     compilation_cache.enable("off")          # or "", "none": no persistent cache
 
