@@ -1,7 +1,6 @@
 """Test setup: eight simulated CPU devices, set before JAX is imported anywhere."""
 
 import os
-import pathlib
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -20,8 +19,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 import pytest  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+from tests.helpers import SHARED, tiny_config, train_run  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -38,9 +36,6 @@ def uninterrupted(tmp_path_factory):
   """(config, workdir) of a tiny run trained for 12 steps with dropout, a checkpoint every 4:
   the reference that resumed, restored and averaged runs are compared with. Tests copy the
   workdir before changing anything in it."""
-  from tests.helpers import train_run
-  from tests.test_training import tiny_config
-
   workdir = tmp_path_factory.mktemp("full")
   config = tiny_config(
     num_devices=1,

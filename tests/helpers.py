@@ -1,15 +1,88 @@
-"""Helpers shared by tests: train a tiny run and read back what it saved; count compilations."""
+"""Helpers shared by tests: the repository's paths; a tiny config and batches; train a tiny run and
+read back what it saved; count compilations; run a command line as a user does (a subprocess) or,
+where a new interpreter adds nothing, in this process."""
 
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
 import json
+import logging
+import os
 import pathlib
+import runpy
+import subprocess
+import sys
 
 import jax
 import numpy as np
+from absl import app as absl_app
+from absl import flags
+from absl import logging as absl_logging
 
+from configs import common
 from training import checkpoint as ckpt
 from training.loop import train
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
 
+
+# ----------------------------------------------------------------------------- configs, batches
+def tiny_config(**overrides):
+  """A one-layer, 32-wide Transformer on the synthetic task, 20 steps, no evaluation or periodic
+  checkpoint; `overrides`: flattened fields ("model.d_model": 64, num_devices=1)."""
+  c = common.base_config()
+  c.model.update(
+    d_model=32, d_ff=64, num_heads=4, num_layers=1, dropout_rate=0.0, max_len=32, vocab_size=36
+  )
+  c.data.update(
+    name="synthetic",
+    tokens_per_batch=256,
+    max_len=16,
+    synthetic_num_train=2000,
+    synthetic_num_eval=64,
+    synthetic_max_len=6,
+  )
+  c.optim.update(warmup_steps=10, learning_rate=1.0, label_smoothing=0.1)
+  c.num_train_steps = 20
+  c.log_every_steps = 5
+  c.eval_every_steps = 1000
+  c.checkpoint_every_steps = 1000
+  c.eval.bleu_sentences = 0
+  c.checkpoint.async_save = False
+  c.update_from_flattened_dict(overrides)
+  return c
+
+
+def fixed_batches(n=5, rows=16, length=8, seed=0):
+  """Deterministic unpacked batches in the pipeline's format."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(n):
+    lens = rng.integers(3, length + 1, rows)
+    b = {}
+    for side in ("inputs", "targets"):
+      tok = rng.integers(4, 36, (rows, length)).astype(np.int32)
+      valid = np.arange(length)[None] < lens[:, None]
+      tok = np.where(valid, tok, 0)
+      tok[np.arange(rows), lens - 1] = 1
+      b[side] = tok
+      b[f"{side}_segmentation"] = valid.astype(np.int32)
+      b[f"{side}_position"] = np.where(valid, np.arange(length)[None], 0).astype(np.int32)
+    out.append(b)
+  return out
+
+
+def make_parallel(config):
+  """The config's `Parallel` (training/parallel.py): its initial state, placed step and so on."""
+  from training.build import build_steps
+
+  return build_steps(config)[1]
+
+
+# ----------------------------------------------------------------------------- trained runs
 def train_run(config, workdir):
   return train(config, pathlib.Path(workdir))
 
@@ -53,3 +126,111 @@ class Compilations:
 
   def __exit__(self, *exc):
     jax.monitoring.unregister_event_duration_listener(self._listen)
+
+
+# ----------------------------------------------------------------------------- command lines
+def one_device_env(**extra) -> dict:
+  """This environment for a command line in a subprocess: JAX on one CPU device (faster to
+  compile than conftest's 8), the session's compilation cache (conftest) kept."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", **extra)
+  env.pop("XLA_FLAGS", None)
+  return env
+
+
+def run_py(*args, stdin=None, env=None, timeout=600, text=True) -> subprocess.CompletedProcess:
+  """`python *args` from the repository root, as a user runs it (`one_device_env()` unless `env`
+  is given); stdout and stderr captured."""
+  return subprocess.run(
+    [sys.executable, *map(str, args)],
+    cwd=REPO,
+    input=stdin,
+    capture_output=True,
+    text=text,
+    env=one_device_env() if env is None else env,
+    timeout=timeout,
+  )
+
+
+@dataclasses.dataclass
+class Ran:
+  """What `run_in_process` saw: the exit status and what was written to stdout and stderr."""
+
+  returncode: int
+  stdout: str
+  stderr: str
+
+
+absl_app.define_help_flags()  # as the first absl app.run would: --help stays defined throughout
+_ABSL_FLAGS = set(flags.FLAGS)  # absl's own (logging, app, help): kept across runs
+
+
+def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
+  """Runs `python <script> <args>` in this process: `script` (train.py, decode.py, bench.py, or
+  a `-m` module such as training.average) runs its `__main__` block, so its own flags and the
+  command-line runner (cli/app.py: parsing, one-line errors, exit status), without a new
+  interpreter's seconds of imports. For the checks made before any work; the real command lines
+  are run end to end in subprocesses too. Leaves the flags, the logging setup, absl's verbosity
+  and JAX's cache settings as they were, and the process's malloc settings alone."""
+  from cli import host_memory
+
+  defined = flags.FLAGS._flags()
+  others = {name: flag for name, flag in defined.items() if name not in _ABSL_FLAGS}
+  for name in others:  # e.g. flags defined by another module's import: they would clash
+    delattr(flags.FLAGS, name)
+  root, absl_logger = logging.getLogger(), logging.getLogger("absl")
+  handler = absl_logging.get_absl_handler()
+  saved_logging = (root.handlers[:], root.level, absl_logger.level, absl_logger.filters[:])
+  saved_handler_filters, saved_stream = handler.filters[:], handler.python_handler.stream
+  jax_options = (
+    "jax_compilation_cache_dir",
+    "jax_enable_compilation_cache",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_persistent_cache_min_entry_size_bytes",
+  )
+  saved_jax = {name: getattr(jax.config, name) for name in jax_options}
+  saved_keep = host_memory.keep_freed_memory_on_cpu
+  saved_argv, saved_stdin = sys.argv, sys.stdin
+  out, err = io.StringIO(), io.StringIO()
+  status = 0
+  try:
+    host_memory.keep_freed_memory_on_cpu = lambda *a, **k: host_memory.DEFAULT
+    handler.python_handler.stream = err  # the run's log lines, as its stderr
+    sys.argv = [script, *args]
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+      if script.endswith(".py"):
+        runpy.run_path(str(REPO / script), run_name="__main__")
+      else:
+        runpy.run_module(script, run_name="__main__", alter_sys=True)
+  except SystemExit as e:
+    status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+  finally:
+    host_memory.keep_freed_memory_on_cpu = saved_keep
+    sys.argv, sys.stdin = saved_argv, saved_stdin
+    for name in set(flags.FLAGS) - _ABSL_FLAGS:
+      if _defined_by_a_command_line(name):  # a library's own flags, defined on import, stay
+        delattr(flags.FLAGS, name)
+    flags.FLAGS.unparse_flags()
+    for name, flag in others.items():
+      flags.FLAGS[name] = flag
+    root.handlers[:], absl_logger.filters[:] = saved_logging[0], saved_logging[3]
+    root.setLevel(saved_logging[1])
+    absl_logger.setLevel(saved_logging[2])
+    handler.filters[:] = saved_handler_filters
+    handler.python_handler.stream = saved_stream
+    for name, value in saved_jax.items():
+      jax.config.update(name, value)
+  return Ran(status, out.getvalue(), err.getvalue())
+
+
+def _defined_by_a_command_line(flag: str) -> bool:
+  """Whether `flag` was defined by a command line (its `__main__` block or this repository's
+  cli/, or the `--config.<field>` overrides absl and ml_collections define while parsing) rather
+  than by a library module on import (e.g. TFDS's), which is imported only once."""
+  name = flags.FLAGS.find_module_defining_flag(flag) or ""
+  module = sys.modules.get(name)
+  where = getattr(module, "__file__", None) or ""
+  return (
+    module is None or where.startswith(str(REPO)) or name.startswith(("ml_collections", "absl."))
+  )

@@ -5,7 +5,6 @@ import concurrent.futures
 import gzip
 import json
 import os
-import pathlib
 import subprocess
 import sys
 import threading
@@ -17,9 +16,9 @@ from benchmark.options import Options
 from cli.host_memory import user_settings
 from configs import common, tiny
 from core.errors import RunError, UsageError
+from tests.helpers import REPO
 from training import flops
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 # A one-layer tiny model: these tests check fields and plumbing, not speed.
 SMALL = [
   "--config=configs/tiny.py",

@@ -18,8 +18,14 @@ import pytest
 from orbax.checkpoint._src.futures import future as orbax_future
 
 from inference.restore import load_for_inference
-from tests.helpers import assert_trees_equal, saved_params, train_losses, train_run
-from tests.test_training import tiny_config
+from tests.helpers import (
+  assert_trees_equal,
+  make_parallel,
+  saved_params,
+  tiny_config,
+  train_losses,
+  train_run,
+)
 from training import checkpoint as ckpt
 
 
@@ -42,8 +48,6 @@ def test_resume_equals_uninterrupted(uninterrupted, tmp_path):
 
 
 def test_restore_on_other_topologies(tmp_path, caplog):
-  from tests.test_training import make_parallel
-
   config = tiny_config(
     num_devices=8,
     num_train_steps=2,
@@ -86,8 +90,6 @@ def test_unfinished_and_corrupt_checkpoints_are_skipped(uninterrupted, tmp_path,
   root = ckpt.checkpoint_dir(work)
   (root / "16.orbax-checkpoint-tmp-1234").mkdir()  # a save killed half way
   _damage(root / "12")  # the newest finished one
-  from tests.test_training import make_parallel
-
   config = tiny_config(num_devices=1)
   p = make_parallel(config)
   with caplog.at_level(logging.WARNING):
@@ -135,8 +137,6 @@ def test_resume_with_optimizer_settings_changed(uninterrupted, tmp_path, change,
 
 def test_state_that_does_not_fit_is_an_error_naming_the_arrays(uninterrupted, tmp_path):
   config, full = uninterrupted
-  from tests.test_training import make_parallel
-
   target = make_parallel(config).restore_target
   emb = target.params["embed"]["embedding"]
   params = dict(
@@ -278,8 +278,6 @@ def test_a_machine_failure_on_restore_skips_and_moves_nothing(
     raise error
 
   monkeypatch.setattr(ckpt, "restore", failing)
-  from tests.test_training import make_parallel
-
   config = tiny_config(num_devices=1)
   with pytest.raises(
     RuntimeError,

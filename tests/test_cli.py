@@ -18,7 +18,7 @@ from configs.rules import Choice, Float, Int, RuleError
 from configs.validate import check_config
 from core import logs
 from core.errors import RunError, UsageError, exit_status
-from tests.test_training import tiny_config
+from tests.helpers import tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

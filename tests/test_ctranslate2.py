@@ -26,8 +26,7 @@ from inference.restore import load_for_inference
 from model.build import build_model, init_variables
 from model.generate import translate_all
 from model.special_tokens import EOS_ID
-from tests.conftest import REPO
-from tests.test_training import tiny_config
+from tests.helpers import REPO, tiny_config
 
 ctranslate2 = pytest.importorskip(
   "ctranslate2",

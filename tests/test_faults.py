@@ -17,8 +17,7 @@ import pytest
 
 from core.errors import RunError, UsageError
 from inference.restore import load_for_inference
-from tests.helpers import assert_trees_equal, saved_params, train_losses
-from tests.test_training import REPO
+from tests.helpers import REPO, assert_trees_equal, saved_params, train_losses
 from training import checkpoint as ckpt
 from training import workdir as wd
 from training.average import write_average

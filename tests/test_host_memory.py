@@ -2,7 +2,6 @@
 its temporaries again; the environment's own malloc settings win."""
 
 import os
-import pathlib
 import platform
 import subprocess
 import sys
@@ -10,8 +9,7 @@ import sys
 import pytest
 
 from cli import host_memory
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 # A jitted function with 256 MB temporaries ([8192, 8192] float32), called 5 times after its
 # first call: prints whether the settings were applied and the minor page faults per call.

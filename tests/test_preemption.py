@@ -10,8 +10,7 @@ import time
 import pytest
 
 from inference.restore import load_for_inference
-from tests.helpers import train_run
-from tests.test_training import REPO, tiny_config
+from tests.helpers import REPO, tiny_config, train_run
 from training import checkpoint as ckpt
 from training.preemption import Preemption
 

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from inference.restore import load_for_inference
-from tests.helpers import saved_params, train_run
-from tests.test_training import REPO, tiny_config
+from tests.helpers import REPO, saved_params, tiny_config, train_run
 from training import checkpoint as ckpt
 from training.average import AVERAGE_DIR, report_average, write_average
 

@@ -3,7 +3,6 @@
 import json
 import logging
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -13,59 +12,16 @@ import numpy as np
 import pytest
 
 from configs import common
+from tests.helpers import (
+  REPO,
+  fixed_batches,
+  make_parallel,
+  run_in_process,
+  run_py,
+  tiny_config,
+)
 from training import parallel as par
 from training.state import learning_rate_schedule
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def tiny_config(**overrides):
-  c = common.base_config()
-  c.model.update(
-    d_model=32, d_ff=64, num_heads=4, num_layers=1, dropout_rate=0.0, max_len=32, vocab_size=36
-  )
-  c.data.update(
-    name="synthetic",
-    tokens_per_batch=256,
-    max_len=16,
-    synthetic_num_train=2000,
-    synthetic_num_eval=64,
-    synthetic_max_len=6,
-  )
-  c.optim.update(warmup_steps=10, learning_rate=1.0, label_smoothing=0.1)
-  c.num_train_steps = 20
-  c.log_every_steps = 5
-  c.eval_every_steps = 1000
-  c.checkpoint_every_steps = 1000
-  c.eval.bleu_sentences = 0
-  c.checkpoint.async_save = False
-  c.update_from_flattened_dict(overrides)
-  return c
-
-
-def fixed_batches(n=5, rows=16, length=8, seed=0):
-  """Deterministic unpacked batches in the pipeline's format."""
-  rng = np.random.default_rng(seed)
-  out = []
-  for _ in range(n):
-    lens = rng.integers(3, length + 1, rows)
-    b = {}
-    for side in ("inputs", "targets"):
-      tok = rng.integers(4, 36, (rows, length)).astype(np.int32)
-      valid = np.arange(length)[None] < lens[:, None]
-      tok = np.where(valid, tok, 0)
-      tok[np.arange(rows), lens - 1] = 1
-      b[side] = tok
-      b[f"{side}_segmentation"] = valid.astype(np.int32)
-      b[f"{side}_position"] = np.where(valid, np.arange(length)[None], 0).astype(np.int32)
-    out.append(b)
-  return out
-
-
-def make_parallel(config):
-  from training.build import build_steps
-
-  return build_steps(config)[1]
 
 
 def run_losses(config, batches):
@@ -384,17 +340,6 @@ def test_bad_parallel_settings_are_clear():
 
 
 # ----------------------------------------------------------------------------- train.py
-def _train_py(args, timeout=300, **kw):
-  return subprocess.run(
-    [sys.executable, str(REPO / "train.py"), *args],
-    capture_output=True,
-    text=True,
-    timeout=timeout,
-    cwd=REPO,
-    **kw,
-  )
-
-
 def test_train_lowers_loss_and_writes_metrics(tmp_path):
   from training.loop import train
 
@@ -428,53 +373,52 @@ def test_too_many_nonfinite_steps_stop_training(tmp_path):
 
 
 def test_train_py_bad_input_is_one_clear_line(tmp_path):
+  """Checked in this process through train.py's `__main__` (tests/helpers.py run_in_process):
+  a workdir that cannot be created, an unknown config field, training files whose sides differ in
+  length, an unknown TFDS dataset."""
   blocker = tmp_path / "file"
   blocker.write_text("x")
-  out = _train_py(["--config=configs/tiny.py", f"--workdir={blocker}/sub"], timeout=120)
+  out = run_in_process("train.py", "--config=configs/tiny.py", f"--workdir={blocker}/sub")
   assert out.returncode == 2 and "not writable" in out.stderr and "Traceback" not in out.stderr
-  out = _train_py(
-    ["--config=configs/tiny.py", f"--workdir={tmp_path}/w", "--config.optim.lr=3"], timeout=120
+  out = run_in_process(
+    "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}/w", "--config.optim.lr=3"
   )
   assert out.returncode == 2 and "unknown config field 'config.optim.lr'" in out.stderr
   d = tmp_path / "corpus"
   d.mkdir()
   (d / "train.en").write_text("a\nb\nc\n")
   (d / "train.de").write_text("x\ny\n")
-  out = _train_py(
-    [
-      "--config=configs/tiny.py",
-      f"--workdir={tmp_path}/w2",
-      "--config.data.name=files",
-      f"--config.data.dir={d}",
-    ],
-    timeout=120,
+  out = run_in_process(
+    "train.py",
+    "--config=configs/tiny.py",
+    f"--workdir={tmp_path}/w2",
+    "--config.data.name=files",
+    f"--config.data.dir={d}",
   )
   assert out.returncode == 2, out.stderr[-2000:]
   assert "train.en" in out.stderr and "train.de" in out.stderr and "Traceback" not in out.stderr
-  out = _train_py(
-    [
-      "--config=configs/tiny.py",
-      f"--workdir={tmp_path}/w3",
-      "--config.data.name=no_such_tfds_dataset",
-    ],
-    timeout=180,
+  out = run_in_process(
+    "train.py",
+    "--config=configs/tiny.py",
+    f"--workdir={tmp_path}/w3",
+    "--config.data.name=no_such_tfds_dataset",
   )
   assert out.returncode == 2 and "no_such_tfds_dataset" in out.stderr
 
 
 def test_train_py_empty_training_files_are_one_line_naming_them(tmp_path):
-  """Both sides empty: SentencePiece used to fail with an internal error naming no file."""
+  """Both sides empty: SentencePiece used to fail with an internal error naming no file. A real
+  train.py process: its whole stderr is the one error line."""
   corpus = tmp_path / "corpus"
   corpus.mkdir()
   for name in ("train.en", "train.de", "validation.en", "validation.de"):
     (corpus / name).write_text("" if name.startswith("train") else "a\n")
-  out = _train_py(
-    [
-      "--config=configs/tiny.py",
-      f"--workdir={tmp_path}/w",
-      "--config.data.name=files",
-      f"--config.data.dir={corpus}",
-    ],
+  out = run_py(
+    "train.py",
+    "--config=configs/tiny.py",
+    f"--workdir={tmp_path}/w",
+    "--config.data.name=files",
+    f"--config.data.dir={corpus}",
     timeout=120,
   )
   assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
