@@ -1,17 +1,25 @@
 """The one runner of every command line here: train.py, decode.py, bench.py and the `python -m`
-tools.
+tools. Each command line defines its flags in a function `define_flags()`, called only by its
+`if __name__ == "__main__":` block, so that importing the module for its library functions defines
+no flag (two command lines' `--workdir` or `--json` would clash in one process, e.g. pytest's):
 
-    _CONFIG = cli.app.define_config()      # --config and --show_config (train.py, bench.py)
-    def main(): config = cli.app.load_config(_CONFIG); ...
+    def define_flags(flag_values=flags.FLAGS):
+      cli.app.define_config(flag_values)     # --config and --show_config (train.py, bench.py)
+      flags.DEFINE_string("workdir", None, "...", flag_values=flag_values)
+    def main(): config = cli.app.load_config(); workdir = flags.FLAGS.workdir; ...
     if __name__ == "__main__":
-      cli.app.run(main, prog="train.py", config=_CONFIG)
+      define_flags()
+      cli.app.run(main, prog="bench.py")
 
 `run` parses the flags with absl (a mistyped `--config.<field>=...` override, or a config file
 that cannot be loaded, is one line naming it), prints the resolved config and exits for
-`--show_config`, calls `main()` and turns the errors a user can act on (`core/errors.py`) into one
-line `<prog>: error: <message>` with the exit status of their kind: 2 for bad usage or input, 1
-for a failure while running. Any other exception is a bug and keeps its traceback; so does every
-error when `ATTENTION_JAX_TRACEBACK=1` is set.
+`--show_config`, installs the command lines' logging policy (core/logs.py), calls `main()` and
+turns the errors a user can act on (`core/errors.py`) into one line `<prog>: error: <message>`
+with the exit status of their kind: 2 for bad usage or input, 1 for a failure while running. The
+library names its arguments as Python does (`checkpoint='x': ...`); an `ArgumentError` whose
+argument came from a flag of this command line is printed as the flag (`--checkpoint=x: ...`).
+Any other exception is a bug and keeps its traceback; so does every error when
+`ATTENTION_JAX_TRACEBACK=1` is set.
 """
 
 from __future__ import annotations
@@ -35,13 +43,14 @@ def fail(prog: str, text: str, status: int) -> None:
   sys.exit(status)
 
 
-def define_config():
+def define_config(flag_values=flags.FLAGS):
   """Defines `--config` (a configs/*.py file, fields overridable as --config.<field>=<value>) and
   `--show_config`; returns the config's flag holder."""
   holder = config_flags.DEFINE_config_file(
     "config",
     None,
     "Config file (configs/*.py); --config.<field>=<value> overrides a field.",
+    flag_values=flag_values,
     lock_config=True,
   )
   flags.DEFINE_bool(
@@ -49,14 +58,16 @@ def define_config():
     False,
     "Print every field of the resolved config (the file and its overrides) "
     "with its value and what it means, then exit.",
+    flag_values=flag_values,
   )
   return holder
 
 
-def load_config(holder):
-  """The resolved config of `holder`; a config file that cannot be loaded is a UsageError naming
-  it (ml_collections defers a missing file's error to the first use of the config)."""
-  config = holder.value
+def load_config(holder=None):
+  """The resolved config of `holder` (default: the `--config` flag); a config file that cannot be
+  loaded is a UsageError naming it (ml_collections defers a missing file's error to the first use
+  of the config)."""
+  config = (holder if holder is not None else flags.FLAGS["config"]).value
   try:
     config.keys()
   except OSError as e:
@@ -100,17 +111,38 @@ def _unknown_field(argv: list[str], e: Exception) -> str:
   )
 
 
-def run(main: Callable[[], object], prog: str, config=None) -> None:
+def error_line(
+  error: BaseException,
+  flag_names: dict[str, str] | None = None,
+  flag_values: flags.FlagValues = flags.FLAGS,
+) -> str:
+  """The message of `error` as a command line prints it: an `ArgumentError` names the flag of its
+  argument (`flag_names` maps argument names to flag names where they differ) when this command
+  line defines that flag, else it stays as the library wrote it."""
+  if isinstance(error, errors.ArgumentError):
+    flag = (flag_names or {}).get(error.name, error.name)
+    if flag in flag_values:
+      return error.as_flag(flag)
+  return errors.message(error)
+
+
+def run(
+  main: Callable[[], object],
+  prog: str,
+  config=None,
+  flag_names: dict[str, str] | None = None,
+) -> None:
   """absl's `app.run` of `main()` (no arguments: it reads its flags) with the parsing and error
-  handling above. Positional arguments are a usage error: every input is a flag. `config`: the
-  holder from `define_config`, whose `--show_config` prints the config instead of running."""
+  handling above. Positional arguments are a usage error: every input is a flag. `--show_config`,
+  where defined, prints the config (of `config`, a holder from `define_config`; default the
+  `--config` flag) instead of running. `flag_names`: as `error_line`."""
 
   def body(argv: list[str]) -> None:
     if len(argv) > 1:
       fail(prog, f"unexpected arguments: {' '.join(argv[1:])} (every input is a --flag)", 2)
-    logs.quiet_library_logs()
+    logs.command_line_logs()
     try:
-      if config is not None and flags.FLAGS.show_config:
+      if "show_config" in flags.FLAGS and flags.FLAGS.show_config:
         print("\n".join(describe(load_config(config))))
         return
       main()
@@ -118,6 +150,6 @@ def run(main: Callable[[], object], prog: str, config=None) -> None:
       status = errors.exit_status(e)
       if status is None or os.environ.get(errors.TRACEBACK_ENV):
         raise
-      fail(prog, errors.message(e), status)
+      fail(prog, error_line(e, flag_names), status)
 
   app.run(body, flags_parser=lambda argv: parse_flags(argv, prog))

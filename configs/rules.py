@@ -127,7 +127,7 @@ class Text:
 Rule = Int | Float | Choice | Bool | Text
 
 
-def check_flag(name: str, rule: Rule) -> None:
+def check_flag(name: str, rule: Rule, flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """Registers `rule` as the validator of the absl flag `--name` (unset flags, None, pass): a
   value that breaks it stops the parsing with `flag --name=<value>: must be ...` (exit 2)."""
 
@@ -140,4 +140,4 @@ def check_flag(name: str, rule: Rule) -> None:
       raise flags.ValidationError(str(e)) from None
     return True
 
-  flags.register_validator(name, checker)
+  flags.register_validator(name, checker, flag_values=flag_values)

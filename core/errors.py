@@ -9,6 +9,10 @@
 Library code raises `UsageError` / `RunError` (or the built-in `ValueError` / `RuntimeError` /
 `OSError` they stand for); `cli.app.run` prints them as one line `<prog>: error: <message>` and
 exits with `exit_status(error)`. Any other exception is a bug and keeps its traceback.
+
+The library speaks Python: bad input in one argument is an `ArgumentError` naming the argument as
+the caller wrote it (`checkpoint='x': expected ...`); a command line whose flag of that name gave
+the value prints it as the flag (`--checkpoint=x: expected ...`, `cli.app.run`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,22 @@ class UsageError(ValueError):
 
 class RunError(RuntimeError):
   """A failure while running: exit status 1."""
+
+
+class ArgumentError(UsageError):
+  """Bad input in the argument `name` of a Python call: `name=value: problem` (the value as
+  Python writes it). `as_flag(flag)` is the same as a command line's flag gave it."""
+
+  def __init__(self, name: str, value, problem: str):
+    self.name, self.value, self.problem = name, value, problem
+    super().__init__(f"{name}={value!r}: {problem}")
+
+  def __reduce__(self):  # picklable with its three parts (Exception pickles only the message)
+    return type(self), (self.name, self.value, self.problem)
+
+  def as_flag(self, flag: str) -> str:
+    """'--<flag>=<value>: <problem>', the value as it was typed."""
+    return f"--{flag}={self.value}: {self.problem}"
 
 
 def exit_status(error: BaseException) -> int | None:

@@ -1,8 +1,15 @@
-"""What the command lines log: this project's lines (progress, records, warnings that concern the
-user) at the default verbosity; libraries' chatter (their INFO lines, such as Orbax's per-save and
-per-restore lines and JAX's probe of a TPU backend, and the warnings that describe expected
-states, such as Orbax's missing-metadata warning on restore) only with `--verbosity=1` (absl's
-`-v 1`) or higher.
+"""Which log lines a person sees: this project's lines (progress, records, warnings that concern
+the user) always; libraries' chatter (their INFO lines, such as Orbax's per-save and per-restore
+lines and JAX's probe of a TPU backend), the warnings that describe expected states (Orbax's
+missing-metadata warning on restore, its warning at every save without metrics) and the ~300
+lines of tracebacks Orbax logs for a failed save before its caller reports it, only with
+`--verbosity=1` (absl's `-v 1`) or higher, or ATTENTION_JAX_TRACEBACK=1 for the tracebacks.
+
+Importing or using the library changes no logger: the policy is installed by a call.
+
+    core.logs.command_line_logs()   # cli.app.run, for every command line
+    core.logs.quiet_library_logs()  # Python users who want the same quiet (also
+                                    # `from inference import quiet_library_logs`)
 """
 
 from __future__ import annotations
@@ -13,48 +20,89 @@ import pathlib
 
 from absl import logging as absl_logging
 
+from core.errors import TRACEBACK_ENV, first_line
+
 PROJECT_ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 
-# Library warnings that are not problems here, hidden at the default verbosity.
+# Library warnings that are not problems here, hidden below verbosity 1.
 EXPECTED_WARNINGS = (
   "Unable to initialize backend",  # JAX probing for a TPU or GPU it does not find
   "Metadata file does not exist",  # Orbax restoring a checkpoint written without one
+  # Orbax at every save without metrics once best_fn is set (checkpoint.keep_best): only
+  # evaluation steps carry a BLEU, so the other saves are expected.
+  "did not provide metrics",
 )
+# Where Orbax logs an error with its traceback and then raises it to the caller, which reports it.
+_ORBAX_RERAISED = {
+  ("future.py", "run"),  # a commit thread's error, raised again by its future
+  ("async_checkpointer.py", "_thread_func"),  # the same, raised again by wait_until_finished
+  ("checkpoint_manager.py", "wait_until_finished"),
+}
 
 
-class _LibraryChatter(logging.Filter):
-  def filter(self, record: logging.LogRecord) -> bool:
-    if absl_logging.get_verbosity() >= 1:
-      return True
-    path = record.pathname
-    if path.startswith(PROJECT_ROOT) and "site-packages" not in path:
-      return True  # this project's own line
-    if record.levelno < logging.WARNING:
-      return False
-    message = record.getMessage()
-    return not any(text in message for text in EXPECTED_WARNINGS)
+def _verbose() -> bool:
+  return absl_logging.get_verbosity() >= 1
 
 
 class _ExpectedWarnings(logging.Filter):
+  """Drops the EXPECTED_WARNINGS below verbosity 1."""
+
   def filter(self, record: logging.LogRecord) -> bool:
-    if absl_logging.get_verbosity() >= 1 or record.levelno != logging.WARNING:
+    if _verbose() or record.levelno != logging.WARNING:
       return True
     return not any(text in record.getMessage() for text in EXPECTED_WARNINGS)
 
 
-def hide_expected_warnings() -> None:
-  """For library use (the Python API) where the command lines' filter is not installed: drops
-  only the EXPECTED_WARNINGS that libraries log through absl (its logger), below verbosity 1."""
-  absl_logger = logging.getLogger("absl")
-  if not any(isinstance(f, _ExpectedWarnings) for f in absl_logger.filters):
-    absl_logger.addFilter(_ExpectedWarnings())
+class _FailedSaveTracebacks(logging.Filter):
+  """A failed save logs its error three times with tracebacks (~300 lines) before the caller
+  gets it: the records Orbax raises again are dropped, the tracebacks of its other error lines
+  cut to their first line. Kept whole with --verbosity=1 or ATTENTION_JAX_TRACEBACK=1."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if (
+      record.exc_info
+      and "/orbax/" in record.pathname
+      and not _verbose()
+      and not os.environ.get(TRACEBACK_ENV)
+    ):
+      if (os.path.basename(record.pathname), record.funcName) in _ORBAX_RERAISED:
+        return False
+      error = record.exc_info[1]
+      record.msg = f"{record.getMessage()} ({first_line(error) if error else 'see above'})"
+      record.args, record.exc_info, record.exc_text = None, None, None
+    return True
+
+
+class _LibraryChatter(logging.Filter):
+  """Drops the INFO lines of libraries below verbosity 1 (this project's own lines pass)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if _verbose() or record.levelno >= logging.WARNING:
+      return True
+    path = record.pathname
+    return path.startswith(PROJECT_ROOT) and "site-packages" not in path
+
+
+def _install(target: logging.Filterer, kind: type[logging.Filter]) -> None:
+  if not any(isinstance(f, kind) for f in target.filters):
+    target.addFilter(kind())
 
 
 def quiet_library_logs() -> None:
-  """Installs the filter on absl's handler, through which every logger's records pass once
-  absl.app runs (idempotent); keeps TensorFlow's C++ INFO and WARNING lines (TFDS imports it) off
-  unless the environment asks for them."""
-  handler = absl_logging.get_absl_handler()
-  if not any(isinstance(f, _LibraryChatter) for f in handler.filters):
-    handler.addFilter(_LibraryChatter())
+  """On absl's logger, through which JAX, Orbax and this project log: drops the expected library
+  warnings and cuts Orbax's failed-save tracebacks to one line, below verbosity 1. Idempotent;
+  what the command lines install too, for Python users who want the same (the library never
+  calls it)."""
+  absl_logger = logging.getLogger("absl")
+  _install(absl_logger, _ExpectedWarnings)
+  _install(absl_logger, _FailedSaveTracebacks)
+
+
+def command_line_logs() -> None:
+  """The command lines' policy (cli.app.run, once absl.app runs): `quiet_library_logs()`, and on
+  absl's handler, through which every logger's records pass, the libraries' INFO lines dropped
+  below verbosity 1; keeps TensorFlow's C++ INFO and WARNING lines (TFDS imports it) off unless
+  the environment asks for them. Idempotent."""
+  quiet_library_logs()
+  _install(absl_logging.get_absl_handler(), _LibraryChatter)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from core.errors import UsageError, first_line
+from core.errors import ArgumentError, UsageError, first_line
 from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_vocab
 from training.average import AVERAGE_DIR, average_params, load_params, report_average
 from training.checkpoint import (
@@ -66,25 +66,27 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
     try:
       k = int(count)
     except ValueError:
-      raise UsageError(
-        f"--checkpoint={checkpoint!r}: expected {how}:<k> with k an integer"
+      raise ArgumentError(
+        "checkpoint", checkpoint, f"expected {how}:<k> with k an integer"
       ) from None
     if k < 1 or k > len(steps):
-      raise UsageError(
-        f"--checkpoint={checkpoint}: {len(steps)} checkpoints available "
-        f"(steps {', '.join(map(str, steps))})"
+      raise ArgumentError(
+        "checkpoint",
+        checkpoint,
+        f"{len(steps)} checkpoints available (steps {', '.join(map(str, steps))})",
       )
     chosen = steps[-k:]
   elif checkpoint.isdigit():
     if int(checkpoint) not in steps:
-      raise UsageError(
-        f"--checkpoint={checkpoint}: no checkpoint at step {checkpoint}; available "
-        f"steps: {', '.join(map(str, steps))}"
+      raise ArgumentError(
+        "checkpoint",
+        checkpoint,
+        f"no checkpoint at step {checkpoint}; available steps: {', '.join(map(str, steps))}",
       )
     chosen = [int(checkpoint)]
   else:
-    raise UsageError(
-      f"--checkpoint={checkpoint!r}: expected latest, a step number, average:<k> or ensemble:<k>"
+    raise ArgumentError(
+      "checkpoint", checkpoint, "expected latest, a step number, average:<k> or ensemble:<k>"
     )
 
   ensemble = checkpoint.startswith("ensemble:")

@@ -25,7 +25,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from configs.rules import Choice, Float, Int, RuleError
 from core.errors import UsageError
-from core.logs import hide_expected_warnings
 from core.progress import Progress
 from inference.compilation_cache import enable as enable_compilation_cache
 from inference.restore import Restored, load_for_inference
@@ -91,6 +90,10 @@ class Translator:
   devices share the same cores). `dtype='bfloat16'` decodes with bfloat16 matrices and float32
   sums: on CPUs with bfloat16 matrix units 1.3-1.6x the sentences per second of float32, the
   translations nearly all the same (docs/experiments.md, "Decoding speed").
+
+  Loading changes no logger: `inference.quiet_library_logs()` hides, as the command lines do, the
+  library warnings that describe expected states (Orbax's on restoring a checkpoint without
+  metadata), below absl verbosity 1.
   """
 
   def __init__(self, restored: Restored, *, dtype: str | None = None, devices=None):
@@ -127,7 +130,6 @@ class Translator:
     the process's first compilation."""
     if compilation_cache:
       enable_compilation_cache(None if compilation_cache is True else str(compilation_cache))
-    hide_expected_warnings()  # Orbax's missing-metadata warning on every restore
     return cls(load_for_inference(workdir, checkpoint), dtype=dtype, devices=devices)
 
   @property

@@ -1,23 +1,27 @@
 """The command lines' shared behaviour (cli/, configs/rules.py, configs/validate.py): every config
 field and number flag checked for type and range before any work, one-line errors with the exit
-status of their kind, `--show_config`, config files that cannot be loaded, and the library warnings
-the Python API hides."""
+status of their kind (library errors naming Python arguments printed as flags), `--show_config`,
+config files that cannot be loaded, and the logging policy (core/logs.py)."""
 
 import logging as std_logging
 import math
 import os
 import pathlib
+import pickle
 import subprocess
 import sys
 
 import pytest
+from absl import flags
 from absl import logging as absl_logging
 
+from cli.app import error_line
 from configs import common
 from configs.rules import Choice, Float, Int, RuleError
 from configs.validate import check_config
 from core import logs
-from core.errors import RunError, UsageError, exit_status
+from core.errors import ArgumentError, RunError, UsageError, exit_status
+from core.logs import quiet_library_logs
 from tests.helpers import tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -117,19 +121,43 @@ def test_a_config_file_that_cannot_be_loaded_is_one_line_and_creates_nothing(tmp
   assert not workdir.exists()
 
 
-def test_the_python_api_hides_only_the_expected_library_warnings(caplog, monkeypatch):
-  """Translator.load installs `hide_expected_warnings`: Orbax's missing-metadata warning on
-  restore is dropped from absl's logger below verbosity 1, other warnings and --verbosity=1
-  keep it."""
-  logs.hide_expected_warnings()
-  logs.hide_expected_warnings()  # idempotent: one filter
+def test_quiet_library_logs_hides_only_the_expected_library_warnings(caplog, monkeypatch):
+  """`quiet_library_logs()` (what the command lines install, and Python users may call): Orbax's
+  missing-metadata and unscored-save warnings are dropped from absl's logger below verbosity 1,
+  other warnings and --verbosity=1 keep them. The library never calls it (tests/test_restore.py
+  loads a Translator)."""
   absl_logger = std_logging.getLogger("absl")
-  assert sum(isinstance(f, logs._ExpectedWarnings) for f in absl_logger.filters) == 1
+  monkeypatch.setattr(absl_logger, "filters", list(absl_logger.filters))  # undone after the test
+  quiet_library_logs()
+  quiet_library_logs()  # idempotent: one filter of each kind
+  kinds = [type(f) for f in absl_logger.filters]
+  assert len(kinds) == len(set(kinds)) and logs._ExpectedWarnings in kinds
   with caplog.at_level(std_logging.WARNING):
     absl_logging.warning("Metadata file does not exist: /w/checkpoints/3/state")
+    absl_logging.warning("Requested `tracked_metric`; did not provide metrics.")
     absl_logging.warning("a warning that matters")
     # --verbosity=1, without touching absl's logger level (other tests' caplog relies on it)
     monkeypatch.setattr(absl_logging, "get_verbosity", lambda: 1)
     absl_logging.warning("Metadata file does not exist: shown")
   messages = [r.getMessage() for r in caplog.records]
   assert messages == ["a warning that matters", "Metadata file does not exist: shown"]
+
+
+def test_library_errors_name_python_arguments_and_command_lines_name_flags():
+  """An ArgumentError reads as Python in Python (`checkpoint='x': ...`); a command line prints it
+  as the flag that gave the value when it defines one of that name (or of the name `flag_names`
+  maps it to), and as the library wrote it otherwise."""
+  error = ArgumentError("checkpoint", "average:x", "expected average:<k> with k an integer")
+  assert str(error) == "checkpoint='average:x': expected average:<k> with k an integer"
+  assert exit_status(error) == 2 and isinstance(error, ValueError)
+  defined = flags.FlagValues()
+  flags.DEFINE_string("checkpoint", "latest", "", flag_values=defined)
+  flags.DEFINE_string("model", None, "", flag_values=defined)
+  assert error_line(error, flag_values=defined) == (
+    "--checkpoint=average:x: expected average:<k> with k an integer"
+  )
+  assert error_line(error, flag_values=flags.FlagValues()) == str(error)  # no such flag
+  other = ArgumentError("model_dir", "/m", "no model.bin")
+  assert error_line(other, {"model_dir": "model"}, defined) == "--model=/m: no model.bin"
+  assert error_line(RunError("disk full"), flag_values=defined) == "disk full"
+  assert pickle.loads(pickle.dumps(error)).args == error.args  # crosses processes whole

@@ -46,7 +46,10 @@ def test_average_is_elementwise_mean_and_ensemble_stacks(uninterrupted):
     capture_output=True,
     text=True,
   )
-  assert out.returncode == 2 and "only 3 checkpoints" in out.stderr
+  last = out.stderr.strip().splitlines()[-1]
+  assert out.returncode == 2 and last.startswith("training.average: error: --last=99: only 3 ")
+  with pytest.raises(ValueError, match=r"^last=99: only 3 checkpoints in "):  # Python's names
+    write_average(workdir, 99)
 
 
 def test_vocab_path_is_copied_into_the_workdir_and_decoding_checks_it(uninterrupted, tmp_path):
@@ -93,7 +96,7 @@ def test_averaging_unevenly_spaced_steps_warns(caplog):
 def test_average_needs_at_least_one_checkpoint(uninterrupted):
   _, workdir = uninterrupted
   with pytest.raises(
-    ValueError, match=r"--last=0: the number of checkpoints to average must be >= 1"
+    ValueError, match=r"^last=0: the number of checkpoints to average must be >= 1"
   ):
     write_average(workdir, 0)
   out = subprocess.run(
@@ -102,7 +105,7 @@ def test_average_needs_at_least_one_checkpoint(uninterrupted):
     capture_output=True,
     text=True,
   )
-  assert out.returncode != 0 and "--last=0" in out.stderr, out.stderr[-2000:]
+  assert out.returncode == 2 and "flag --last=0: must be >= 1" in out.stderr, out.stderr[-2000:]
   assert not (pathlib.Path(workdir) / AVERAGE_DIR / "last0").exists()
 
 
@@ -119,3 +122,31 @@ def test_shape_mismatch_and_missing_checkpoints_are_clear(uninterrupted, tmp_pat
     load_for_inference(tmp_path / "empty")
   with pytest.raises(ValueError, match="no checkpoint at step 7; available steps: "):
     load_for_inference(full, "7")
+
+
+def test_bad_checkpoints_are_named_as_python_arguments(uninterrupted):
+  """The library names its argument as the caller wrote it (decode.py's `--checkpoint=...` lines,
+  tests/test_decode.py, are the same errors as the command line prints them)."""
+  _, workdir = uninterrupted
+  for checkpoint, message in (
+    ("nonsense", "checkpoint='nonsense': expected latest, a step number, average:<k> or"),
+    ("average:x", "checkpoint='average:x': expected average:<k> with k an integer"),
+    ("ensemble:9", "checkpoint='ensemble:9': 3 checkpoints available (steps 4, 8, 12)"),
+    (7, "checkpoint='7': no checkpoint at step 7; available steps: 4, 8, 12"),
+  ):
+    with pytest.raises(ValueError) as raised:
+      load_for_inference(workdir, checkpoint)
+    assert str(raised.value).startswith(message), raised.value
+
+
+def test_loading_a_translator_changes_no_logger(uninterrupted):
+  """Translator.load installs no filter on absl's logger or handler (the library changes no
+  global logging state); `inference.quiet_library_logs()` is the explicit call."""
+  from absl import logging as absl_logging
+
+  from inference import Translator
+
+  absl_logger = logging.getLogger("absl")
+  before = (list(absl_logger.filters), list(absl_logging.get_absl_handler().filters))
+  Translator.load(uninterrupted[1])
+  assert (list(absl_logger.filters), list(absl_logging.get_absl_handler().filters)) == before

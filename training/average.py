@@ -20,7 +20,7 @@ from absl import flags, logging
 
 from cli import app
 from configs.rules import Int, check_flag
-from core.errors import UsageError
+from core.errors import ArgumentError
 from training.checkpoint import available_steps, checkpoint_dir, describe_workdir, restore
 from training.compatibility import config_from_meta
 
@@ -64,12 +64,14 @@ def write_average(workdir, last: int) -> pathlib.Path:
   which `load_for_inference(workdir, 'average:<k>')` then loads."""
   workdir = pathlib.Path(workdir).absolute()
   if int(last) < 1:
-    raise UsageError(f"--last={last}: the number of checkpoints to average must be >= 1")
+    raise ArgumentError("last", last, "the number of checkpoints to average must be >= 1")
   steps = available_steps(workdir)
   if len(steps) < last:
-    raise UsageError(
-      f"--last={last}: only {len(steps)} checkpoints in {checkpoint_dir(workdir)} "
-      f"(steps {', '.join(map(str, steps)) or 'none'}); {describe_workdir(workdir)}"
+    raise ArgumentError(
+      "last",
+      last,
+      f"only {len(steps)} checkpoints in {checkpoint_dir(workdir)} "
+      f"(steps {', '.join(map(str, steps)) or 'none'}); {describe_workdir(workdir)}",
     )
   chosen = steps[-last:]
   trees, meta = [], None
@@ -96,13 +98,18 @@ def load_params(path: pathlib.Path):
   return state["params"], meta
 
 
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """This command line's flags, defined only when it runs (cli/app.py)."""
+  flags.DEFINE_string("workdir", None, "Training workdir.", required=True, flag_values=flag_values)
+  flags.DEFINE_integer("last", 5, "Average the last N checkpoints.", flag_values=flag_values)
+  check_flag("last", Int(min=1), flag_values)
+
+
 def main() -> None:
-  out = write_average(_WORKDIR.value, _LAST.value)
-  print(f"averaged the last {_LAST.value} checkpoints into {out}")
+  out = write_average(flags.FLAGS.workdir, flags.FLAGS.last)
+  print(f"averaged the last {flags.FLAGS.last} checkpoints into {out}")
 
 
 if __name__ == "__main__":
-  _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
-  _LAST = flags.DEFINE_integer("last", 5, "Average the last N checkpoints.")
-  check_flag("last", Int(min=1))
+  define_flags()
   app.run(main, prog="training.average")

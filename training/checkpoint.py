@@ -18,11 +18,12 @@ A save that fails (permission denied, disk full, an I/O error), synchronous or a
 one RunError naming the step's folder and the system's reason, raised by the call that finds it:
 `save`, `wait`, `close`, or `check`, which the loop calls at every step so that an asynchronous
 save's failure stops the run within a step rather than at the next save. Orbax's threads of the
-failed save are released, so the process exits at once (they would otherwise keep it alive for
-Orbax's 300 s coordination timeout), and the tracebacks Orbax logs on the way (~300 lines) are
-dropped where Orbax raises the error again, cut to one line elsewhere (kept whole with
-`--verbosity=1` or ATTENTION_JAX_TRACEBACK=1): training/orbax_logs.py. The unfinished step stays
-a temporary folder that restore skips: the last finished checkpoint is untouched.
+failed save are released (training/orbax_threads.py), so the process exits at once (they would
+otherwise keep it alive for Orbax's 300 s coordination timeout); the tracebacks Orbax logs on the
+way (~300 lines) are dropped where Orbax raises the error again and cut to one line elsewhere by
+the logging policy the command lines install (core/logs.py; kept whole with `--verbosity=1` or
+ATTENTION_JAX_TRACEBACK=1). The unfinished step stays a temporary folder that restore skips: the
+last finished checkpoint is untouched.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from absl import logging
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from core.errors import RunError, UsageError, first_line
-from training import orbax_logs
+from training import orbax_threads
 
 CHECKPOINT_DIR = "checkpoints"
 UNREADABLE_MARK = ".unreadable-"  # <step>.unreadable-<n>: set aside by a resume (_set_aside)
@@ -92,7 +93,6 @@ class Checkpointer:
       # Orbax writes a checkpoint's metrics to disk only with best_fn set; without it they live in
       # memory and, after a restart, every older checkpoint looks unscored and the best is deleted.
       best = dict(best_fn=_bleu, best_mode="max")
-      orbax_logs.quiet_unscored_save_warning()
       _set_aside_unreadable_metrics(self.root)
     self._options = ocp.CheckpointManagerOptions(
       preservation_policy=pp.AnyPreservationPolicy(policies),
@@ -100,7 +100,6 @@ class Checkpointer:
       create=True,
       **best,
     )
-    orbax_logs.quiet_failed_save_tracebacks()
     self.manager = ocp.CheckpointManager(self.root, options=self._options)
     self._writing: int | None = None  # the step of the save that may still be in flight
     self._failed = False
@@ -148,7 +147,7 @@ class Checkpointer:
     """The RunError of a failed save, once Orbax's threads that still wait on it are released."""
     self._failed = True
     self._writing = None
-    orbax_logs.release_failed_save_threads()
+    orbax_threads.release_failed_save_threads()
     if isinstance(error, OSError) and error.strerror:
       reason = error.strerror + (f": {error.filename}" if error.filename else "")
     else:
