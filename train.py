@@ -8,7 +8,9 @@ SIGTERM / SIGINT finish the current step, save, and exit 0; a process still runn
 `stop_timeout_s` (600) seconds later is hung and exits with status 128 + signal, without a new
 save. Several hosts: run one process per host with --coordinator_address=host:port
 --num_processes=N --process_id=i (or nothing, where JAX detects the cluster: SLURM, Open MPI,
-Kubernetes, Cloud TPU). Exit status 2: bad usage or input; 1: a failure while running.
+Kubernetes, Cloud TPU); when one process is lost (killed, frozen) the others exit with status 1
+within --heartbeat_timeout (30) seconds, naming it. Exit status 2: bad usage or input; 1: a
+failure while running.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from cli import app  # noqa: E402
 from configs.rules import Int, check_flag  # noqa: E402
 from configs.validate import check_config  # noqa: E402
 from core.errors import UsageError  # noqa: E402
-from training.distributed import initialize_distributed  # noqa: E402
+from training import distributed  # noqa: E402
 from training.loop import train  # noqa: E402
 from training.workdir import check_workdir  # noqa: E402
 
@@ -39,6 +41,12 @@ _PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-hos
 _DIST_TIMEOUT = flags.DEFINE_integer(
   "distributed_timeout", 300, "Seconds to wait for the coordinator before giving up."
 )
+_HEARTBEAT = flags.DEFINE_integer(
+  "heartbeat_timeout",
+  distributed.HEARTBEAT_S,
+  "Several processes: seconds a process may show no sign of life (killed, crashed, frozen, its "
+  "host down) before the others stop, naming it, with exit status 1.",
+)
 _TAKE_OVER_LOCK = flags.DEFINE_boolean(
   "take_over_lock",
   False,
@@ -49,6 +57,7 @@ flags.mark_flag_as_required("config")
 check_flag("num_processes", Int(min=1))
 check_flag("process_id", Int(min=0))
 check_flag("distributed_timeout", Int(min=1))
+check_flag("heartbeat_timeout", Int(min=2))
 
 
 def main() -> None:
@@ -58,8 +67,15 @@ def main() -> None:
   workdir = pathlib.Path(_WORKDIR.value).absolute()
   check_config(config, "train")  # before the workdir is created
   check_workdir(workdir)
-  initialize_distributed(_COORD.value, _NPROC.value, _PID.value, _DIST_TIMEOUT.value)
-  train(config, workdir, take_over_lock=_TAKE_OVER_LOCK.value)
+  distributed.initialize_distributed(
+    _COORD.value, _NPROC.value, _PID.value, _DIST_TIMEOUT.value, _HEARTBEAT.value, prog="train.py"
+  )
+  try:
+    train(config, workdir, take_over_lock=_TAKE_OVER_LOCK.value)
+  except Exception as e:
+    distributed.stop_after_error(e)  # several processes: a lost one is named instead
+    raise
+  distributed.finish()
 
 
 if __name__ == "__main__":

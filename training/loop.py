@@ -23,7 +23,7 @@ from core.progress import Progress
 from data import pipeline as data_pipeline
 from data import tokenizer
 from training import checkpoint as ckpt
-from training import compatibility, evaluate
+from training import compatibility, distributed, evaluate
 from training import parallel as par
 from training.build import build_steps
 from training.metrics import MetricsWriter, accumulate, window_means
@@ -213,6 +213,7 @@ def _train(config, workdir: pathlib.Path, lock: WorkdirLock | None) -> dict:
       batch = next(train_iter)
       state, metrics = parallel.train_step(state, batch, rng)
       step += 1
+      distributed.at_step(step)  # named in the line of a process that stops when another is lost
       checkpointer.check()  # an asynchronous save that failed stops the run now
       if lock is not None:
         lock.check()

@@ -22,8 +22,10 @@ holder then stops at its next heartbeat with an error instead of writing on. Tak
 O_EXCL file `<workdir>/lock.takeover`); in its turn a taker removes the lock only if it is still
 the one it judged, and creates its own with O_EXCL: of two takers only one wins.
 
-The lock is deleted when the run ends, also on errors and after a stop signal; a process killed
-with SIGKILL leaves it behind, for the next run to take over. Readers (decode.py,
+The lock is deleted when the run ends, also on errors and after a stop signal, and by
+`release_held_locks()` when a multi-process job stops because another process was lost
+(training/distributed.py); a process killed with SIGKILL leaves it behind, for the next run to
+take over. Readers (decode.py,
 training.average) ignore it; so do processes other than 0 of a multi-host job.
 """
 
@@ -154,6 +156,15 @@ def why_dead(record: dict, age_s: float) -> str | None:
   return None
 
 
+_HELD: set[WorkdirLock] = set()  # this process's locks, for release_held_locks
+
+
+def release_held_locks() -> None:
+  """Releases every lock this process holds: what a process that must exit at once does first."""
+  for lock in list(_HELD):
+    lock.release()
+
+
 class WorkdirLock:
   """`<workdir>/lock`, held from `acquire()` (or `with`) to `release()`; see the module's
   docstring."""
@@ -239,6 +250,7 @@ class WorkdirLock:
   def _start_heartbeat(self) -> WorkdirLock:
     self._thread = threading.Thread(target=self._beat, name="workdir-lock", daemon=True)
     self._thread.start()
+    _HELD.add(self)
     return self
 
   def acquire(self) -> WorkdirLock:
@@ -296,6 +308,7 @@ class WorkdirLock:
 
   def release(self) -> None:
     """Stops the heartbeat and deletes the lock file if it is still this run's."""
+    _HELD.discard(self)
     self._stop.set()
     if self._thread is not None:
       self._thread.join(timeout=5)
