@@ -1,8 +1,9 @@
 """BLEU by source-length bucket for one or more systems' translations of the same test set: where
 a model's quality falls off as sentences get longer (the RNN context vector's known weakness).
 
-    python -m analysis.bleu_by_length --source=../shared/data/multi30k/test_2016_flickr.de.gz \
-        --reference=../shared/data/multi30k/test_2016_flickr.en.gz \
+    python -m data.fetch multi30k --splits=test_2016_flickr --to=m30k
+    python -m analysis.bleu_by_length --source=m30k/test_2016_flickr.de.gz \
+        --reference=m30k/test_2016_flickr.en.gz \
         --hyp=rnn=rnn.txt --hyp=rnn_attention=att.txt --hyp=transformer=tf.txt \
         --edges=10,20 --lowercase --plot=bleu_by_length.png --json=bleu_by_length.json
 

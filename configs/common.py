@@ -13,6 +13,7 @@ from typing import Any
 import ml_collections
 
 from configs.rules import Bool, Choice, Float, Int, Rule, Text
+from data.multi30k import DEFAULT_URL as MULTI30K_URL
 from model.build import MODEL_TYPES
 from model.special_tokens import NUM_SPECIAL
 
@@ -106,10 +107,17 @@ FIELDS: dict[str, Field] = {
   ),
   "data.name": Field(
     "synthetic",
-    "'synthetic', 'files' (<data.dir>/<split>.<lang>[.gz]) or a TFDS translation dataset",
+    "'synthetic', 'multi30k' (fetched, cached), 'files' (data.dir) or a TFDS translation dataset",
     Text(),
   ),
-  "data.dir": Field("", "data.name='files': the folder of <split>.<lang>[.gz] files", Text()),
+  "data.dir": Field(
+    "",
+    "a folder of <split>.<lang>[.gz] files ('files'; 'multi30k' reads it, fetching none)",
+    Text(),
+  ),
+  "data.url": Field(
+    MULTI30K_URL, "'multi30k': base URL + data/task1/raw/<split>.<lang>.gz (a mirror's)", Text()
+  ),
   "data.tfds_data_dir": Field("", "TFDS data_dir; '' = TFDS's default", Text()),
   "data.source_lang": Field("en", "source language (file suffix or TFDS feature)", Text()),
   "data.target_lang": Field("de", "target language (file suffix or TFDS feature)", Text()),

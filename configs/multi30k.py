@@ -2,15 +2,19 @@
 d_model 256, d_ff 1024, 4 heads, a shared 8000-piece SentencePiece vocabulary, the paper's
 inverse-square-root schedule at 4096 target tokens per step.
 
-    python train.py --config=configs/multi30k.py --workdir=runs/m30k \
-        --config.data.dir=../shared/data/multi30k
+    python train.py --config=configs/multi30k.py --workdir=runs/m30k
     python decode.py --workdir=runs/m30k --split=test_2016_flickr --beam_size=5 --alpha=1.5 \
         --checkpoint=average:3
 
-The corpus is read from `<data.dir>/{train,val,test_2016_flickr}.{en,de}[.gz]`
-(https://github.com/multi30k/dataset, task 1). Two hours on a 2-core x86-64 CPU (1,484 steps,
-2026-11-29): test_2016_flickr 37.27 cased / 37.62 lowercased. The other Multi30k configs start
-from this one; `configs/multi30k_transformer_ende.py` and `multi30k_transformer_tiny_ende.py`
+The corpus (https://github.com/multi30k/dataset, task 1: splits train, val, test_2016_flickr,
+test_2017_flickr, test_2017_mscoco, test_2018_flickr) is fetched on first use from the repository
+at a pinned commit, checked against known digests, into `~/.cache/attention-jax/multi30k`
+(`$XDG_CACHE_HOME` if set; data/multi30k.py): nothing to download by hand. Without a network,
+`python -m data.fetch multi30k` fetches it beforehand where there is one;
+`--config.data.url=<mirror>` fetches from a mirror, `--config.data.dir=<folder>` reads
+`<folder>/<split>.<lang>[.gz]` files already on disk. Two hours on a 2-core x86-64 CPU (1,484
+steps, 2026-11-29): test_2016_flickr 37.27 cased / 37.62 lowercased. The other Multi30k configs
+start from this one; `configs/multi30k_transformer_ende.py` and `multi30k_transformer_tiny_ende.py`
 replace its schedule with one sized for a two-hour CPU budget.
 """
 
@@ -29,8 +33,7 @@ def get_config():
     max_len=128,
   )
   c.data.update(
-    name="files",
-    dir="../shared/data/multi30k",
+    name="multi30k",
     source_lang="en",
     target_lang="de",
     train_split="train",

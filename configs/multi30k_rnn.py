@@ -5,6 +5,8 @@ Adam at a constant 1e-3 after a short warmup and gradient clipping at 1, as is u
     timeout -s TERM 3600 python train.py --config=configs/multi30k_rnn.py --workdir=runs/m30k_rnn
     python decode.py --workdir=runs/m30k_rnn --split=test_2016_flickr --beam_size=1
 
+The corpus is fetched on first use (`configs/multi30k.py` says how and where).
+
 One hour on one shared core of a 2-core x86-64 CPU (1,446 steps, 2026-11-29): test_2016_flickr
 greedy BLEU 23.79 cased / 23.99 lowercased (bentrevett/pytorch-seq2seq: 20.6 lowercased).
 """

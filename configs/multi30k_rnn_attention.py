@@ -5,6 +5,8 @@ every encoder state.
         --workdir=runs/m30k_rnn_attention
     python decode.py --workdir=runs/m30k_rnn_attention --split=test_2016_flickr --beam_size=1
 
+The corpus is fetched on first use (`configs/multi30k.py` says how and where).
+
 One hour on one shared core of a 2-core x86-64 CPU (597 steps, 2026-11-29): test_2016_flickr
 greedy BLEU 29.20 cased / 29.40 lowercased (bentrevett/pytorch-seq2seq: 28.3 lowercased).
 """

@@ -7,6 +7,8 @@ parameters with a shared 8000-piece vocabulary). Short CPU budgets favour more, 
     python decode.py --workdir=runs/m30k_transformer_deen --split=test_2016_flickr \
         --beam_size=1 --checkpoint=average:3
 
+The corpus is fetched on first use (`configs/multi30k.py` says how and where).
+
 SIGTERM from `timeout` saves a checkpoint and exits cleanly. One hour on both cores of a 2-core
 x86-64 CPU (1,896 steps, 2026-11-29), the last three checkpoints averaged: test_2016_flickr greedy
 BLEU 38.77 cased / 38.98 lowercased (bentrevett/pytorch-seq2seq's Transformer: 36.5).

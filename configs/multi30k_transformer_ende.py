@@ -7,6 +7,8 @@ baseline (41.0) is.
     python decode.py --workdir=runs/m30k_transformer_ende --split=test_2016_flickr --beam_size=5 \
         --alpha=1.5 --checkpoint=average:10
 
+The corpus is fetched on first use (`configs/multi30k.py` says how and where).
+
 The model is `configs/multi30k.py`'s with dropout 0.2 (attention dropout 0.1); the recipe is sized
 for a fixed 2-hour CPU budget: 2048 target tokens per step, a 400-step warmup to 0.002, the rate
 decayed to zero (cosine) by `num_train_steps`, set a little under what two hours reach, so the

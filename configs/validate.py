@@ -20,6 +20,7 @@ import jax
 from configs.common import FIELDS
 from configs.rules import RuleError
 from core.errors import UsageError
+from data import multi30k
 from model.build import hyperparameters
 from model.special_tokens import NUM_SPECIAL
 
@@ -84,6 +85,13 @@ def _check_data(config) -> None:
       f"config error: data.synthetic_min_len={data.synthetic_min_len} is larger than "
       f"data.synthetic_max_len={data.synthetic_max_len}"
     )
+  if data.name == multi30k.NAME and not data.dir:  # fetched: the splits and languages it has
+    try:
+      multi30k.check_url(data.url)
+      for field in ("train_split", "eval_split"):
+        multi30k.check(data[field], (data.source_lang, data.target_lang), f"data.{field}")
+    except ValueError as e:
+      raise UsageError(f"config error: {e}") from None
 
 
 def _check_bench(config) -> None:

@@ -1,8 +1,10 @@
 """Raw parallel text: `(source_text, target_text)` pairs for one split of a corpus.
 
-Three kinds of corpus, chosen by `config.data.name`:
+Four kinds of corpus, chosen by `config.data.name`:
 
 * `'files'`: line-aligned text files `<data.dir>/<split>.<lang>` (or `.gz`).
+* `'multi30k'`: Multi30k's task 1, fetched on first use into a per-user cache (data/multi30k.py);
+  with `data.dir` set, read from there like `'files'` and nothing is fetched.
 * `'synthetic'`: a built-in task, generated from a seed, nothing to download: the target is the
   source sentence reversed, with every word renamed through a fixed permutation.
 * anything else: a TensorFlow Datasets translation builder such as `'wmt14_translate/de-en'`.
@@ -23,10 +25,13 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from absl import logging
 
+from data import multi30k
+
 Pair = tuple[str, str]
 
 SYNTHETIC = "synthetic"
 FILES = "files"
+MULTI30K = multi30k.NAME
 SYNTHETIC_SPLITS = ("train", "validation", "test")
 
 
@@ -124,6 +129,19 @@ def _some_pairs(pairs: Iterator[Pair], stats: SplitStats, files: str) -> Iterato
   yield from pairs
   if not stats.pairs:
     raise ValueError(f"{files}: every line pair has an empty side: no sentence pairs to read")
+
+
+def parallel_files(config_data, split: str) -> tuple[pathlib.Path, pathlib.Path]:
+  """The source and target files of `split`: in `data.dir` when it is set; else, for
+  data.name='multi30k', in the cache, fetched from `data.url` when missing."""
+  langs = (config_data.source_lang, config_data.target_lang)
+  if config_data.dir:
+    paths = [split_file(config_data.dir, split, lang) for lang in langs]
+  elif config_data.name == MULTI30K:
+    paths = multi30k.local_files(split, langs, config_data.get("url") or multi30k.DEFAULT_URL)
+  else:
+    raise ValueError("data.name='files' needs data.dir, the folder of <split>.<lang>[.gz] files")
+  return paths[0], paths[1]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -282,14 +300,8 @@ def iter_split(config_data, split: str, stats: SplitStats | None = None) -> Iter
     if split != "train":
       kwargs["num_examples"] = config_data.synthetic_num_eval
     return _clean(synthetic_pairs(split, **kwargs), stats)
-  if name == FILES:
-    if not config_data.dir:
-      raise ValueError("data.name='files' needs data.dir, the folder of <split>.<lang>[.gz] files")
-    return read_parallel_files(
-      split_file(config_data.dir, split, config_data.source_lang),
-      split_file(config_data.dir, split, config_data.target_lang),
-      stats,
-    )
+  if name in (FILES, MULTI30K):
+    return read_parallel_files(*parallel_files(config_data, split), stats)
   return read_tfds(
     name,
     split,
@@ -320,13 +332,14 @@ def corpus_identity(config_data, split: str) -> dict:
     identity.update(_synthetic_kwargs(config_data), num_eval=config_data.synthetic_num_eval)
     return identity
   identity.update(source_lang=config_data.source_lang, target_lang=config_data.target_lang)
-  if name == FILES:
-    if not config_data.dir:
-      raise ValueError("data.name='files' needs data.dir, the folder of <split>.<lang>[.gz] files")
-    for side, lang in (("source", config_data.source_lang), ("target", config_data.target_lang)):
-      path = split_file(config_data.dir, split, lang).resolve()
-      st = path.stat()
-      identity[side] = [str(path), st.st_size, st.st_mtime_ns]
+  if name == MULTI30K and not config_data.dir:
+    langs = (config_data.source_lang, config_data.target_lang)
+    multi30k.check(split, langs)
+    identity.update(zip(("source", "target"), multi30k.identity(split, langs)))
+  elif name in (FILES, MULTI30K):
+    for side, path in zip(("source", "target"), parallel_files(config_data, split)):
+      st = path.resolve().stat()
+      identity[side] = [str(path.resolve()), st.st_size, st.st_mtime_ns]
   else:
     identity["tfds_data_dir"] = config_data.tfds_data_dir or ""
   return identity

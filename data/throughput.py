@@ -1,6 +1,6 @@
 """How fast the input pipeline produces training batches.
 
-    python -m data.throughput --name=files --dir=../shared/data/multi30k --eval_split=val \
+    python -m data.throughput --name=multi30k --eval_split=val \
         --workdir=/tmp/m30k [--nopacking]
 
 builds the pipeline (training the vocabulary and filling the token cache on the first run), then
