@@ -24,21 +24,23 @@ from cli import app
 from cli.files import check_writable, read_lines
 from core.errors import UsageError
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FLAGS  # read by `run`, the command line's main
 
 
-def define_flags() -> None:
-  """The command-line flags; defined only when run as a program, so importing this module next to
-  other absl programs (bench.py, decode.py) in one process does not clash over --json / --plot."""
-  flags.DEFINE_string("source", None, "Source sentences, one per line (.gz allowed).")
-  flags.DEFINE_string("reference", None, "Reference translations, one per line.")
-  flags.DEFINE_multi_string("hyp", [], "NAME=FILE: one system's translations, one per line.")
-  flags.DEFINE_list("edges", ["10", "20"], "Bucket upper edges in source words.")
-  flags.DEFINE_bool(
-    "lowercase", False, "Lowercased BLEU (as published Multi30k figures are computed)."
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """This command line's flags, defined only when it runs (cli/app.py)."""
+  define = dict(flag_values=flag_values)
+  flags.DEFINE_string("source", None, "Source sentences, one per line (.gz allowed).", **define)
+  flags.DEFINE_string("reference", None, "Reference translations, one per line.", **define)
+  flags.DEFINE_multi_string(
+    "hyp", [], "NAME=FILE: one system's translations, one per line.", **define
   )
-  flags.DEFINE_string("plot", None, "Write a PNG bar chart here.")
-  flags.DEFINE_string("json", None, "Write the table as JSON here.")
+  flags.DEFINE_list("edges", ["10", "20"], "Bucket upper edges in source words.", **define)
+  flags.DEFINE_bool(
+    "lowercase", False, "Lowercased BLEU (as published Multi30k figures are computed).", **define
+  )
+  flags.DEFINE_string("plot", None, "Write a PNG bar chart here.", **define)
+  flags.DEFINE_string("json", None, "Write the table as JSON here.", **define)
 
 
 def bucket_labels(edges: Sequence[int]) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 import jax
-from ml_collections import config_flags
+from absl import flags
 
 from cli import app
 from core.errors import UsageError
@@ -26,8 +26,13 @@ def parameter_table(params) -> list[tuple[str, tuple[int, ...], int]]:
   return rows
 
 
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """This command line's flags, defined only when it runs (cli/app.py)."""
+  app.define_config(flag_values)
+
+
 def main() -> None:
-  cfg = _CONFIG.value
+  cfg = app.load_config()
   if cfg.model.vocab_size <= 0:
     raise UsageError(
       "model.vocab_size must be set (e.g. --config.model.vocab_size=37000) to "
@@ -41,5 +46,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+  define_flags()
   app.run(main, prog="analysis.parameters")

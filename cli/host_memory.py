@@ -12,10 +12,11 @@ the same pages are reused step after step. Measured with `bench.py` on 2 cores o
 benchmark 0.46-0.48 -> 0.35-0.42 s; the numbers computed do not change.
 
 The cost: the process keeps its peak host memory until it exits, as jemalloc or tcmalloc would.
-train.py, decode.py and bench.py call `keep_freed_memory_on_cpu()` first thing (`cli.app.prepare`),
-before JAX exists, so the backend is foreseen rather than asked: the settings apply when JAX will
-compute on the CPU (`JAX_PLATFORMS` starts with `cpu`, or no accelerator plugin or libtpu is
-installed); on a GPU or TPU host the temporaries live in device memory and glibc keeps its defaults.
+train.py, decode.py and bench.py call `keep_freed_memory_on_cpu()` first thing, in an
+`if __name__ == "__main__":` block above their other imports, before JAX exists, so the backend
+is foreseen rather than asked: the settings apply when JAX will compute on the CPU
+(`JAX_PLATFORMS` starts with `cpu`, or no accelerator plugin or libtpu is installed); on a GPU or
+TPU host the temporaries live in device memory and glibc keeps its defaults.
 Nothing is done off glibc, nor when the environment already sets any `MALLOC_*` variable or a
 `glibc.malloc` tunable (your settings win; e.g. `MALLOC_ARENA_MAX=8` restores glibc's per-thread
 arenas).

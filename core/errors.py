@@ -17,6 +17,8 @@ the value prints it as the flag (`--checkpoint=x: expected ...`, `cli.app.run`).
 
 from __future__ import annotations
 
+import os
+
 USAGE = 2
 FAILURE = 1
 # Set (to anything) in the environment, every error keeps its traceback.
@@ -37,14 +39,16 @@ class ArgumentError(UsageError):
 
   def __init__(self, name: str, value, problem: str):
     self.name, self.value, self.problem = name, value, problem
-    super().__init__(f"{name}={value!r}: {problem}")
+    shown = os.fspath(value) if isinstance(value, os.PathLike) else value
+    super().__init__(f"{name}={shown!r}: {problem}")
 
   def __reduce__(self):  # picklable with its three parts (Exception pickles only the message)
     return type(self), (self.name, self.value, self.problem)
 
   def as_flag(self, flag: str) -> str:
     """'--<flag>=<value>: <problem>', the value as it was typed."""
-    return f"--{flag}={self.value}: {self.problem}"
+    shown = os.fspath(self.value) if isinstance(self.value, os.PathLike) else self.value
+    return f"--{flag}={shown}: {self.problem}"
 
 
 def exit_status(error: BaseException) -> int | None:

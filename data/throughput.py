@@ -60,19 +60,28 @@ def main() -> None:
   )
 
 
-def define_flags() -> None:
-  """--workdir, --seconds, --batch_multiple and one flag per `config.data` field (as named and
-  checked in configs/common.py)."""
-  flags.DEFINE_string("workdir", None, "Holds the vocabulary and token cache.", required=True)
-  flags.DEFINE_float("seconds", 10.0, "How long to pull batches.")
-  flags.DEFINE_integer("batch_multiple", 1, "Row multiple of every global batch.")
-  check_flag("seconds", Float(above=0.0))
-  check_flag("batch_multiple", Int(min=1))
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """This command line's flags, defined only when it runs (cli/app.py): --workdir, --seconds,
+  --batch_multiple and one flag per `config.data` field (as named and checked in
+  configs/common.py)."""
+  flags.DEFINE_string(
+    "workdir",
+    None,
+    "Holds the vocabulary and token cache.",
+    required=True,
+    flag_values=flag_values,
+  )
+  flags.DEFINE_float("seconds", 10.0, "How long to pull batches.", flag_values=flag_values)
+  flags.DEFINE_integer(
+    "batch_multiple", 1, "Row multiple of every global batch.", flag_values=flag_values
+  )
+  check_flag("seconds", Float(above=0.0), flag_values)
+  check_flag("batch_multiple", Int(min=1), flag_values)
   define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, str: flags.DEFINE_string}
   for key, value in data_defaults().items():
     field = FIELDS[f"data.{key}"]
-    define[type(value)](key, value, f"config.data.{key}: {field.help}")
-    check_flag(key, field.rule)
+    define[type(value)](key, value, f"config.data.{key}: {field.help}", flag_values=flag_values)
+    check_flag(key, field.rule, flag_values)
 
 
 if __name__ == "__main__":

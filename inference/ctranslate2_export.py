@@ -329,24 +329,38 @@ def translate_texts(translator, pieces: Pieces, texts: Sequence[str], **options)
 
 
 # ----------------------------------------------------------------------------- command line
-def main() -> None:
-  path = export(_WORKDIR.value, _OUTPUT.value, _CHECKPOINT.value, _QUANTIZATION.value)
-  print(f"wrote the CTranslate2 model {path} ({_QUANTIZATION.value or 'float32'} weights)")
-
-
-if __name__ == "__main__":
-  _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
-  _OUTPUT = flags.DEFINE_string(
-    "output", None, "The CTranslate2 model directory to write (new or empty).", required=True
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """This command line's flags, defined only when it runs (cli/app.py)."""
+  flags.DEFINE_string("workdir", None, "Training workdir.", required=True, flag_values=flag_values)
+  flags.DEFINE_string(
+    "output",
+    None,
+    "The CTranslate2 model directory to write (new or empty).",
+    required=True,
+    flag_values=flag_values,
   )
-  _CHECKPOINT = flags.DEFINE_string(
-    "checkpoint", "latest", "latest, a step number or average:<k> (the mean of the last k)."
+  flags.DEFINE_string(
+    "checkpoint",
+    "latest",
+    "latest, a step number or average:<k> (the mean of the last k).",
+    flag_values=flag_values,
   )
-  _QUANTIZATION = flags.DEFINE_enum(
+  flags.DEFINE_enum(
     "quantization",
     None,
     list(QUANTIZATIONS),
     "Store the weights quantized (default float32); a Translator may still compute in "
     "another type (its compute_type).",
+    flag_values=flag_values,
   )
+
+
+def main() -> None:
+  f = flags.FLAGS
+  path = export(f.workdir, f.output, f.checkpoint, f.quantization)
+  print(f"wrote the CTranslate2 model {path} ({f.quantization or 'float32'} weights)")
+
+
+if __name__ == "__main__":
+  define_flags()
   app.run(main, prog="inference.ctranslate2_export")
