@@ -5,11 +5,7 @@ config files that cannot be loaded, and the logging policy (core/logs.py)."""
 
 import logging as std_logging
 import math
-import os
-import pathlib
 import pickle
-import subprocess
-import sys
 
 import pytest
 from absl import flags
@@ -22,17 +18,7 @@ from configs.validate import check_config
 from core import logs
 from core.errors import ArgumentError, RunError, UsageError, exit_status
 from core.logs import quiet_library_logs
-from tests.helpers import tiny_config
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _cli(*args, timeout=120):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  return subprocess.run(
-    [sys.executable, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout
-  )
+from tests.helpers import run_in_process, run_py, tiny_config
 
 
 def test_rules_refuse_nan_infinities_wrong_types_and_out_of_range_values():
@@ -88,7 +74,7 @@ def test_exit_status_by_kind():
 
 
 def test_show_config_prints_every_field_with_its_value_and_meaning():
-  out = _cli("train.py", "--config=configs/tiny.py", "--show_config", "--config.model.d_model=48")
+  out = run_py("train.py", "--config=configs/tiny.py", "--show_config", "--config.model.d_model=48")
   assert out.returncode == 0, out.stderr[-2000:]
   lines = out.stdout.strip().splitlines()
   assert len(lines) == len(common.FIELDS)
@@ -97,7 +83,7 @@ def test_show_config_prints_every_field_with_its_value_and_meaning():
   assert shown["model.d_model"].startswith("model.d_model = 48 ")  # the override, resolved
   assert common.FIELDS["model.d_model"].help in shown["model.d_model"]
   assert shown["num_train_steps"].startswith("num_train_steps = 200 ")  # from configs/tiny.py
-  helped = _cli("train.py", "--help")
+  helped = run_in_process("train.py", "--help")
   assert "--[no]show_config" in helped.stdout + helped.stderr
 
 
@@ -109,14 +95,18 @@ def test_a_config_file_that_cannot_be_loaded_is_one_line_and_creates_nothing(tmp
     ("configs/no_such.py", "--config=configs/no_such.py: cannot load it: [Errno 2]"),
     (str(broken), f"--config={broken}: cannot load it (line 1): SyntaxError"),
   ):
-    out = _cli("train.py", f"--config={config}", f"--workdir={workdir}")
+    out = run_in_process("train.py", f"--config={config}", f"--workdir={workdir}")
     assert out.returncode == 2, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("train.py: error: ") and message in lines[0]
-  out = _cli("train.py", "--config=configs/tiny.py", f"--workdir={workdir}", "--config.seed=-1")
+  out = run_in_process(
+    "train.py", "--config=configs/tiny.py", f"--workdir={workdir}", "--config.seed=-1"
+  )
   assert out.returncode == 2 and "config error: seed=-1 must be >= 0" in out.stderr
   assert not workdir.exists()
-  out = _cli("train.py", "--config=configs/tiny.py", f"--workdir={workdir}", "--process_id=-1")
+  out = run_in_process(
+    "train.py", "--config=configs/tiny.py", f"--workdir={workdir}", "--process_id=-1"
+  )
   assert out.returncode == 2 and "flag --process_id=-1: must be >= 0" in out.stderr
   assert not workdir.exists()
 
