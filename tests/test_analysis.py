@@ -1,17 +1,13 @@
 """analysis/bleu_by_length.py: bucketing, per-bucket scores equal sacreBLEU on the subset, CLI."""
 
 import json
-import pathlib
-import subprocess
-import sys
 
 import pytest
 from sacrebleu.metrics import BLEU
 
 from analysis import bleu_by_length as bbl
 from core.errors import UsageError
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.helpers import run_in_process, run_py
 
 
 def test_bucket_labels_and_membership():
@@ -56,39 +52,22 @@ def test_cli_writes_table_json_and_plot(tmp_path):
   ref.write_text("the cat sat on the mat\na dog ran in the big park\n")
   hyp.write_text("the cat sat on a mat\na dog ran in the big park\n")
   out_json, png = tmp_path / "o.json", tmp_path / "o.png"
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "analysis.bleu_by_length",
-      f"--source={src}",
-      f"--reference={ref}",
-      f"--hyp=m={hyp}",
-      "--edges=10",
-      f"--json={out_json}",
-      f"--plot={png}",
-    ],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
+  proc = run_py(
+    "-m",
+    "analysis.bleu_by_length",
+    f"--source={src}",
+    f"--reference={ref}",
+    f"--hyp=m={hyp}",
+    "--edges=10",
+    f"--json={out_json}",
+    f"--plot={png}",
     timeout=120,
   )
   assert proc.returncode == 0, proc.stderr
   assert "<=10" in proc.stdout and ">10" in proc.stdout
   assert json.loads(out_json.read_text())["buckets"][1]["bleu"]["m"] == pytest.approx(100.0)
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  bad = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "analysis.bleu_by_length",
-      f"--source={src}",
-      f"--reference={ref}",
-      "--hyp=nofile",
-    ],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=120,
+  bad = run_in_process(
+    "analysis.bleu_by_length", f"--source={src}", f"--reference={ref}", "--hyp=nofile"
   )
   assert bad.returncode == 2 and "--hyp=nofile: expected NAME=FILE" in bad.stderr
