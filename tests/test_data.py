@@ -560,11 +560,30 @@ def test_resume_with_another_batch_plan_continues_the_epoch_at_the_same_fraction
   assert same.state()["index"] == 7 and "batch plan changed" not in caplog.text
 
 
-def test_batching_is_fast():
-  rng = np.random.default_rng(0)
-  data = fake_split(rng.integers(2, 40, 20000), rng.integers(2, 40, 20000))
-  batcher = batching.Batcher(data, tokens_per_batch=8192, max_len=64, packing=True)
+def test_throughput_counts_the_batches_and_tokens_it_pulled():
+  """data/throughput.py's measure: the batches and non-padding tokens of the packed batches it
+  pulled, over the same elapsed time (how fast is bench.py's and `python -m data.throughput`'s
+  business, not a test's)."""
   from data.throughput import measure_throughput
 
-  result = measure_throughput(batcher.train_iter(), seconds=1.0)
-  assert result["tokens_per_s"] > 1e6, result
+  rng = np.random.default_rng(0)
+  data = fake_split(rng.integers(2, 40, 2000), rng.integers(2, 40, 2000))
+  batcher = batching.Batcher(data, tokens_per_batch=8192, max_len=64, packing=True)
+  pulled = []
+
+  def recorded(batches):
+    for batch in batches:
+      pulled.append(batch)
+      yield batch
+
+  result = measure_throughput(recorded(batcher.train_iter()), seconds=0.2)
+  assert result["batches"] == len(pulled) >= 1
+  count = {
+    side: sum(int(np.count_nonzero(b[f"{side}_segmentation"])) for b in pulled)
+    for side in ("inputs", "targets")
+  }
+  elapsed = result["batches"] / result["batches_per_s"]
+  assert result["target_tokens_per_s"] * elapsed == pytest.approx(count["targets"])
+  assert result["tokens_per_s"] * elapsed == pytest.approx(count["inputs"] + count["targets"])
+  for batch in pulled:  # whole examples, source and target together
+    examples_in(batch)
