@@ -12,19 +12,11 @@ import os
 import pathlib
 from collections.abc import Iterator
 
-import ml_collections
 import numpy as np
 from absl import logging
 
-from configs.common import data_defaults
 from data import cache, sources, tokenizer
 from data.batching import Batcher, TrainIterator
-
-
-def default_data_config() -> ml_collections.ConfigDict:
-  """The `config.data` fields at their defaults (the built-in synthetic task); each field's
-  meaning is in configs/common.py."""
-  return data_defaults()
 
 
 def _vocab(config_data, workdir: pathlib.Path) -> tokenizer.Vocab:
@@ -173,7 +165,7 @@ def build(
   """Loads (or trains) the vocabulary and tokenizes (or reads cached) train and eval splits.
 
   Args:
-    config: ConfigDict with `data` (fields of `default_data_config()`) and top-level `seed`.
+    config: ConfigDict with `data` (the fields of configs/common.py) and top-level `seed`.
     workdir: run folder; holds `vocab.model`/`vocab.json` and, by default, the token-id cache.
     batch_multiple: GLOBAL row multiple: data-parallel devices over all processes x
       gradient-accumulation micro-batches. Every global batch's row count is a multiple of

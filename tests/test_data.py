@@ -11,12 +11,13 @@ import ml_collections
 import numpy as np
 import pytest
 
+from configs.common import data_defaults
 from data import batching, cache, pipeline, sources, tokenizer
 from model.special_tokens import EOS_ID, PAD_ID, SEP_ID
 
 
 def make_config(**data) -> ml_collections.ConfigDict:
-  config = ml_collections.ConfigDict({"seed": 0, "data": pipeline.default_data_config()})
+  config = ml_collections.ConfigDict({"seed": 0, "data": data_defaults()})
   config.data.update(data)
   return config
 
@@ -174,7 +175,8 @@ def test_vocabulary_and_cache_follow_the_umask(tmp_path):
 def test_files_and_synthetic_do_not_import_tfds(tmp_path):
   code = (
     "import sys, ml_collections; from data import pipeline\n"
-    "config = ml_collections.ConfigDict({'seed': 0, 'data': pipeline.default_data_config()})\n"
+    "from configs.common import data_defaults\n"
+    "config = ml_collections.ConfigDict({'seed': 0, 'data': data_defaults()})\n"
     "config.data.synthetic_num_train = 100\n"
     f"pipeline.build(config, {str(tmp_path)!r})\n"
     "assert 'tensorflow_datasets' not in sys.modules and 'tensorflow' not in sys.modules"

@@ -1,0 +1,176 @@
+"""The layers point one way: every module's imports (parsed, not run) against the rule below.
+
+The rule, by top-level package (a module's imports of its own package are free; third-party
+imports are free everywhere):
+
+    core        nothing of this project: errors, progress, the logging policy (the bottom)
+    model       only itself: math, no I/O, no flags
+    data        core, model
+    configs     core, model, data      (the fields' catalog and checks describe the library)
+    training    core, model, data, configs
+    inference   core, model, data, configs, training
+    analysis    core, model, data, configs, training, inference
+    benchmark   the same, and cli (it runs bench.py processes with their malloc policy)
+    cli         core, configs          (the runner, flags, files of flags, host memory)
+    train.py, decode.py, bench.py: anything (the entry points)
+
+and a module that is also a command line (`if __name__ == "__main__":`, run as `python -m ...`)
+may import cli and configs wherever it lives (model/ has none): its flags, their rules and its
+main are the command line's. The library (every other module of model, data, configs, training,
+inference, analysis) never imports cli. The rule has no cycle, and neither has the graph of
+modules.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LIBRARY = ("core", "model", "data", "configs", "training", "inference", "analysis")
+ALLOWED = {
+  "core": set(),
+  "model": set(),
+  "data": {"core", "model"},
+  "configs": {"core", "model", "data"},
+  "training": {"core", "model", "data", "configs"},
+  "inference": {"core", "model", "data", "configs", "training"},
+  "analysis": {"core", "model", "data", "configs", "training", "inference"},
+  "benchmark": {"core", "model", "data", "configs", "training", "inference", "cli"},
+  "cli": {"core", "configs"},
+}
+COMMAND_LINE = {"cli", "configs"}  # what a module that is also a command line may import besides
+ENTRY_POINTS = ("train", "decode", "bench")
+
+
+def _packages() -> list[str]:
+  return sorted(p.parent.name for p in REPO.glob("*/__init__.py") if p.parent.name != "tests")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  """'package.module' (or an entry point's name) -> its file, for every module of the project."""
+  found = {name: REPO / f"{name}.py" for name in ENTRY_POINTS}
+  for package in _packages():
+    for path in sorted((REPO / package).glob("*.py")):
+      found[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+  return found
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+  """Every module name `path` imports anywhere (top level, functions, `__main__` blocks)."""
+  names = set()
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import):
+      names.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      names.add(node.module)
+      names.update(f"{node.module}.{alias.name}" for alias in node.names)
+  return names
+
+
+def _is_command_line(path: pathlib.Path) -> bool:
+  """Whether the module has a top-level `if __name__ == "__main__":` block."""
+  for node in ast.parse(path.read_text()).body:
+    if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+      names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+      texts = {n.value for n in ast.walk(node.test) if isinstance(n, ast.Constant)}
+      if names == {"__name__"} and texts == {"__main__"}:
+        return True
+  return False
+
+
+def _edges() -> dict[str, set[str]]:
+  """module -> the project's modules it imports."""
+  modules = _modules()
+  return {
+    name: {n for n in _imports(path) if n in modules and n != name}
+    for name, path in modules.items()
+  }
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  """One cycle of `graph` (a list of nodes, the first repeated at the end), or None."""
+  state: dict[str, int] = {}  # 1: on the current path, 2: done
+  path: list[str] = []
+
+  def visit(node: str) -> list[str] | None:
+    state[node] = 1
+    path.append(node)
+    for nxt in sorted(graph.get(node, ())):
+      if state.get(nxt) == 1:
+        return path[path.index(nxt) :] + [nxt]
+      if nxt not in state and (found := visit(nxt)):
+        return found
+    path.pop()
+    state[node] = 2
+    return None
+
+  for node in sorted(graph):
+    if node not in state and (found := visit(node)):
+      return found
+  return None
+
+
+def package_graph() -> dict[str, set[str]]:
+  """package -> the other packages its modules import (the entry points as themselves)."""
+  graph: dict[str, set[str]] = {}
+  for module, imported in _edges().items():
+    source = module.split(".")[0]
+    graph.setdefault(source, set()).update(
+      n.split(".")[0] for n in imported if n.split(".")[0] != source
+    )
+  return graph
+
+
+def test_the_rule_covers_every_package_and_has_no_cycle():
+  assert set(_packages()) == set(ALLOWED), "a new package: give it its place in ALLOWED"
+  assert _cycle(ALLOWED) is None
+  assert set(LIBRARY) <= set(ALLOWED) and not any("cli" in ALLOWED[p] for p in LIBRARY)
+
+
+def test_every_import_follows_the_rule():
+  modules = _modules()
+  broken = []
+  for module, imported in sorted(_edges().items()):
+    source = module.split(".")[0]
+    if source in ENTRY_POINTS:
+      continue
+    command_line = _is_command_line(modules[module])
+    for name in sorted(imported):
+      target = name.split(".")[0]
+      if target == source or target in ALLOWED[source]:
+        continue
+      if target in COMMAND_LINE and command_line and source != "model":
+        continue
+      broken.append(f"{module} imports {name}")
+  assert not broken, "imports against the layers (tests/test_layers.py):\n" + "\n".join(broken)
+
+
+def test_the_modules_import_no_cycle():
+  assert _cycle(_edges()) is None
+
+
+@pytest.mark.parametrize(
+  "graph, cycle",
+  [
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c", "a"]),
+    ({"x": {"y"}, "y": {"y"}}, ["y", "y"]),
+  ],
+)
+def test_the_cycle_finder_finds_cycles(graph, cycle):
+  assert _cycle(graph) == cycle
+
+
+def test_the_checks_see_imports_anywhere_and_command_lines(tmp_path):
+  """Imports inside functions and `__main__` blocks count; a `__main__` block makes a command
+  line."""
+  source = tmp_path / "m.py"
+  source.write_text(
+    "import a.b\nfrom c import d\ndef f():\n  from e.f import g\n"
+    "if __name__ == '__main__':\n  import cli\n"
+  )
+  assert _imports(source) == {"a.b", "c", "c.d", "e.f", "e.f.g", "cli"}
+  assert _is_command_line(source)
+  source.write_text("if __name__ == 'x':\n  pass\n")
+  assert not _is_command_line(source)
