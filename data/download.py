@@ -9,7 +9,8 @@ Content-Length) and its digest is the expected one: a cut transfer, a wrong file
 interrupted process never leaves `path` half-written, and the temporary file is removed whatever
 happens. Refused or reset connections, timeouts, cut transfers and HTTP 408 / 429 / 5xx are tried
 again, `tries` times in all, `backoff_s`, then twice that, ... apart; another HTTP status (403,
-404, ...) and a digest mismatch are final. Plain `http(s)://` and `file://` URLs.
+404, ...), a file:// path that is not there and a digest mismatch are final. URLs: `http://`,
+`https://`, `file://`.
 """
 
 from __future__ import annotations
@@ -142,6 +143,8 @@ def _copy(url: str, out, hasher, timeout_s: float) -> tuple[str, int]:
       raise _Transient(status) from None
     raise DownloadError(f"cannot download {url}: {status}") from None
   except urllib.error.URLError as e:  # refused, no route, name not resolved, ...
+    if isinstance(e.reason, (FileNotFoundError, PermissionError, IsADirectoryError)):  # file://
+      raise DownloadError(f"cannot download {url}: {_reason(e.reason)}") from None
     raise _Transient(_reason(e.reason)) from None
   except (OSError, http.client.HTTPException) as e:  # a timeout or reset before the body
     raise _Transient(_reason(e)) from None
