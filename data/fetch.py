@@ -36,9 +36,9 @@ def fetch_multi30k(splits, folder: pathlib.Path, url: str) -> list[pathlib.Path]
     except ValueError as e:
       raise UsageError(str(e)) from None
   try:
-    multi30k.check_url(url)
+    multi30k.check_url(url, "--url")
   except ValueError as e:
-    raise UsageError(f"--url: {e}") from None
+    raise UsageError(str(e)) from None
   if folder.exists() and not folder.is_dir():
     raise UsageError(f"--to={folder}: not a folder")
   return [

@@ -20,7 +20,7 @@ Where the digests come from:
   torchtext (pytorch/text, torchtext/datasets/multi30k.py, its 2021 table SUPPORTED_DATASETS: the
   2017 files and test_2018_flickr.en) and by sacreBLEU 2.6.0 (sacrebleu/dataset/__init__.py,
   "multi30k/2018": test_2018_flickr.de). torchtext's MD5s of the six files above all match the
-  reference copy. These four splits have not been downloaded and checked here: should the
+  reference copy. These three splits' files have not been downloaded and checked here: should the
   repository's files differ, their fetch fails with a checksum error naming both digests, and
   `data.dir` (a folder of files you fetched yourself) is the way round it.
 """
@@ -106,11 +106,11 @@ def check(split: str, langs: Iterable[str], what: str | None = None) -> None:
       )
 
 
-def check_url(url: str) -> None:
-  """Raises ValueError unless `url` is an http(s):// or file:// URL."""
+def check_url(url: str, what: str = "data.url") -> None:
+  """Raises ValueError unless `url` is an http(s):// or file:// URL (`what` names it)."""
   if not url.startswith(URL_SCHEMES):
     raise ValueError(
-      f"data.url={url!r} is not an http://, https:// or file:// URL (the base to which "
+      f"{what}={url!r} is not an http://, https:// or file:// URL (the base to which "
       f"{RAW}/<split>.<lang>.gz is appended)"
     )
 
