@@ -103,14 +103,16 @@ def _check_bench(config) -> None:
     )
 
 
-def _uses_cudnn(config) -> bool:
+def uses_cudnn(config) -> bool:
+  """Whether the model attends with cuDNN's kernel: model.attention_impl='cudnn' on a model type
+  that has the option (ATTENTION_TYPES)."""
   return config.model.get("attention_impl") == "cudnn" and config.model.type in ATTENTION_TYPES
 
 
 def _check_cudnn_length(config, training: bool, data_max_len) -> None:
   """cuDNN's masked attention takes even lengths in training steps (data.max_len, or
   bench.seq_len for bench)."""
-  if not (training and _uses_cudnn(config)):
+  if not (training and uses_cudnn(config)):
     return
   name, length = (
     ("data.max_len", data_max_len)
@@ -127,7 +129,7 @@ def _check_cudnn_length(config, training: bool, data_max_len) -> None:
 def check_backend(config) -> None:
   """What the config asks of JAX's backend: model.attention_impl='cudnn' needs an NVIDIA GPU.
   Starts the backend: call it after `training.distributed.initialize_distributed`."""
-  if not _uses_cudnn(config):
+  if not uses_cudnn(config):
     return
   backend = jax.default_backend()
   if backend != "gpu":

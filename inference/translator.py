@@ -26,13 +26,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from configs.rules import Choice, Float, Int, RuleError
 from core.errors import UsageError
 from core.progress import Progress
+from data.tokenizer import encode_source
 from inference.compilation_cache import enable as enable_compilation_cache
 from inference.restore import Restored, load_for_inference
 from inference.scores import Scores, score
 from model import generate
 from model.build import build_model
 from model.search import PENALTIES
-from model.special_tokens import EOS_ID
 
 # What `translate`'s options may be; decode.py checks its flags of the same names with these.
 OPTION_RULES = {
@@ -150,11 +150,10 @@ class Translator:
       if not text:
         ids.append(None)
         continue
-      tokens = self.vocab.encode(text)
-      if len(tokens) + 1 > self.max_len:
+      tokens, was_cut = encode_source(self.vocab, text, self.max_len)
+      ids.append(tokens)
+      if was_cut:
         cut.append(index)
-        tokens = tokens[: self.max_len - 1]
-      ids.append(list(tokens) + [EOS_ID])
     return ids, cut
 
   def translate(self, sentences: Sequence[str], **options) -> list[str]:

@@ -1,4 +1,4 @@
-"""Scaled dot-product attention and the head split/merge around it (pure functions).
+"""Scaled dot-product attention (a pure function).
 
     Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V          (paper, eq. 1)
 
@@ -11,24 +11,6 @@ import jax
 import jax.numpy as jnp
 
 from model.dropout import dropout
-
-
-def split_heads(x: jax.Array, num_heads: int) -> jax.Array:
-  """[batch, length, d_model] -> [batch, length, heads, d_model / heads]."""
-  if x.ndim != 3:
-    raise ValueError(f"split_heads: x must be [batch, length, d_model], got shape {x.shape}")
-  batch, length, d_model = x.shape
-  if d_model % num_heads:
-    raise ValueError(f"split_heads: d_model={d_model} is not divisible by num_heads={num_heads}")
-  return x.reshape(batch, length, num_heads, d_model // num_heads)
-
-
-def merge_heads(x: jax.Array) -> jax.Array:
-  """[batch, length, heads, d_v] -> [batch, length, heads * d_v]."""
-  if x.ndim != 4:
-    raise ValueError(f"merge_heads: x must be [batch, length, heads, d_v], got shape {x.shape}")
-  batch, length, heads, d_v = x.shape
-  return x.reshape(batch, length, heads * d_v)
 
 
 def _check_shapes(query, key, value, mask):

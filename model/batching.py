@@ -35,6 +35,8 @@ def round_rows(n: int) -> int:
   counts from a short list, so that files of similar sizes share compiled shapes."""
   rows = 1
   while rows < n:
+    # A power of two 2^k (k >= 1) steps up by 3/2 to 3 * 2^(k-1), which steps up by 4/3 to
+    # 2^(k+1); 1 (where rows // 3 * 4 is 0) steps to 2.
     rows = rows * 3 // 2 if rows > 1 and rows & (rows - 1) == 0 else rows // 3 * 4 or 2
   return rows
 

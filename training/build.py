@@ -13,7 +13,7 @@ import functools
 
 from absl import logging
 
-from configs.validate import ATTENTION_TYPES
+from configs.validate import uses_cudnn
 from model.build import build_model
 from training import parallel as par
 from training import step as step_lib
@@ -25,8 +25,7 @@ def build_steps(config):
   train.py, bench.py and the tests all build the step here, so they time and test the same one.
   The config is checked first by `configs.validate.check_config`."""
   model = build_model(config.model)
-  cudnn = config.model.get("attention_impl") == "cudnn" and config.model.type in ATTENTION_TYPES
-  if cudnn and config.model.get("attention_dropout_rate"):
+  if uses_cudnn(config) and config.model.get("attention_dropout_rate"):
     logging.warning(
       "model.attention_impl='cudnn' with model.attention_dropout_rate=%g: training "
       "steps take the XLA attention path (cuDNN's kernel has no dropout here); eval "

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import sacrebleu
 
-from model.special_tokens import EOS_ID
+from data.tokenizer import encode_source
 
 
 def loss_metrics(parallel, params, batches) -> dict:
@@ -27,11 +27,6 @@ def loss_metrics(parallel, params, batches) -> dict:
     "perplexity": math.exp(min(total["nll"] / n, 50.0)),
     "eval_tokens": total["tokens"],
   }
-
-
-def source_ids(vocab, sentences: list[str], max_len: int) -> list[list[int]]:
-  """Token ids + EOS for each source sentence, cut to `max_len`."""
-  return [(vocab.encode(s)[: max_len - 1]) + [EOS_ID] for s in sentences]
 
 
 def translation_metrics(
@@ -54,7 +49,7 @@ def translation_metrics(
   outputs = translate_all(
     model,
     params,
-    source_ids(vocab, list(sources), max_len),
+    [encode_source(vocab, s, max_len)[0] for s in sources],
     tokens_per_batch=tokens_per_batch,
     beam_size=beam_size,
     max_extra_len=max_extra_len,

@@ -1,6 +1,8 @@
 """The training and evaluation steps: pure functions of one device's view of the batch.
 
-    train_step(state, batch, rng, *, model, config, axis_name=None) -> (state, metrics)
+    train_step(state, batch, rng, *, model, tx, schedule, label_smoothing, grad_accum_steps=1,
+               axis_name=None) -> (state, metrics)
+    eval_step(params, batch, *, model, label_smoothing, axis_name=None) -> sums
 
 With `axis_name` (the pmap case) gradients and metric sums are summed over that axis with
 `lax.psum`; without it the step sees the whole (possibly Mesh-sharded) batch and XLA inserts the
