@@ -28,20 +28,20 @@ ARGS = [
 ]
 
 
-def _free_port():
+def free_port():
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
 
 
-def _env(devices):
+def cpu_env(devices):
   env = dict(os.environ)
   env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   env["JAX_PLATFORMS"] = "cpu"
   return env
 
 
-def _run_together(jobs, timeout=400):
+def run_together(jobs, timeout=400):
   """Starts each (argv, env) of `jobs` at once and waits for all; their (stdout, stderr), once
   every one has exited 0."""
   procs = []
@@ -62,14 +62,14 @@ def _run_together(jobs, timeout=400):
   return outs
 
 
-def _logged_losses(stderr: str) -> list[tuple[str, str]]:
+def logged_losses(stderr: str) -> list[tuple[str, str]]:
   """(step, loss) of each train line a process logged (process 0's and the others' alike)."""
   return re.findall(r"\[train\] step (\d+): .*?loss=([0-9.e+-]+)", stderr)
 
 
 @pytest.mark.parametrize("parallelism", ["mesh", "pmap"])
 def test_two_process_job_agrees_and_only_process_0_writes(tmp_path, parallelism):
-  port = _free_port()
+  port = free_port()
   job, single = tmp_path / "job", tmp_path / "single"
   train = [sys.executable, str(REPO / "train.py"), *ARGS, f"--config.parallelism={parallelism}"]
   jobs = []
@@ -83,12 +83,12 @@ def test_two_process_job_agrees_and_only_process_0_writes(tmp_path, parallelism)
     ]
     if parallelism == "mesh":  # translate with parameters spread over both processes' devices
       cmd.append("--config.eval.bleu_sentences=4")
-    jobs.append((cmd, _env(2)))
+    jobs.append((cmd, cpu_env(2)))
   # The same 4 devices in one process, run alongside (compiling is mostly single-threaded, so
   # three processes share the two cores better than two and then one).
-  jobs.append(([*train, f"--workdir={single}"], _env(4)))
-  outs = _run_together(jobs)
-  losses = [_logged_losses(err) for _, err in outs[:2]]
+  jobs.append(([*train, f"--workdir={single}"], cpu_env(4)))
+  outs = run_together(jobs)
+  losses = [logged_losses(err) for _, err in outs[:2]]
   assert [int(s) for s, _ in losses[0]] == [1, 2, 3, 4, 5]
   assert [(s, float(x)) for s, x in losses[0]] == [(s, float(x)) for s, x in losses[1]], (
     outs[0][1][-3000:],
@@ -138,7 +138,7 @@ def test_an_unreachable_or_silent_coordinator_fails_within_timeout(tmp_path, lis
         "--distributed_timeout=4",
       ],
       cwd=REPO,
-      env=_env(1),
+      env=cpu_env(1),
       capture_output=True,
       text=True,
       timeout=120,
@@ -175,7 +175,7 @@ def test_two_processes_under_slurm_form_one_job_without_flags(tmp_path):
   JAX's cluster detection joins the two train.py processes into one job."""
   env = {
     k: v
-    for k, v in _env(1).items()
+    for k, v in cpu_env(1).items()
     if not k.startswith(("SLURM_", "OMPI_", "PMI_", "KUBERNETES_", "TPU_", "JAX_COORDINATOR"))
   }
   env.update(
@@ -188,13 +188,13 @@ def test_two_processes_under_slurm_form_one_job_without_flags(tmp_path):
     SLURM_NTASKS="2",
     SLURM_STEP_NUM_TASKS="2",
     SLURM_TASKS_PER_NODE="2",
-    JAX_COORDINATOR_PORT=str(_free_port()),
+    JAX_COORDINATOR_PORT=str(free_port()),
   )
   argv = [sys.executable, "-c", _REPORTING_TRAIN, *ARGS, f"--workdir={tmp_path}"]
   tasks = [dict(env, SLURM_PROCID=str(i), SLURM_LOCALID=str(i), SLURM_NODEID="0") for i in (0, 1)]
-  outs = _run_together([(argv, task) for task in tasks], timeout=300)
+  outs = run_together([(argv, task) for task in tasks], timeout=300)
   assert "process 0 of 2" in outs[0][0] and "process 1 of 2" in outs[1][0]
-  losses = [_logged_losses(err) for _, err in outs]
+  losses = [logged_losses(err) for _, err in outs]
   assert [int(s) for s, _ in losses[0]] == [1, 2, 3, 4, 5]
   assert losses[0] == losses[1]
   lines = (tmp_path / "metrics.jsonl").read_text().splitlines()

@@ -1,0 +1,193 @@
+"""A multi-process job that loses a process (#37), as real train.py jobs on localhost: a process
+killed (SIGKILL) or frozen (SIGSTOP) at a fixed step. Every other process exits with status 1 and
+one line naming the lost one, within --heartbeat_timeout and a little; the same command then
+resumes from the newest finished checkpoint with the losses of the uninterrupted steps."""
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from tests.test_multihost import ARGS as JOB_ARGS
+from tests.test_multihost import cpu_env, free_port
+from tests.test_training import REPO
+
+HEARTBEAT_S = 4
+EVERY = 3  # checkpoint_every_steps: a fault at step 3k + 2 leaves 3k finished, 3k + 3 impossible
+ARGS = [
+  *(a for a in JOB_ARGS if not a.startswith("--config.num_train_steps=")),
+  "--config.num_train_steps=13",
+  f"--config.checkpoint_every_steps={EVERY}",
+  "--config.eval.num_batches=1",
+  f"--heartbeat_timeout={HEARTBEAT_S}",
+]
+
+
+@dataclass(eq=False)  # hashable by identity
+class Job:
+  """One launch of a job's processes (started together), stderr of each in `<workdir>.<run>.<i>`."""
+
+  workdir: object
+  processes: int
+  port: int
+  run: int
+  procs: list = field(default_factory=list)
+
+  def start(self):
+    for i in range(self.processes):
+      with open(self.stderr_path(i), "w") as stderr:
+        self.procs.append(
+          subprocess.Popen(
+            [
+              sys.executable,
+              str(REPO / "train.py"),
+              *ARGS,
+              f"--workdir={self.workdir}",
+              f"--coordinator_address=127.0.0.1:{self.port}",
+              f"--num_processes={self.processes}",
+              f"--process_id={i}",
+            ],
+            cwd=REPO,
+            env=cpu_env(1),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+          )
+        )
+    return self
+
+  def stderr_path(self, i):
+    return f"{self.workdir}.{self.run}.{i}"
+
+  def stderr(self, i) -> str:
+    with open(self.stderr_path(i)) as f:
+      return f.read()
+
+  def kill_all(self):
+    for p in self.procs:
+      p.kill()
+      p.wait()
+
+
+def _inject(faults, timeout=300) -> dict:
+  """`faults`: (job, victim, step, kind) each; once the victim has logged `step`, it is stopped
+  (SIGSTOP: no process can pass the next step), then killed (kind 'kill') or left frozen
+  ('freeze'). Returns {job: when its fault came (time.monotonic())}."""
+  pending, when = list(faults), {}
+  deadline = time.monotonic() + timeout
+  while pending:
+    for fault in list(pending):
+      job, victim, step, kind = fault
+      if f"[train] step {step}:" in job.stderr(victim):
+        job.procs[victim].send_signal(signal.SIGSTOP)
+        if kind == "kill":
+          job.procs[victim].send_signal(signal.SIGKILL)
+        when[job], pending = time.monotonic(), [f for f in pending if f is not fault]
+      elif job.procs[victim].poll() is not None or time.monotonic() > deadline:
+        for f in faults:
+          f[0].kill_all()
+        raise AssertionError(f"no step {step} from process {victim}: {job.stderr(victim)[-3000:]}")
+    time.sleep(0.02)
+  return when
+
+
+def _expect_stopped(faulted) -> None:
+  """`faulted`: (job, victim, kind, when the fault came) each. Every process but the victim exits
+  with status 1 within HEARTBEAT_S + 20 s of the fault (before #37: 80 s then a C++ abort, or
+  never), its last line naming the victim (id, host, pid), its step and what to do, no other error
+  line, no stack trace. Then the victims are killed."""
+  exited = {}
+  deadline = time.monotonic() + HEARTBEAT_S + 60
+  try:
+    while time.monotonic() < deadline:
+      for job, victim, _, _ in faulted:
+        for i, p in enumerate(job.procs):
+          if i != victim and (job, i) not in exited and p.poll() is not None:
+            exited[job, i] = time.monotonic()
+      if len(exited) == sum(job.processes - 1 for job, *_ in faulted):
+        break
+      time.sleep(0.05)
+  finally:
+    for job, *_ in faulted:
+      job.kill_all()
+  for job, victim, kind, when in faulted:
+    who = (
+      rf"process {victim} of {job.processes} \(host {re.escape(socket.gethostname())}, pid "
+      rf"{job.procs[victim].pid}\)"
+    )
+    for i in range(job.processes):
+      if i == victim:
+        continue
+      err = job.stderr(i)
+      assert job.procs[i].returncode == 1, err[-3000:]
+      assert re.fullmatch(
+        rf"train\.py: error: {who} lost at step \d+: no sign of life for {HEARTBEAT_S} s "
+        r"\(--heartbeat_timeout; .*\); stopped; re-run the same command on every process to "
+        r"resume from the newest checkpoint",
+        err.splitlines()[-1],
+      ), (kind, err[-3000:])
+      assert err.count("error:") == 1 and "Check failed" not in err, err[-3000:]
+      assert "stack trace" not in err, err[-3000:]
+      assert exited[job, i] - when < HEARTBEAT_S + 20, (kind, exited[job, i] - when)
+
+
+def _checkpoints(workdir) -> list[int]:
+  """The finished checkpoints' steps (a save cut short leaves a temporary folder, never read)."""
+  return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def _train_runs(workdir) -> list[dict]:
+  """Process 0's train losses, {step: loss}, of each run in turn (a run starts where the steps
+  go back)."""
+  runs, last = [], None
+  for line in (workdir / "metrics.jsonl").read_text().splitlines():
+    record = json.loads(line)
+    if record["split"] != "train":
+      continue
+    if last is None or record["step"] <= last:
+      runs.append({})
+    runs[-1][record["step"]] = record["loss"]
+    last = record["step"]
+  return runs
+
+
+def test_lost_processes_stop_the_others_and_the_same_command_resumes(tmp_path):
+  """One 2-process job run four times with the same command: its worker killed at step 5, then
+  frozen at step 8, then process 0 (the coordinator's host and the lock's holder) killed at step
+  11, then left to finish. Each time the other process stops as `_expect_stopped` says, the lock
+  is released (left behind, and taken over by the next run, when process 0 was killed) and the
+  newest finished checkpoint is intact; each relaunch resumes from it and logs the previous run's
+  losses for the steps both ran, bit for bit. Alongside the first run, a 3-process job whose
+  process 1 is killed at step 5: processes 0 and 2 both stop so."""
+  workdir = tmp_path / "job"
+  three = Job(tmp_path / "three", 3, free_port(), 0).start()
+  port = free_port()
+  faults = [(1, 5, "kill"), (1, 8, "freeze"), (0, 11, "kill"), None]
+  for run, fault in enumerate(faults):
+    job = Job(workdir, 2, port, run).start()
+    if fault is None:
+      for i, p in enumerate(job.procs):
+        assert p.wait(timeout=300) == 0, job.stderr(i)[-3000:]
+    else:
+      victim, step, kind = fault
+      also = [(three, 1, 5, "kill")] if run == 0 else []  # its run is 0 too
+      when = _inject([(job, *fault)] + also)
+      _expect_stopped(
+        [(job, victim, kind, when[job]), *((j, v, k, when[j]) for j, v, _, k in also)]
+      )
+      if also:
+        assert not (three.workdir / "lock").exists()
+      assert (workdir / "lock").exists() == (victim == 0)
+      assert _checkpoints(workdir)[-1] == step - 2
+    if run:
+      err = job.stderr(0)
+      assert f"resumed from {workdir / 'checkpoints' / str(faults[run - 1][1] - 2)}" in err, err
+      assert ("took over" in err) == (faults[run - 1][0] == 0), err
+  runs = _train_runs(workdir)
+  assert [min(r) for r in runs] == [1, 4, 7, 10] and max(runs[-1]) == 13
+  for before, after in zip(runs, runs[1:]):
+    both = before.keys() & after.keys()
+    assert len(both) >= 2 and all(before[s] == after[s] for s in both), (before, after)
