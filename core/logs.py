@@ -44,13 +44,17 @@ def _verbose() -> bool:
   return absl_logging.get_verbosity() >= 1
 
 
+def _expected(record: logging.LogRecord) -> bool:
+  return record.levelno == logging.WARNING and any(
+    text in record.getMessage() for text in EXPECTED_WARNINGS
+  )
+
+
 class _ExpectedWarnings(logging.Filter):
   """Drops the EXPECTED_WARNINGS below verbosity 1."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if _verbose() or record.levelno != logging.WARNING:
-      return True
-    return not any(text in record.getMessage() for text in EXPECTED_WARNINGS)
+    return _verbose() or not _expected(record)
 
 
 class _FailedSaveTracebacks(logging.Filter):
@@ -74,13 +78,14 @@ class _FailedSaveTracebacks(logging.Filter):
 
 
 class _LibraryChatter(logging.Filter):
-  """Drops the INFO lines of libraries below verbosity 1 (this project's own lines pass)."""
+  """Drops the INFO lines and expected warnings of libraries below verbosity 1, whichever logger
+  they come through (JAX logs through its own); this project's own lines pass."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if _verbose() or record.levelno >= logging.WARNING:
-      return True
     path = record.pathname
-    return path.startswith(PROJECT_ROOT) and "site-packages" not in path
+    if _verbose() or (path.startswith(PROJECT_ROOT) and "site-packages" not in path):
+      return True
+    return record.levelno >= logging.WARNING and not _expected(record)
 
 
 def _install(target: logging.Filterer, kind: type[logging.Filter]) -> None:

@@ -133,6 +133,28 @@ def test_quiet_library_logs_hides_only_the_expected_library_warnings(caplog, mon
   assert messages == ["a warning that matters", "Metadata file does not exist: shown"]
 
 
+def test_the_command_lines_drop_library_info_and_expected_warnings_from_any_logger(monkeypatch):
+  """The filter `command_line_logs()` puts on absl's handler: a library's INFO lines and expected
+  warnings are dropped whichever logger they come through (JAX's own, say), its other warnings
+  and this project's lines kept; --verbosity=1 keeps everything."""
+
+  def record(level, message, path):
+    return std_logging.LogRecord("jax", level, path, 1, message, None, None)
+
+  library = "/venv/lib/python3.11/site-packages/jax/_src/xla_bridge.py"
+  ours = logs.PROJECT_ROOT + "/training/loop.py"
+  chatter = logs._LibraryChatter()
+  kept = [
+    (std_logging.INFO, "compiling", library),
+    (std_logging.WARNING, "Unable to initialize backend 'tpu'", library),
+    (std_logging.WARNING, "a warning that matters", library),
+    (std_logging.INFO, "step 10", ours),
+  ]
+  assert [chatter.filter(record(*r)) for r in kept] == [False, False, True, True]
+  monkeypatch.setattr(absl_logging, "get_verbosity", lambda: 1)
+  assert all(chatter.filter(record(*r)) for r in kept)
+
+
 def test_library_errors_name_python_arguments_and_command_lines_name_flags():
   """An ArgumentError reads as Python in Python (`checkpoint='x': ...`); a command line prints it
   as the flag that gave the value when it defines one of that name (or of the name `flag_names`
