@@ -1,4 +1,5 @@
-"""The layers point one way: every module's imports (parsed, not run) against the rule below.
+"""The layers point one way: every module's imports (parsed, not run) against the rule below;
+and every command line defines its flags one way.
 
 The rule, by top-level package (a module's imports of its own package are free; third-party
 imports are free everywhere):
@@ -22,9 +23,11 @@ modules.
 """
 
 import ast
+import importlib
 import pathlib
 
 import pytest
+from absl import flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LIBRARY = ("core", "model", "data", "configs", "training", "inference", "analysis")
@@ -174,3 +177,47 @@ def test_the_checks_see_imports_anywhere_and_command_lines(tmp_path):
   assert _is_command_line(source)
   source.write_text("if __name__ == 'x':\n  pass\n")
   assert not _is_command_line(source)
+
+
+# Entry points that still define their flags at import (module level); their owners move them into
+# define_flags() (#35 item 5). Importing both in one process clashes over --workdir.
+FLAGS_AT_IMPORT = ("train", "decode")
+_DEFINING = ("DEFINE_", "define_config", "check_flag", "mark_flag_as_required", "adopt_module_key")
+
+
+def _calls_outside_functions(tree: ast.Module) -> list[str]:
+  """Names of the flag-defining calls a module makes outside any function (at import, or in its
+  `__main__` block)."""
+  found = []
+  for node in tree.body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      continue
+    for call in ast.walk(node):
+      if isinstance(call, ast.Call):
+        name = getattr(call.func, "attr", None) or getattr(call.func, "id", "")
+        if name.startswith(_DEFINING):
+          found.append(name)
+  return found
+
+
+def test_every_command_line_defines_its_flags_in_define_flags():
+  """The one way (cli/app.py): a command line's flags are defined by its
+  `define_flags(flag_values=flags.FLAGS)`, which its `__main__` block calls before `app.run`;
+  nothing defines a flag at import, so a module imported for its library functions defines none.
+  Each `define_flags` defines the whole command line into a FlagValues of its own."""
+  command_lines = [
+    name for name, path in _modules().items() if _is_command_line(path) and name != "model"
+  ]
+  assert {"bench", "training.average", "analysis.bleu_by_length"} <= set(command_lines)
+  for name in command_lines:
+    tree = ast.parse(_modules()[name].read_text())
+    if name in FLAGS_AT_IMPORT:
+      continue
+    assert _calls_outside_functions(tree) == [], f"{name} defines flags outside define_flags()"
+    main_block = [n for n in tree.body if isinstance(n, ast.If)][-1]
+    calls = [getattr(c.func, "id", None) for c in ast.walk(main_block) if isinstance(c, ast.Call)]
+    assert "define_flags" in calls, f"{name}: its __main__ block does not call define_flags()"
+    module = importlib.import_module(name)
+    defined = flags.FlagValues()
+    module.define_flags(defined)
+    assert len(list(defined)) > 0, name
