@@ -43,7 +43,7 @@ import numpy as np
 from absl import flags, logging
 
 from cli import app
-from core.errors import RunError, UsageError
+from core.errors import ArgumentError, RunError, UsageError
 from data.tokenizer import Vocab, workdir_name
 from inference.restore import load_for_inference
 from model.config import TransformerConfig
@@ -204,28 +204,32 @@ def _bfloat16_without_torch(spec, quantization: str) -> None:
 
 def check_output(output) -> pathlib.Path:
   """The output directory, checked before any work: it may exist only as an empty directory, and
-  it (or the nearest folder above it that exists) must be writable. A UsageError otherwise."""
+  it (or the nearest folder above it that exists) must be writable. An ArgumentError otherwise."""
   path = pathlib.Path(output)
   if path.exists():
     if not path.is_dir():
-      raise UsageError(f"--output={output}: exists and is not a directory")
+      raise ArgumentError("output", output, "exists and is not a directory")
     if any(path.iterdir()):
-      raise UsageError(f"--output={output}: exists and is not empty; give a new directory")
+      raise ArgumentError("output", output, "exists and is not empty; give a new directory")
     where = path
   else:
     where = next(p for p in path.absolute().parents if p.exists())
     if not where.is_dir():
-      raise UsageError(f"--output={output}: {where} is not a directory")
+      raise ArgumentError("output", output, f"{where} is not a directory")
   if not os.access(where, os.W_OK | os.X_OK):
-    raise UsageError(f"--output={output}: {where} is not writable")
+    raise ArgumentError("output", output, f"{where} is not writable")
   return path
+
+
+def _check_quantization(quantization: str | None) -> None:
+  if quantization is not None and quantization not in QUANTIZATIONS:
+    raise ArgumentError("quantization", quantization, f"expected one of {', '.join(QUANTIZATIONS)}")
 
 
 def write_model(spec, output, quantization: str | None = None) -> pathlib.Path:
   """Validates `spec`, quantizes its weights (`quantization`: one of QUANTIZATIONS, None =
   float32) and saves it into the new directory `output` (see `check_output`)."""
-  if quantization is not None and quantization not in QUANTIZATIONS:
-    raise UsageError(f"--quantization={quantization}: expected one of {', '.join(QUANTIZATIONS)}")
+  _check_quantization(quantization)
   path = check_output(output)
   try:
     spec.validate()
@@ -241,7 +245,7 @@ def write_model(spec, output, quantization: str | None = None) -> pathlib.Path:
     path.mkdir(parents=True, exist_ok=True)
     spec.save(str(path))
   except OSError as e:
-    raise RunError(f"--output={output}: cannot write the model: {e.strerror or e}") from None
+    raise RunError(f"{output}: cannot write the model: {e.strerror or e}") from None
   return path
 
 
@@ -251,12 +255,13 @@ def export(workdir, output, checkpoint: str = "latest", quantization: str | None
   `quantization` (None: float32). Returns the directory's path."""
   checkpoint = str(checkpoint)
   if checkpoint.startswith("ensemble:"):
-    raise UsageError(
-      f"--checkpoint={checkpoint}: CTranslate2 runs one model; export one checkpoint, or the "
-      f"mean of the last k with average:<k>"
+    raise ArgumentError(
+      "checkpoint",
+      checkpoint,
+      "CTranslate2 runs one model; export one checkpoint, or the mean of the last k with "
+      "average:<k>",
     )
-  if quantization is not None and quantization not in QUANTIZATIONS:
-    raise UsageError(f"--quantization={quantization}: expected one of {', '.join(QUANTIZATIONS)}")
+  _check_quantization(quantization)
   check_output(output)
   restored = load_for_inference(workdir, checkpoint)
   spec = transformer_spec(restored.config.model, restored.params, Pieces(restored.vocab).pieces)

@@ -174,7 +174,7 @@ def test_quantized_exports_load_and_translate(exported, tmp_path):
 
 def test_other_model_types_and_ensembles_are_refused(exported, monkeypatch, tmp_path):
   restored, workdir = exported.restored, exported.workdir
-  with pytest.raises(UsageError, match="--checkpoint=ensemble:2: CTranslate2 runs one model"):
+  with pytest.raises(UsageError, match="checkpoint='ensemble:2': CTranslate2 runs one model"):
     ce.export(workdir, tmp_path / "e", checkpoint="ensemble:2")
   for kind in ("rnn", "rnn_attention", "decoder_only"):
     config = restored.config.copy_and_resolve_references()
@@ -190,9 +190,9 @@ def test_output_directory_is_checked_before_any_work(tmp_path, monkeypatch):
   (tmp_path / "full").mkdir()
   (tmp_path / "full" / "model.bin").write_text("")
   (tmp_path / "a_file").write_text("")
-  with pytest.raises(UsageError, match="full: exists and is not empty; give a new directory"):
+  with pytest.raises(UsageError, match="full': exists and is not empty; give a new directory"):
     ce.check_output(tmp_path / "full")
-  with pytest.raises(UsageError, match="a_file: exists and is not a directory"):
+  with pytest.raises(UsageError, match="a_file': exists and is not a directory"):
     ce.check_output(tmp_path / "a_file")
   with pytest.raises(UsageError, match="a_file is not a directory"):
     ce.check_output(tmp_path / "a_file" / "model")
@@ -200,7 +200,7 @@ def test_output_directory_is_checked_before_any_work(tmp_path, monkeypatch):
   assert ce.check_output(tmp_path / "empty") == tmp_path / "empty"
   assert ce.check_output(tmp_path / "new" / "model") == tmp_path / "new" / "model"
   monkeypatch.setattr(ce.os, "access", lambda path, mode: False)
-  with pytest.raises(UsageError, match=f"--output=.*new/model: {tmp_path} is not writable"):
+  with pytest.raises(UsageError, match=f"output='.*new/model': {tmp_path} is not writable"):
     ce.check_output(tmp_path / "new" / "model")
 
 
