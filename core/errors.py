@@ -39,16 +39,15 @@ class ArgumentError(UsageError):
 
   def __init__(self, name: str, value, problem: str):
     self.name, self.value, self.problem = name, value, problem
-    shown = os.fspath(value) if isinstance(value, os.PathLike) else value
-    super().__init__(f"{name}={shown!r}: {problem}")
+    self._text = os.fspath(value) if isinstance(value, os.PathLike) else value  # a path as a str
+    super().__init__(f"{name}={self._text!r}: {problem}")
 
   def __reduce__(self):  # picklable with its three parts (Exception pickles only the message)
     return type(self), (self.name, self.value, self.problem)
 
   def as_flag(self, flag: str) -> str:
     """'--<flag>=<value>: <problem>', the value as it was typed."""
-    shown = os.fspath(self.value) if isinstance(self.value, os.PathLike) else self.value
-    return f"--{flag}={shown}: {self.problem}"
+    return f"--{flag}={self._text}: {self.problem}"
 
 
 def exit_status(error: BaseException) -> int | None:
