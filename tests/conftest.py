@@ -19,7 +19,15 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 import pytest  # noqa: E402
 
-from tests.helpers import SHARED, tiny_config, train_run  # noqa: E402
+from tests.helpers import (  # noqa: E402
+  DECODE_TRAIN_FLAGS,
+  LONGER,
+  MODEL_TYPES,
+  SHARED,
+  run_in_process,
+  tiny_config,
+  train_run,
+)
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +54,29 @@ def uninterrupted(tmp_path_factory):
   )
   train_run(config, workdir)
   return config, workdir
+
+
+def _train_py(workdir, flags):
+  """train.py with `flags`, run in this process (tests/helpers.py run_in_process)."""
+  out = run_in_process("train.py", f"--workdir={workdir}", *flags)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return workdir
+
+
+@pytest.fixture(scope="session")
+def decode_workdir(tmp_path_factory):
+  """A tiny Transformer trained by train.py for 4 steps, checkpoints at steps 2 and 4."""
+  return _train_py(tmp_path_factory.mktemp("decode") / "run", DECODE_TRAIN_FLAGS)
+
+
+@pytest.fixture(scope="session")
+def model_type_workdirs(tmp_path_factory):
+  """{model.type: workdir} of each MODEL_TYPES trained by train.py for 150 steps, model.max_len
+  24 (one checkpoint, at step 150)."""
+  flags = [
+    f"{f.split('=')[0]}={LONGER.get(f.split('=')[0], f.split('=')[1])}" for f in DECODE_TRAIN_FLAGS
+  ]
+  return {
+    kind: _train_py(tmp_path_factory.mktemp(kind) / "run", [*flags, f"--config.model.type={kind}"])
+    for kind in MODEL_TYPES
+  }

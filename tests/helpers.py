@@ -83,6 +83,39 @@ def make_parallel(config):
 
 
 # ----------------------------------------------------------------------------- trained runs
+# train.py's flags of the tiny run decoded by tests/test_decode.py (sentences of 4..6 words and
+# model.max_len 8: every decode batch has one shape [rows, 8]) and, trained longer, of
+# tests/test_translator.py's runs.
+DECODE_TRAIN_FLAGS = [
+  "--config=configs/tiny.py",
+  "--config.num_devices=1",
+  "--config.num_train_steps=4",
+  "--config.checkpoint_every_steps=2",
+  "--config.eval_every_steps=1000",
+  "--config.log_every_steps=2",
+  "--config.model.d_model=32",
+  "--config.model.d_ff=64",
+  "--config.model.num_layers=1",
+  "--config.data.synthetic_num_train=200",
+  "--config.data.synthetic_num_eval=16",
+  "--config.data.synthetic_max_len=6",
+  "--config.data.max_len=8",
+  "--config.model.max_len=8",
+  "--config.data.tokens_per_batch=256",
+  "--config.eval.bleu_sentences=0",
+  "--config.eval.num_batches=1",
+]
+# The model types of tests/test_translator.py: the same run trained longer (they must translate
+# something) and with room for over-long inputs.
+MODEL_TYPES = ("transformer", "rnn", "rnn_attention", "decoder_only")
+LONGER = {
+  "--config.num_train_steps": "150",
+  "--config.checkpoint_every_steps": "150",
+  "--config.log_every_steps": "150",
+  "--config.model.max_len": "24",
+}
+
+
 def train_run(config, workdir):
   return train(config, pathlib.Path(workdir))
 
@@ -173,9 +206,12 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
   and JAX's cache settings as they were, and the process's malloc settings alone."""
   from cli import host_memory
 
-  defined = flags.FLAGS._flags()
-  others = {name: flag for name, flag in defined.items() if name not in _ABSL_FLAGS}
-  for name in others:  # e.g. flags defined by another module's import: they would clash
+  others = {  # e.g. flags an entry point defined when imported for its functions: they'd clash
+    name: flag
+    for name, flag in flags.FLAGS._flags().items()
+    if name not in _ABSL_FLAGS and _defined_by_a_command_line(name)
+  }
+  for name in others:
     delattr(flags.FLAGS, name)
   root, absl_logger = logging.getLogger(), logging.getLogger("absl")
   handler = absl_logging.get_absl_handler()
@@ -190,11 +226,15 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
   saved_jax = {name: getattr(jax.config, name) for name in jax_options}
   saved_keep = host_memory.keep_freed_memory_on_cpu
   saved_argv, saved_stdin = sys.argv, sys.stdin
-  out, err = io.StringIO(), io.StringIO()
+  out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)  # with .buffer
+  err = io.StringIO()
   status = 0
   try:
     host_memory.keep_freed_memory_on_cpu = lambda *a, **k: host_memory.DEFAULT
     handler.python_handler.stream = err  # the run's log lines, as its stderr
+    # absl.app initializes once per process (its handler on the root logger, verbosity INFO
+    # unless given): as a new process does, for each run.
+    absl_app._run_init.done = absl_app._register_and_parse_flags_with_usage.done = False
     sys.argv = [script, *args]
     data = stdin.encode() if isinstance(stdin, str) else stdin
     sys.stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
@@ -207,6 +247,7 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
     status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
   finally:
     host_memory.keep_freed_memory_on_cpu = saved_keep
+    absl_app._run_init.done = absl_app._register_and_parse_flags_with_usage.done = True
     sys.argv, sys.stdin = saved_argv, saved_stdin
     for name in set(flags.FLAGS) - _ABSL_FLAGS:
       if _defined_by_a_command_line(name):  # a library's own flags, defined on import, stay
@@ -221,7 +262,8 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
     handler.python_handler.stream = saved_stream
     for name, value in saved_jax.items():
       jax.config.update(name, value)
-  return Ran(status, out.getvalue(), err.getvalue())
+  out.flush()
+  return Ran(status, out.buffer.getvalue().decode("utf-8"), err.getvalue())
 
 
 def _defined_by_a_command_line(flag: str) -> bool:

@@ -1,62 +1,40 @@
-"""End-to-end tests of decode.py: a tiny model trained for a few steps by train.py (once per
-module), then decode.py run as a user would, in subprocesses."""
+"""decode.py: a tiny model trained for a few steps by train.py (once per session: conftest's
+`decode_workdir`), then decode.py run as a user would: in processes of its own where the process
+matters (stdin to stdout, what is logged, the compilation cache across processes), in this process
+(tests/helpers.py run_in_process: the same `__main__` and cli runner) for options, errors and
+outputs."""
 
 import json
-import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-EXTRA = 3  # --max_extra_len of the runs here
-TRAIN_FLAGS = [
-  "--config=configs/tiny.py",
-  "--config.num_train_steps=4",
-  "--config.checkpoint_every_steps=2",
-  "--config.eval_every_steps=1000",
-  "--config.log_every_steps=2",
-  "--config.model.d_model=32",
-  "--config.model.d_ff=64",
-  "--config.model.num_layers=1",
-  "--config.data.synthetic_num_train=200",
-  "--config.data.synthetic_num_eval=16",
-  # Sentences of 4..6 words and model.max_len 8: every decode batch has one shape [rows, 8].
-  "--config.data.synthetic_max_len=6",
-  "--config.data.max_len=8",
-  "--config.model.max_len=8",
-  "--config.data.tokens_per_batch=256",
-  "--config.eval.bleu_sentences=0",
-  "--config.eval.num_batches=1",
-]
+from tests.helpers import REPO, one_device_env, run_in_process, run_py
+
+EXTRA = 3  # --max_extra_len of the runs here (conftest's decode_workdir: model.max_len 8)
 
 
-def _env():
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)  # one CPU device: faster compilation than the 8 of conftest
-  return env
-
-
-def run(args, stdin=b"", check=True):
-  proc = subprocess.run(
-    [sys.executable, *args], cwd=REPO, input=stdin, capture_output=True, env=_env(), timeout=600
-  )
+def _checked(proc, check):
   if check and proc.returncode != 0:
-    raise AssertionError(f"{args[0]} exited {proc.returncode}:\n{proc.stderr.decode()[-3000:]}")
+    raise AssertionError(f"decode.py exited {proc.returncode}:\n{proc.stderr[-3000:]}")
   return proc
 
 
-def decode(workdir, *flags, stdin=b"", check=True):
-  return run(["decode.py", f"--workdir={workdir}", *flags], stdin=stdin, check=check)
+def decode(workdir, *flags, stdin="", check=True):
+  """decode.py in this process; its stdout and stderr as text."""
+  return _checked(run_in_process("decode.py", f"--workdir={workdir}", *flags, stdin=stdin), check)
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-  path = tmp_path_factory.mktemp("decode") / "run"
-  run(["train.py", f"--workdir={path}", *TRAIN_FLAGS])
-  assert sorted(p.name for p in (path / "checkpoints").iterdir()) == ["2", "4"]
-  return path
+def decode_py(workdir, *flags, stdin="", check=True):
+  """decode.py in a process of its own, as a user runs it; its stdout and stderr as text."""
+  return _checked(run_py("decode.py", f"--workdir={workdir}", *flags, stdin=stdin), check)
+
+
+@pytest.fixture
+def workdir(decode_workdir):
+  assert sorted(p.name for p in (decode_workdir / "checkpoints").iterdir()) == ["2", "4"]
+  return decode_workdir
 
 
 def test_stdin_to_stdout_in_input_order(workdir):
@@ -68,17 +46,17 @@ def test_stdin_to_stdout_in_input_order(workdir):
   short = ["w1 w2 w3", "w5 w6 w7 w8 w9", "w3 w4", "w10 w11 w12 w13 w14 w15 w16"]
   long = " ".join(f"w{i}" for i in range(12))  # > model.max_len=8 tokens
   lines = [short[0], "", short[1], long, short[2], "   ", short[3]]
-  proc = decode(
+  proc = decode_py(
     workdir,
     "--beam_size=1",
     f"--max_extra_len={EXTRA}",
-    stdin="".join(f"{line}\n" for line in lines).encode(),
+    stdin="".join(f"{line}\n" for line in lines),
   )
-  out = proc.stdout.decode("utf-8").split("\n")
+  out = proc.stdout.split("\n")
   assert out[-1] == "" and len(out) == len(lines) + 1, out
   assert out[1] == "" and out[5] == "", "empty (or blank) lines give empty lines"
   assert len({out[i] for i in (0, 2, 4, 6)}) > 1, out  # distinct lines: the order is checkable
-  stderr = proc.stderr.decode()
+  stderr = proc.stderr
   assert "truncated" in stderr and "line 4" in stderr, stderr[-2000:]
   assert "sentences/s" in stderr and "tokens/s" in stderr
 
@@ -110,7 +88,7 @@ def test_split_scores_json_and_attention_plot(workdir, tmp_path):
     f"--plot_attention={png}",
     "--plot_sentence=1",
   )
-  stdout = proc.stdout.decode()
+  stdout = proc.stdout
   assert "BLEU|nrefs:1|" in stdout and "chrF2|" in stdout, stdout
   result = json.loads(summary.read_text())
   assert "BLEU|nrefs:1|case:lc|" in stdout, stdout
@@ -143,36 +121,36 @@ def test_split_scores_json_and_attention_plot(workdir, tmp_path):
 def test_invalid_utf8_names_the_line(workdir):
   proc = decode(workdir, stdin=b"w1 w2\nw3 \xff w4\n", check=False)
   assert proc.returncode == 2
-  err = proc.stderr.decode().strip().splitlines()
+  err = proc.stderr.strip().splitlines()
   assert err[-1].startswith("decode.py: error:") and "line 2" in err[-1] and "UTF-8" in err[-1]
-  assert "Traceback" not in proc.stderr.decode()
+  assert "Traceback" not in proc.stderr
 
 
 def test_unknown_step_lists_available_steps(workdir):
-  proc = decode(workdir, "--checkpoint=999", stdin=b"w1\n", check=False)
+  proc = decode(workdir, "--checkpoint=999", stdin="w1\n", check=False)
   assert proc.returncode == 2
-  last = proc.stderr.decode().strip().splitlines()[-1]
+  last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith("decode.py: error:") and "999" in last and "2, 4" in last, last
-  assert "Traceback" not in proc.stderr.decode()
+  assert "Traceback" not in proc.stderr
 
 
 def test_empty_workdir_lists_its_contents(tmp_path):
   (tmp_path / "notes.txt").write_text("nothing here")
-  proc = decode(tmp_path, stdin=b"w1\n", check=False)
+  proc = decode(tmp_path, stdin="w1\n", check=False)
   assert proc.returncode == 2
-  last = proc.stderr.decode().strip().splitlines()[-1]
+  last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith("decode.py: error:") and "notes.txt" in last, last
-  assert "Traceback" not in proc.stderr.decode()
+  assert "Traceback" not in proc.stderr
 
 
 def test_top_k_above_the_vocabulary_is_a_clear_error(workdir):
-  proc = decode(workdir, "--temperature=1", "--top_k=100000", stdin=b"w1\n", check=False)
+  proc = decode(workdir, "--temperature=1", "--top_k=100000", stdin="w1\n", check=False)
   assert proc.returncode == 2
-  last = proc.stderr.decode().strip().splitlines()[-1]
+  last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith("decode.py: error: --top_k=100000: larger than the model's vocabulary"), (
     last
   )
-  assert "Traceback" not in proc.stderr.decode()
+  assert "Traceback" not in proc.stderr
 
 
 def test_gzip_input_and_top_k_without_temperature(workdir, tmp_path):
@@ -184,10 +162,10 @@ def test_gzip_input_and_top_k_without_temperature(workdir, tmp_path):
   packed.write_bytes(gzip.compress(text))
   from_plain = decode(workdir, f"--input={plain}", "--beam_size=1").stdout
   assert decode(workdir, f"--input={packed}", "--beam_size=1").stdout == from_plain
-  assert len(from_plain.decode().split("\n")) == 3
-  proc = decode(workdir, "--top_k=5", stdin=b"w1\n", check=False)
+  assert len(from_plain.split("\n")) == 3
+  proc = decode(workdir, "--top_k=5", stdin="w1\n", check=False)
   assert proc.returncode == 2
-  last = proc.stderr.decode().strip().splitlines()[-1]
+  last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith("decode.py: error: --top_k=5 applies to sampling only"), last
 
 
@@ -210,7 +188,7 @@ def test_score_cased_lowercased_and_chrf():
 def test_ensemble_of_checkpoints(workdir, tmp_path):
   """`--checkpoint=ensemble:<k>`: an ensemble of one checkpoint translates as that checkpoint
   does; two decode together and are named in the JSON; a bad count is a one-line error."""
-  text = b"w1 w2 w3\nw4 w5\n"
+  text = "w1 w2 w3\nw4 w5\n"
   latest = decode(workdir, "--beam_size=1", stdin=text).stdout
   assert decode(workdir, "--beam_size=1", "--checkpoint=ensemble:1", stdin=text).stdout == latest
   summary = tmp_path / "e.json"
@@ -224,7 +202,7 @@ def test_ensemble_of_checkpoints(workdir, tmp_path):
     f"--output={tmp_path / 'hyp.txt'}",
     f"--plot_attention={png}",
   )  # the plot shows the newest member's attention
-  assert "an ensemble of the checkpoints of steps 2, 4" in proc.stderr.decode()
+  assert "an ensemble of the checkpoints of steps 2, 4" in proc.stderr
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   result = json.loads(summary.read_text())
   assert result["checkpoint_steps"] == [2, 4] and result["checkpoint_step"] == 4
@@ -234,7 +212,7 @@ def test_ensemble_of_checkpoints(workdir, tmp_path):
     ("ensemble:x", "expected ensemble:<k> with k an integer"),
   ):
     proc = decode(workdir, f"--checkpoint={bad}", stdin=text, check=False)
-    assert proc.returncode == 2 and message in proc.stderr.decode(), proc.stderr.decode()[-500:]
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-500:]
 
 
 def test_bad_numbers_and_output_paths_fail_before_any_decoding(workdir, tmp_path):
@@ -248,8 +226,8 @@ def test_bad_numbers_and_output_paths_fail_before_any_decoding(workdir, tmp_path
     ([f"--json={tmp_path}/missing/s.json"], "--json="),
     ([f"--plot_attention={tmp_path}"], "is a folder"),
   ):
-    proc = decode(workdir, *flags, stdin=b"w1 w2\n", check=False)
-    err = proc.stderr.decode()
+    proc = decode(workdir, *flags, stdin="w1 w2\n", check=False)
+    err = proc.stderr
     assert proc.returncode == 2 and message in err.strip().splitlines()[-1], (flags, err[-800:])
     assert "Translating" not in err and "Traceback" not in err, err[-800:]
   damaged = tmp_path / "in.txt.gz"
@@ -257,18 +235,19 @@ def test_bad_numbers_and_output_paths_fail_before_any_decoding(workdir, tmp_path
   packed = __import__("gzip").compress(body)
   damaged.write_bytes(packed[: len(packed) // 2])  # a body cut short: a partial download
   proc = decode(workdir, f"--input={damaged}", check=False)
-  last = proc.stderr.decode().strip().splitlines()[-1]
+  last = proc.stderr.strip().splitlines()[-1]
   assert proc.returncode == 2 and f"--input={damaged}: cannot read" in last, last
   assert not (tmp_path / "missing").exists()
 
 
 def test_default_verbosity_shows_no_library_chatter(workdir):
-  """Orbax's INFO lines and missing-metadata warning, and JAX's TPU-backend probe, stay hidden;
-  `--verbosity=1` brings them back. The project's own lines stay."""
-  quiet = decode(workdir, "--beam_size=1", stdin=b"w1 w2\n").stderr.decode()
+  """Orbax's INFO lines and missing-metadata warning, and JAX's TPU-backend probe, stay hidden
+  from a user's decode.py; `--verbosity=1` (here in this process) brings them back. The project's
+  own lines stay."""
+  quiet = decode_py(workdir, "--beam_size=1", stdin="w1 w2\n").stderr
   lines = [line for line in quiet.splitlines() if line.strip()]
   assert lines and all(("decode.py:" in line) for line in lines), quiet[-2000:]
-  loud = decode(workdir, "--beam_size=1", "--verbosity=1", stdin=b"w1 w2\n").stderr.decode()
+  loud = decode(workdir, "--beam_size=1", "--verbosity=1", stdin="w1 w2\n").stderr
   assert "orbax" in loud or "checkpoint.py" in loud, loud[-2000:]
   assert len(loud.splitlines()) > len(lines)
 
@@ -279,7 +258,7 @@ def test_a_second_run_compiles_nothing(workdir, tmp_path):
   each compilation and each cache hit) and writes the same translations; --compilation_cache=off
   writes nothing there."""
   cache = tmp_path / "cache"
-  env = dict(_env(), JAX_LOG_COMPILES="1", JAX_COMPILATION_CACHE_DIR=str(cache))
+  env = one_device_env(JAX_LOG_COMPILES="1", JAX_COMPILATION_CACHE_DIR=str(cache))
   for name in (
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",

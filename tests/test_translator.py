@@ -4,70 +4,36 @@ progress bar."""
 
 import io
 import logging
-import os
-import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
 
 from core.errors import UsageError
 from core.progress import Progress
 from inference import Translator
-from tests.test_decode import TRAIN_FLAGS as DECODE_TRAIN_FLAGS
+from tests.helpers import MODEL_TYPES, REPO, run_in_process, run_py
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-TYPES = ("transformer", "rnn", "rnn_attention", "decoder_only")
-# test_decode.py's tiny run, trained longer (the model types must translate something) and with
-# room for over-long inputs.
-LONGER = {
-  "--config.num_train_steps": "150",
-  "--config.checkpoint_every_steps": "150",
-  "--config.log_every_steps": "150",
-  "--config.model.max_len": "24",
-}
-TRAIN_FLAGS = [
-  f"{name}={LONGER[name]}" if (name := flag.split("=")[0]) in LONGER else flag
-  for flag in DECODE_TRAIN_FLAGS
-] + ["--config.num_devices=1"]
 SENTENCES = ["w1 w2 w3", "", "w5 w6 w7 w8 w9", "w3 w4", "w10 w11 w12 w13 w14 w15"]
 
 
-def _env():
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)  # one CPU device: faster compilation than the 8 of conftest
-  return env
+@pytest.fixture
+def workdirs(model_type_workdirs):
+  """{model.type: workdir}: a few steps of each model type on the synthetic task (conftest)."""
+  return model_type_workdirs
 
 
-def _run(args, stdin=b""):
-  proc = subprocess.run(
-    [sys.executable, *args], cwd=REPO, input=stdin, capture_output=True, env=_env(), timeout=600
-  )
-  assert proc.returncode == 0, proc.stderr.decode()[-3000:]
-  return proc
-
-
-@pytest.fixture(scope="module")
-def workdirs(tmp_path_factory):
-  """A few steps of each model type on the synthetic task, trained by train.py."""
-  out = {}
-  for kind in TYPES:
-    path = tmp_path_factory.mktemp(kind) / "run"
-    _run(["train.py", f"--workdir={path}", *TRAIN_FLAGS, f"--config.model.type={kind}"])
-    out[kind] = path
-  return out
-
-
-@pytest.mark.parametrize("kind", TYPES)
+@pytest.mark.parametrize("kind", MODEL_TYPES)
 def test_the_api_and_decode_py_give_the_same_translations(workdirs, kind):
+  """decode.py run in this process (tests/helpers.py run_in_process; tests/test_decode.py runs
+  it as its own process too)."""
   translator = Translator.load(workdirs[kind])
-  stdin = "".join(f"{s}\n" for s in SENTENCES).encode()
+  stdin = "".join(f"{s}\n" for s in SENTENCES)
   api = translator.translate(SENTENCES, beam_size=2, max_extra_len=4)
-  cli = _run(
-    ["decode.py", f"--workdir={workdirs[kind]}", "--beam_size=2", "--max_extra_len=4"], stdin=stdin
+  cli = run_in_process(
+    "decode.py", f"--workdir={workdirs[kind]}", "--beam_size=2", "--max_extra_len=4", stdin=stdin
   )
-  assert cli.stdout.decode().split("\n")[:-1] == api, kind
+  assert cli.returncode == 0, cli.stderr[-3000:]
+  assert cli.stdout.split("\n")[:-1] == api, kind
   assert api[1] == "" and len(api) == len(SENTENCES)
   assert any(api), api  # something was written
 
@@ -151,5 +117,6 @@ def test_the_compilation_cache_when_asked(workdirs, tmp_path):
     "t = Translator.load(sys.argv[1], compilation_cache=sys.argv[2]); "
     "print(t.translate(['w1 w2 w3'], beam_size=2))"
   )
-  _run(["-c", code, str(workdirs["transformer"]), str(folder)])
+  proc = run_py("-c", code, workdirs["transformer"], folder)
+  assert proc.returncode == 0, proc.stderr[-3000:]
   assert any(p.name.startswith("jit_run") for p in folder.iterdir())
