@@ -6,8 +6,6 @@ benchmark model's own weights to exactly bench.decode_len tokens."""
 
 import json
 import pathlib
-import subprocess
-import sys
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -26,7 +24,7 @@ from inference.restore import load_for_inference
 from model.build import build_model, init_variables
 from model.generate import translate_all
 from model.special_tokens import EOS_ID
-from tests.helpers import REPO, tiny_config
+from tests.helpers import run_in_process, run_py, tiny_config
 
 ctranslate2 = pytest.importorskip(
   "ctranslate2",
@@ -204,15 +202,11 @@ def test_output_directory_is_checked_before_any_work(tmp_path, monkeypatch):
     ce.check_output(tmp_path / "new" / "model")
 
 
-def _cli(*args):
-  return subprocess.run(
-    [sys.executable, "-m", PROG, *args], cwd=REPO, capture_output=True, text=True
-  )
-
-
 def test_command_line_exports_and_refuses_bad_input_in_one_line(exported, tmp_path):
   workdir, out = exported.workdir, exported.out
-  done = _cli(f"--workdir={workdir}", f"--output={tmp_path / 'q'}", "--quantization=int8")
+  done = run_py(
+    "-m", PROG, f"--workdir={workdir}", f"--output={tmp_path / 'q'}", "--quantization=int8"
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   assert "wrote the CTranslate2 model" in done.stdout and (tmp_path / "q" / "model.bin").is_file()
   for args, message in [
@@ -223,20 +217,11 @@ def test_command_line_exports_and_refuses_bad_input_in_one_line(exported, tmp_pa
     ),
     ([f"--output={tmp_path / 'x'}", "--quantization=int3"], "--quantization"),
   ]:
-    proc = _cli(f"--workdir={workdir}", *args)
+    proc = run_in_process(PROG, f"--workdir={workdir}", *args)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert last.startswith(f"{PROG}: error: ") or "FATAL Flags parsing error" in last, last
     assert message in last, last
-
-
-def _translate_cli(*args):
-  return subprocess.run(
-    [sys.executable, "-m", "inference.ctranslate2_translate", *args],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-  )
 
 
 def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, tmp_path):
@@ -246,7 +231,9 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
   (tmp_path / "in.txt").write_text("".join(t + "\n" for t in texts))
   (tmp_path / "ref.txt").write_text("".join(t + "\n" for t in texts))
   how = ["--beam_size=3", "--alpha=1.0", "--max_extra_len=5"]
-  proc = _translate_cli(
+  proc = run_py(
+    "-m",
+    "inference.ctranslate2_translate",
     f"--model={exported.out}",
     f"--input={tmp_path / 'in.txt'}",
     f"--output={tmp_path / 'ct2.txt'}",
@@ -256,12 +243,12 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.startswith("BLEU") and "chrF" in proc.stdout
-  ours = subprocess.run(
-    [sys.executable, "decode.py", f"--workdir={exported.workdir}", "--length_penalty=fairseq"]
-    + [f"--input={tmp_path / 'in.txt'}", *how],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
+  ours = run_in_process(
+    "decode.py",
+    f"--workdir={exported.workdir}",
+    "--length_penalty=fairseq",
+    f"--input={tmp_path / 'in.txt'}",
+    *how,
   )
   assert ours.returncode == 0, ours.stderr[-2000:]
   theirs = (tmp_path / "ct2.txt").read_text()
@@ -273,7 +260,9 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
     ([f"--model={exported.out}", f"--output={tmp_path / 'no' / 'o.txt'}"], "does not exist"),
     ([f"--model={exported.out}", f"--reference={tmp_path / 'in.txt'}", "--input=/dev/null"], "61"),
   ]:
-    proc = _translate_cli(f"--input={tmp_path / 'in.txt'}", *args)
+    proc = run_in_process(
+      "inference.ctranslate2_translate", f"--input={tmp_path / 'in.txt'}", *args
+    )
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert message in last, last
@@ -335,10 +324,9 @@ def test_paired_with_ctranslate2_alternates_ours_and_each_compute_type(capsys):
 
 def test_bench_command_line_times_ctranslate2_alone(tmp_path):
   record_path = tmp_path / "r.json"
-  proc = subprocess.run(
-    [
-      sys.executable,
-      str(REPO / "bench.py"),
+  proc = run_in_process(
+    "bench.py",
+    *[
       "--config=configs/tiny.py",
       "--config.model.vocab_size=64",
       "--config.model.num_layers=1",
@@ -352,9 +340,6 @@ def test_bench_command_line_times_ctranslate2_alone(tmp_path):
       "--warmup=1",
       f"--json={record_path}",
     ],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   record = json.loads(record_path.read_text())
