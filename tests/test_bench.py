@@ -16,7 +16,7 @@ from benchmark.options import Options
 from cli.host_memory import user_settings
 from configs import common, tiny
 from core.errors import RunError, UsageError
-from tests.helpers import REPO
+from tests.helpers import REPO, run_in_process
 from training import flops
 
 # A one-layer tiny model: these tests check fields and plumbing, not speed.
@@ -622,12 +622,7 @@ def test_json_and_plot_paths_are_checked_before_any_benchmark(tmp_path):
     (f"--json={tmp_path}/new/r.json", "the folder"),
     (f"--plot={tmp_path}", f"--plot={tmp_path}: is a folder, not a file"),
   ):
-    proc = subprocess.run(
-      [sys.executable, str(REPO / "bench.py"), *SMALL, flag],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-    )
+    proc = run_in_process("bench.py", *SMALL, flag)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-800:]
     assert last.startswith("bench.py: error: ") and message in last, last
@@ -657,21 +652,12 @@ def test_cudnn_needs_an_even_train_length_and_a_gpu():
 
 
 def test_cudnn_on_a_cpu_is_a_one_line_error():
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.run(
-    [
-      sys.executable,
-      str(REPO / "bench.py"),
-      *SMALL,
-      "--config.num_devices=1",
-      "--config.model.attention_impl=cudnn",
-      "--config.model.dtype=bfloat16",
-    ],
-    cwd=REPO,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
+  proc = run_in_process(
+    "bench.py",
+    *SMALL,
+    "--config.num_devices=1",
+    "--config.model.attention_impl=cudnn",
+    "--config.model.dtype=bfloat16",
   )
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert "Traceback" not in proc.stderr
