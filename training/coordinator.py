@@ -27,17 +27,21 @@ from __future__ import annotations
 
 import os
 import pathlib
+import select
 import signal
 import socket
 import subprocess
 import sys
 import time
 
+from absl import logging
+
 from core.errors import RunError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 _READY = "ready"
 _DONE = "done"
+_START_TIMEOUT_S = 60
 
 
 class CoordinatorProcess:
@@ -66,7 +70,10 @@ class CoordinatorProcess:
       text=True,
       start_new_session=True,  # a Ctrl-C of the terminal goes to process 0, which finishes the job
     )
-    answer = self._child.stdout.readline().strip()
+    ready, _, _ = select.select([self._child.stdout], [], [], _START_TIMEOUT_S)
+    answer = (
+      self._child.stdout.readline().strip() if ready else f"no answer in {_START_TIMEOUT_S} s"
+    )
     if answer != _READY:
       self._child.kill()
       raise RunError(
@@ -165,7 +172,16 @@ def probe(host: str, port: int, timeout_s: float) -> str | None:
 def wait_until_free(port: int, timeout_s: float) -> None:
   """Returns once no coordinator answers on this host's `port`; RunError after `timeout_s`."""
   deadline = time.monotonic() + timeout_s
+  waiting = False
   while probe("127.0.0.1", port, 2.0) is None:
+    if not waiting:
+      waiting = True
+      logging.warning(
+        "port %d already answers as a coordinator (an earlier job's, still ending?): waiting up "
+        "to %.0f s for it to stop",
+        port,
+        timeout_s,
+      )
     if time.monotonic() >= deadline:
       raise RunError(
         f"port {port} of this host is in use by another coordinator for more than {timeout_s:.0f}"
