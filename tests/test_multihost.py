@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.test_training import REPO
+from tests.helpers import REPO
 
 ARGS = [
   "--config=configs/tiny.py",
