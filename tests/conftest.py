@@ -2,7 +2,11 @@
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# XLA:CPU compiles unoptimized (LLVM -O0): the tests check results, not speed, and compiling is
+# most of the suite's time (about half of a compile-bound test's). Subprocesses inherit it.
+os.environ.setdefault(
+  "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compile each distinct step once per test session, also across the train.py / decode.py
 # subprocesses the tests start (they inherit this environment): XLA compile time dominates.

@@ -164,9 +164,12 @@ class Compilations:
 # ----------------------------------------------------------------------------- command lines
 def one_device_env(**extra) -> dict:
   """This environment for a command line in a subprocess: JAX on one CPU device (faster to
-  compile than conftest's 8), the session's compilation cache (conftest) kept."""
+  compile than conftest's 8), conftest's other XLA flags and the session's compilation cache
+  kept."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", **extra)
-  env.pop("XLA_FLAGS", None)
+  xla = [f for f in env.pop("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
+  if xla:
+    env["XLA_FLAGS"] = " ".join(xla)
   return env
 
 
