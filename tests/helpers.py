@@ -18,7 +18,7 @@ import sys
 import jax
 import numpy as np
 from absl import app as absl_app
-from absl import flags
+from absl import command_name, flags
 from absl import logging as absl_logging
 
 from configs import common
@@ -228,6 +228,7 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
   )
   saved_jax = {name: getattr(jax.config, name) for name in jax_options}
   saved_keep = host_memory.keep_freed_memory_on_cpu
+  saved_rename = command_name.make_process_name_useful
   saved_argv, saved_stdin = sys.argv, sys.stdin
   out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)  # with .buffer
   err = io.StringIO()
@@ -238,6 +239,7 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
     # absl.app initializes once per process (its handler on the root logger, verbosity INFO
     # unless given): as a new process does, for each run.
     absl_app._run_init.done = absl_app._register_and_parse_flags_with_usage.done = False
+    command_name.make_process_name_useful = lambda: None  # this process keeps its name
     sys.argv = [script, *args]
     data = stdin.encode() if isinstance(stdin, str) else stdin
     sys.stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
@@ -251,6 +253,7 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
   finally:
     host_memory.keep_freed_memory_on_cpu = saved_keep
     absl_app._run_init.done = absl_app._register_and_parse_flags_with_usage.done = True
+    command_name.make_process_name_useful = saved_rename
     sys.argv, sys.stdin = saved_argv, saved_stdin
     for name in set(flags.FLAGS) - _ABSL_FLAGS:
       if _defined_by_a_command_line(name):  # a library's own flags, defined on import, stay
