@@ -14,6 +14,7 @@ import pytest
 from configs.common import data_defaults
 from data import batching, cache, pipeline, sources, tokenizer
 from model.special_tokens import EOS_ID, PAD_ID, SEP_ID
+from tests.helpers import REPO
 
 
 def make_config(**data) -> ml_collections.ConfigDict:
@@ -181,7 +182,7 @@ def test_files_and_synthetic_do_not_import_tfds(tmp_path):
     f"pipeline.build(config, {str(tmp_path)!r})\n"
     "assert 'tensorflow_datasets' not in sys.modules and 'tensorflow' not in sys.modules"
   )
-  subprocess.run([sys.executable, "-c", code], check=True, cwd=pathlib.Path(__file__).parents[1])
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
 def test_synthetic_is_deterministic_and_reorders():
