@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from model import cache
 from model.config import TransformerConfig
 from model.dropout import Dropout
 from model.layers import (
@@ -201,25 +202,26 @@ class DecoderOnly(nn.Module):
     of an unbound copy of the stack (the XLA attention path; one query needs no fused kernel)."""
     stack = CausalStack(dataclasses.replace(self.config, attention_impl="xla"), parent=None)
 
-    def row(params, cache, ids, positions):
+    def row(params, rows, ids, positions):
       out, state = stack.apply(
-        {"params": params, "cache": cache},
+        {"params": params, **rows},
         ids,
         positions,
         None,
         True,
         decode=True,
         project=project,
-        mutable=["cache"],
+        mutable=cache.CARRIED,
       )
-      return out, state["cache"]
+      return out, dict(state)
 
     return row
 
   def init_cache(self, encoded, inputs, max_decode_len: int):
-    """Creates the decoding cache (call with `mutable=['cache']`) and runs every row's source
-    through it: per row, key/value caches of `src_len + max_decode_len` positions (leaves
-    [batch, 1, ...]; cache indices [batch]) and the next position [batch].
+    """Creates the decoding cache (call with `mutable=model.cache.COLLECTIONS`) and runs every
+    row's source through it: per row, the stack's key/value buffers of `src_len + max_decode_len`
+    positions (`TARGET` "rows", leaves [batch, 1, ...]), its cache indices [batch] and the next
+    position [batch] (`STATE` "rows" and "position").
 
     encoded: the source ids from `encode`; inputs: [batch, src_len] ids (0 = pad, anywhere).
     """
@@ -235,28 +237,36 @@ class DecoderOnly(nn.Module):
     make = lambda: CausalStack(
       dataclasses.replace(self.config, attention_impl="xla"), parent=None
     ).apply(
-      {"params": params}, dummy, dummy, None, True, decode=True, project=False, mutable=["cache"]
+      {"params": params},
+      dummy,
+      dummy,
+      None,
+      True,
+      decode=True,
+      project=False,
+      mutable=cache.CARRIED,
     )
-    shapes = jax.eval_shape(make)[1]["cache"]
-    cache = jax.tree_util.tree_map(lambda s: jnp.zeros((batch,) + s.shape, s.dtype), shapes)
+    shapes = dict(jax.eval_shape(make)[1])
+    cache.check_collections(shapes, "DecoderOnly")
+    rows = jax.tree_util.tree_map(lambda s: jnp.zeros((batch,) + s.shape, s.dtype), shapes)
     row = jax.vmap(self._row_fn(project=False), in_axes=(None, 0, 0, 0))
 
-    def feed(cache, xs):
+    def feed(rows, xs):
       token, position = xs
-      _, cache = row(params, cache, token[:, None, None], jnp.broadcast_to(position, (batch, 1, 1)))
-      return cache, None
+      _, rows = row(params, rows, token[:, None, None], jnp.broadcast_to(position, (batch, 1, 1)))
+      return rows, None
 
-    cache, _ = lax.scan(feed, cache, (source.T, jnp.arange(src_len, dtype=jnp.int32)))
-    # Padding fed after a row's source is forgotten: its index goes back to the source length
-    # (later slots are masked and overwritten).
-    cache = jax.tree_util.tree_map_with_path(
-      lambda path, x: lengths if getattr(path[-1], "key", None) == "cache_index" else x, cache
+    rows, _ = lax.scan(feed, rows, (source.T, jnp.arange(src_len, dtype=jnp.int32)))
+    # Padding fed after a row's source is forgotten: its cache indices (the stack's only `STATE`
+    # entries) go back to the source length (later slots are masked and overwritten).
+    self.put_variable(
+      cache.STATE, "rows", jax.tree_util.tree_map(lambda _: lengths, rows[cache.STATE])
     )
-    self.put_variable("cache", "rows", cache)
-    self.put_variable("cache", "position", lengths)
+    self.put_variable(cache.TARGET, "rows", rows[cache.TARGET])
+    self.put_variable(cache.STATE, "position", lengths)
 
   def decode_step(self, ids):
-    """One decoding step from the cache (call with `mutable=['cache']`).
+    """One decoding step from the cache (call with `mutable=model.cache.CARRIED`).
 
     ids: [batch, 1], the previous target token; 0 (the start symbol) is read as SEP.
     Returns [batch, vocab].
@@ -264,14 +274,15 @@ class DecoderOnly(nn.Module):
     if ids.ndim != 2 or ids.shape[1] != 1:
       raise ValueError(f"DecoderOnly.decode_step: ids must be [batch, 1], got {ids.shape}")
     ids = jnp.where(ids == 0, SEP_ID, ids)
-    position = self.get_variable("cache", "position")
+    position = self.get_variable(cache.STATE, "position")
     row = jax.vmap(self._row_fn(project=True), in_axes=(None, 0, 0, 0))
-    logits, cache = row(
+    logits, rows = row(
       self.decoder.variables["params"],
-      self.get_variable("cache", "rows"),
+      {kind: self.get_variable(kind, "rows") for kind in cache.CARRIED},
       ids[:, :, None],
       position[:, None, None],
     )
-    self.put_variable("cache", "rows", cache)
-    self.put_variable("cache", "position", position + 1)
+    for kind in cache.CARRIED:
+      self.put_variable(kind, "rows", rows[kind])
+    self.put_variable(cache.STATE, "position", position + 1)
     return logits[:, 0, 0]

@@ -15,9 +15,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import traverse_util
 from jax import lax
 
+from model import cache
 from model.special_tokens import EOS_ID, PAD_ID
 
 
@@ -26,27 +26,18 @@ def _mask_pad(logits):
   return logits.astype(jnp.float32).at[:, PAD_ID].set(-jnp.inf)
 
 
-def _is_per_sentence(path) -> bool:
-  """Cache entries that are the same for every beam of a sentence (the projected source
-  keys/values and mask of cross-attention): kept once per sentence, never expanded or reordered."""
-  return str(path[-1]).startswith("cross_")
+def _cached_step(model, params, source=None):
+  """step_fn over the model's decoding cache: one decoder position per call. The search carries
+  the `STATE` and `TARGET` entries ({kind: tree}); `source` holds the `SOURCE` entries, shared by
+  all beams of a sentence (closed over, so search neither copies them per beam nor reorders them
+  each step). model/cache.py says which entry is which."""
 
-
-def _cached_step(model, params, per_sentence=None):
-  """step_fn over the model's key/value cache: one decoder position per call. `per_sentence`
-  holds the cache entries shared by all beams (closed over, so search neither copies them per
-  beam nor reorders them each step); the search carries the rest."""
-  per_sentence = per_sentence or {}
-
-  def step(ids, cache):
-    full = traverse_util.unflatten_dict({**traverse_util.flatten_dict(cache), **per_sentence})
-    logits, state = model.apply(
-      {"params": params, "cache": full}, ids, method="decode_step", mutable=["cache"]
-    )
-    carried = {
-      k: v for k, v in traverse_util.flatten_dict(state["cache"]).items() if k not in per_sentence
-    }
-    return _mask_pad(logits), traverse_util.unflatten_dict(carried)
+  def step(ids, carried):
+    variables = {"params": params, **carried}
+    if source:
+      variables[cache.SOURCE] = source
+    logits, state = model.apply(variables, ids, method="decode_step", mutable=cache.CARRIED)
+    return _mask_pad(logits), {kind: state.get(kind, {}) for kind in cache.CARRIED}
 
   return step
 
@@ -66,15 +57,13 @@ def matrices_in_compute_dtype(model, params):
   )
 
 
-# Self-attention key/value buffers (model/layers.py): one slot per position on axis -2.
-_GROWN = ("cached_key", "cached_value")
 DECODE_SEGMENT = 16  # default: self-attention buffers start at 16 positions, then double
 
 
 class DecoderState(NamedTuple):
   """What model/search.py's functions take: `step` and `cache` (the step function contract),
-  and, for a cache whose self-attention buffers start at `segment` positions, the `grow`
-  function that enlarges them (None: the cache is sized for the whole output)."""
+  and, for a cache whose `TARGET` buffers start at `segment` positions, the `grow` function that
+  enlarges them (None: the cache is sized for the whole output)."""
 
   step: Callable
   cache: object
@@ -82,34 +71,31 @@ class DecoderState(NamedTuple):
   segment: int | None = None
 
 
-def _grow(cache, extra: int):
-  """The cache with `extra` more (zero) positions in every self-attention buffer."""
-  flat = traverse_util.flatten_dict(cache)
-  return traverse_util.unflatten_dict(
-    {
-      k: (jnp.pad(v, [(0, 0)] * (v.ndim - 2) + [(0, extra), (0, 0)]) if k[-1] in _GROWN else v)
-      for k, v in flat.items()
-    }
-  )
+def _grow(carried, extra: int):
+  """The carried cache with `extra` more (zero) positions in every `TARGET` buffer (axis -2)."""
+  pad = lambda v: jnp.pad(v, [(0, 0)] * (v.ndim - 2) + [(0, extra), (0, 0)])
+  return {**carried, cache.TARGET: jax.tree_util.tree_map(pad, carried[cache.TARGET])}
 
 
 def _initial_cache(model, params, inputs, length: int) -> dict:
-  """Encodes `inputs` and returns the model's decoding cache for `length` target positions, as a
-  flat {path: array} dict."""
+  """Encodes `inputs` and returns the model's decoding cache for `length` target positions:
+  {kind: tree} for each kind of model/cache.py (empty trees for kinds the model has none of)."""
   encoded = model.apply({"params": params}, inputs, method="encode")
   _, state = model.apply(
-    {"params": params}, encoded, inputs, length, method="init_cache", mutable=["cache"]
+    {"params": params}, encoded, inputs, length, method="init_cache", mutable=True
   )
-  return traverse_util.flatten_dict(state["cache"])
+  state = {kind: tree for kind, tree in state.items() if kind != "params"}
+  cache.check_collections(state, type(model).__name__)
+  return {kind: state.get(kind, {}) for kind in cache.COLLECTIONS}
 
 
 def _cache_length(model, params, inputs, max_decode_len: int, segment: int | None):
-  """(positions the cache starts with, whether its self-attention buffers grow): `segment`
-  positions when the cache has buffers to grow, else `max_decode_len` (recurrent state)."""
+  """(positions the cache starts with, whether its `TARGET` buffers grow): `segment` positions
+  when the cache has buffers to grow, else `max_decode_len` (recurrent state)."""
   first = max_decode_len if not segment or segment >= max_decode_len else int(segment)
   if first < max_decode_len:
     shapes = jax.eval_shape(lambda p: _initial_cache(model, p, inputs, first), params)
-    if any(k[-1] in _GROWN for k in shapes):
+    if jax.tree_util.tree_leaves(shapes[cache.TARGET]):
       return first, True
   return max_decode_len, False
 
@@ -126,25 +112,23 @@ def decoder_state(
   key/value cache (encode once, then one position per step), or without (re-run the whole
   model on the prefix every step; the reference the cache is tested against).
 
-  With `segment`, self-attention buffers start at `segment` positions and the search grows them
+  With `segment`, `TARGET` buffers start at `segment` positions and the search grows them
   segment by segment, each twice as long as the one before (model/search.py), so early steps do
   not stream (or, in beam search, reorder) the empty rest of a `max_decode_len` buffer; None
   allocates all of it at once."""
   if not use_cache:
-    cache = {
+    state = {
       "inputs": inputs,
       "targets": jnp.full((inputs.shape[0], max_decode_len), EOS_ID, jnp.int32),
       "t": jnp.int32(0),
     }
-    return DecoderState(_uncached_step(model, params), cache)
+    return DecoderState(_uncached_step(model, params), state)
   params = matrices_in_compute_dtype(model, params)
   length, grows = _cache_length(model, params, inputs, max_decode_len, segment)
-  flat = _initial_cache(model, params, inputs, length)
-  shared = {k: v for k, v in flat.items() if _is_per_sentence(k)}
-  carried = traverse_util.unflatten_dict({k: v for k, v in flat.items() if k not in shared})
+  initial = _initial_cache(model, params, inputs, length)
   return DecoderState(
-    _cached_step(model, params, shared),
-    carried,
+    _cached_step(model, params, initial[cache.SOURCE]),
+    {kind: initial[kind] for kind in cache.CARRIED},
     _grow if grows else None,
     length if grows else None,
   )
@@ -159,9 +143,9 @@ def ensemble_decoder_state(
   log(1/M * sum_m p_m(y | prefix)), the ensemble fairseq decodes with; the search treats it as
   one model's logits.
 
-  The carried cache holds each per-position entry as [n, members, ...] (the search's leading
-  axis stays the row axis, so beams expand and reorder as for one model); scalar entries (the
-  decode index) are the same for every member and kept once.
+  The carried cache holds each per-row entry as [n, members, ...] (the search's leading axis
+  stays the row axis, so beams expand and reorder as for one model); scalar entries (decode
+  indices) are the same for every member and kept once.
   """
   members = {leaf.shape[0] for leaf in jax.tree_util.tree_leaves(params)}
   if len(members) != 1:
@@ -172,28 +156,26 @@ def ensemble_decoder_state(
   params = matrices_in_compute_dtype(model, params)
   first = jax.tree_util.tree_map(lambda x: x[0], params)
   length, grows = _cache_length(model, first, inputs, max_decode_len, segment)
-  flat = jax.vmap(lambda p: _initial_cache(model, p, inputs, length))(params)  # [members, ...]
-  shared = {k: v for k, v in flat.items() if _is_per_sentence(k)}
-  scalar = {k for k, v in flat.items() if v.ndim == 1 and k not in shared}
-  carried = {
-    k: (v[0] if k in scalar else jnp.moveaxis(v, 0, 1)) for k, v in flat.items() if k not in shared
-  }
-  axes = {k: (None if k in scalar else 1) for k in carried}
+  initial = jax.vmap(lambda p: _initial_cache(model, p, inputs, length))(params)  # [members, ...]
+  source = initial[cache.SOURCE]
+  stacked = {kind: initial[kind] for kind in cache.CARRIED}
+  carried = jax.tree_util.tree_map(
+    lambda v: v[0] if v.ndim == 1 else jnp.moveaxis(v, 0, 1), stacked
+  )
+  axes = jax.tree_util.tree_map(lambda v: None if v.ndim == 1 else 1, stacked)
 
-  def member(p, per_sentence, cache, ids):
-    logits, cache = _cached_step(model, p, per_sentence)(ids, traverse_util.unflatten_dict(cache))
-    return jax.nn.log_softmax(logits), traverse_util.flatten_dict(cache)
+  def member(p, source, carried, ids):
+    logits, carried = _cached_step(model, p, source)(ids, carried)
+    return jax.nn.log_softmax(logits), carried
 
-  def step(ids, cache):
-    logp, cache = jax.vmap(member, in_axes=(0, 0, axes, None), out_axes=(0, axes))(
-      params, shared, traverse_util.flatten_dict(cache), ids
+  def step(ids, carried):
+    logp, carried = jax.vmap(member, in_axes=(0, 0, axes, None), out_axes=(0, axes))(
+      params, source, carried, ids
     )
     mixed = jax.nn.logsumexp(logp, axis=0) - jnp.log(jnp.float32(num))
-    return mixed, traverse_util.unflatten_dict(cache)
+    return mixed, carried
 
-  return DecoderState(
-    step, traverse_util.unflatten_dict(carried), _grow if grows else None, length if grows else None
-  )
+  return DecoderState(step, carried, _grow if grows else None, length if grows else None)
 
 
 def _uncached_step(model, params):

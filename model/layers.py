@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax.linen import initializers
 
 from model import attention as attn
+from model import cache
 from model.config import TransformerConfig
 from model.dropout import Dropout
 
@@ -160,7 +161,9 @@ class MultiHeadAttention(nn.Module):
       (query,) = self._project(x, ("query",))
     else:
       query, key, value = self._project(x, ("query", "key", "value"))
-    if decode and self.has_variable("cache", "cross_key" if self.cross else "cached_key"):
+    if decode and self.has_variable(
+      cache.SOURCE if self.cross else cache.TARGET, "cross_key" if self.cross else "cached_key"
+    ):
       out, weights = self._cross_step(query) if self.cross else self._self_step(query, key, value)
       if return_weights:
         self.sow("intermediates", "attention_weights", weights)
@@ -214,8 +217,8 @@ class MultiHeadAttention(nn.Module):
     """Creates empty self-attention caches sized by a [batch, max_len] dummy target."""
     shape = (key.shape[0], key.shape[2], key.shape[1], key.shape[3])
     for name, x in (("cached_key", key), ("cached_value", value)):
-      self.variable("cache", name, jnp.zeros, shape, _stored(x).dtype)
-    self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+      self.variable(cache.TARGET, name, jnp.zeros, shape, _stored(x).dtype)
+    self.variable(cache.STATE, "cache_index", lambda: jnp.array(0, jnp.int32))
 
   def _self_step(self, query, key, value):
     """One decode step of self-attention: writes this position's key/value into the cache at
@@ -225,9 +228,9 @@ class MultiHeadAttention(nn.Module):
       raise ValueError(
         f"MultiHeadAttention: decode step expects one position, got {query.shape[1]}"
       )
-    cached_key = self.variable("cache", "cached_key")
-    cached_value = self.variable("cache", "cached_value")
-    index = self.variable("cache", "cache_index")
+    cached_key = self.variable(cache.TARGET, "cached_key")
+    cached_value = self.variable(cache.TARGET, "cached_value")
+    index = self.variable(cache.STATE, "cache_index")
     i = index.value
     for cached, new in ((cached_key, key), (cached_value, value)):
       new = _stored(new.transpose(0, 2, 1, 3))  # [n, heads, 1, d_k]
@@ -245,8 +248,8 @@ class MultiHeadAttention(nn.Module):
     n = batch × beams (beam search keeps one copy per sentence, see model/generate.py), the
     beams of a sentence become its query positions, so one product serves them all.
     """
-    cache = self.variables["cache"]
-    key, value, mask = cache["cross_key"], cache["cross_value"], cache["cross_mask"]
+    source = self.variables[cache.SOURCE]
+    key, value, mask = source["cross_key"], source["cross_value"], source["cross_mask"]
     n, _, heads, depth = query.shape
     batch = key.shape[0]
     if n % batch:
@@ -267,9 +270,9 @@ class MultiHeadAttention(nn.Module):
     if decode:
       # The source mask is per sentence ([batch, 1, 1, src_len]) so beams can share it.
       src_mask = jnp.any(mask, axis=2, keepdims=True)
-      self.variable("cache", "cross_key", lambda: key.transpose(0, 2, 1, 3))
-      self.variable("cache", "cross_value", lambda: value.transpose(0, 2, 1, 3))
-      self.variable("cache", "cross_mask", lambda: src_mask)
+      self.variable(cache.SOURCE, "cross_key", lambda: key.transpose(0, 2, 1, 3))
+      self.variable(cache.SOURCE, "cross_value", lambda: value.transpose(0, 2, 1, 3))
+      self.variable(cache.SOURCE, "cross_mask", lambda: src_mask)
     return key, value, mask
 
 

@@ -15,7 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from model import masks
+from model import cache, masks
 from model.config import TransformerConfig
 from model.dropout import Dropout
 from model.layers import (
@@ -100,8 +100,8 @@ class Decoder(nn.Module):
     """decoder_inputs: [batch, tgt_len] ids (already shifted) -> [batch, tgt_len, vocab] logits."""
     cfg = self.config
     if decode:  # the position of each incremental step is counted in the cache
-      initialized = self.has_variable("cache", "position")
-      position = self.variable("cache", "position", lambda: jnp.array(0, jnp.int32))
+      initialized = self.has_variable(cache.STATE, "position")
+      position = self.variable(cache.STATE, "position", lambda: jnp.array(0, jnp.int32))
       if initialized:
         positions = jnp.broadcast_to(position.value, decoder_inputs.shape)
         position.value = position.value + 1
@@ -233,8 +233,9 @@ class Transformer(nn.Module):
     )
 
   def init_cache(self, encoded, inputs, max_decode_len: int):
-    """Creates the decoding cache (call with `mutable=['cache']`): empty self-attention
-    key/value buffers of `max_decode_len` positions and the projected encoder keys/values.
+    """Creates the decoding cache (call with `mutable=model.cache.COLLECTIONS`): empty
+    self-attention key/value buffers of `max_decode_len` positions (`TARGET`), the projected
+    encoder keys/values and source mask (`SOURCE`), the decode indices (`STATE`).
 
     encoded: [batch, src_len, d_model]; inputs: [batch, src_len] ids.
     """
@@ -244,7 +245,7 @@ class Transformer(nn.Module):
     self.decoder(dummy, default_positions(dummy), encoded, None, cross, True, decode=True)
 
   def decode_step(self, ids, return_weights=False):
-    """One decoding step from the cache (call with `mutable=['cache']`).
+    """One decoding step from the cache (call with `mutable=model.cache.CARRIED`).
 
     ids: [batch, 1], the previous target token (0 at the first step). Returns [batch, vocab].
     """

@@ -14,6 +14,7 @@ import pytest
 from flax import traverse_util
 
 from model import batching, decoder_state, generate
+from model import cache as model_cache
 from model.build import abstract_params, build_model
 from tests.helpers import Compilations
 
@@ -400,15 +401,13 @@ def test_bfloat16_decoding_casts_the_matrices_once_and_stays_close(tiny):
   assert {p[-1] for p, x in cast.items() if x.dtype == jnp.float32} == {"bias", "scale"}
   cache = decoder_state._initial_cache(fast, params, jnp.asarray(padded(SOURCES)), 8)
   logits, _ = fast.apply(
-    {"params": params, "cache": traverse_util.unflatten_dict(cache)},
+    {"params": params, **cache},
     jnp.zeros((len(SOURCES), 1), jnp.int32),
     method="decode_step",
-    mutable=["cache"],
+    mutable=model_cache.CARRIED,
   )
-  assert (
-    logits.dtype == jnp.float32
-    and cache[("decoder", "layer_0", "self_attention", "cached_key")].dtype == jnp.uint16
-  )
+  self_attention = cache[model_cache.TARGET]["decoder"]["layer_0"]["self_attention"]
+  assert logits.dtype == jnp.float32 and self_attention["cached_key"].dtype == jnp.uint16
   rows = 0
   for beam in (1, 3):
     exact, close = (

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from model import attention, masks
+from model import cache as model_cache
 from model.config import TransformerConfig
 from model.layers import sinusoidal_encoding
 from model.loss import smoothed_cross_entropy, token_accuracy
@@ -205,19 +206,22 @@ def test_cached_decoding_equals_full_decoding(tiny):
     inputs,
     targets.shape[1],
     method=Transformer.init_cache,
-    mutable=["cache"],
+    mutable=model_cache.COLLECTIONS,
   )
-  cache = v["cache"]
+  source = {model_cache.SOURCE: v[model_cache.SOURCE]}
+  cache = {kind: v[kind] for kind in model_cache.CARRIED}
   step = jax.jit(
     lambda p, c, ids: model.apply(
-      {"params": p, "cache": c}, ids, method=Transformer.decode_step, mutable=["cache"]
+      {"params": p, **source, **c},
+      ids,
+      method=Transformer.decode_step,
+      mutable=model_cache.CARRIED,
     )
   )
   prev = shift_right(targets)
   steps = []
   for t in range(targets.shape[1]):
-    logits, v = step(params, cache, prev[:, t : t + 1])
-    cache = v["cache"]
+    logits, cache = step(params, cache, prev[:, t : t + 1])
     steps.append(logits)
   assert np.max(np.abs(np.stack(steps, 1) - full)) <= 1e-5
 

@@ -13,8 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 from jax import lax
 
+from model import cache as model_cache
 from model import decoder_state, masks, search
 from model.build import MODEL_TYPES, abstract_params, build_model
 from model.config import TransformerConfig
@@ -88,13 +90,15 @@ def _run(model, full, rng):
 
   def cache_for(inputs):
     encoded = apply(inputs, method="encode")
-    return apply(encoded, inputs, MAX_DECODE, method="init_cache", mutable=["cache"])[1]["cache"]
+    return apply(encoded, inputs, MAX_DECODE, method="init_cache", mutable=model_cache.COLLECTIONS)[
+      1
+    ]
 
   def step(cache, ids):
     logits, state = model.apply(
-      {"params": params, "cache": cache}, ids[:, None], method="decode_step", mutable=["cache"]
+      {"params": params, **cache}, ids[:, None], method="decode_step", mutable=model_cache.CARRIED
     )
-    return state["cache"], logits
+    return {**cache, **state}, logits
 
   out = {}
   cache = cache_for(INPUTS)
@@ -393,3 +397,42 @@ def test_rnn_config_errors_are_clear():
     RNNConfig.from_config({"d_model": 8})
   with pytest.raises(ValueError, match="segmentation"):
     _rnn("gru", True, 1).init(jax.random.key(0), INPUTS, TARGETS, None, None, None, TARGETS > 0)
+
+
+@pytest.mark.parametrize("kind", MODEL_TYPES)
+def test_every_cache_entry_is_of_a_declared_kind(kind):
+  """Each model type creates its decoding cache only in model/cache.py's collections."""
+  model = build_model(_model_cfg(type=kind))
+  params = abstract_params(_model_cfg(type=kind))
+  inputs = jnp.ones((2, 5), jnp.int32)
+
+  def collections(p):
+    encoded = model.apply({"params": p}, inputs, method="encode")
+    return model.apply({"params": p}, encoded, inputs, 8, method="init_cache", mutable=True)[1]
+
+  found = set(jax.eval_shape(collections, params)) - {"params"}
+  assert found and found <= set(model_cache.COLLECTIONS), found
+
+
+class _Mystery(nn.Module):
+  """A decoder whose cache has an entry in a collection of no declared kind."""
+
+  config: TransformerConfig = TransformerConfig(vocab_size=VOCAB)
+
+  def encode(self, inputs):
+    return jax.nn.one_hot(inputs, VOCAB)
+
+  @nn.compact
+  def init_cache(self, encoded, inputs, length):
+    self.variable(model_cache.STATE, "index", lambda: jnp.int32(0))
+    self.variable("mystery", "buffer", lambda: jnp.zeros((inputs.shape[0], length, 8)))
+
+  def decode_step(self, ids):
+    return jnp.zeros((ids.shape[0], VOCAB))
+
+
+def test_a_cache_entry_of_no_declared_kind_is_refused():
+  model = _Mystery()
+  inputs = jnp.ones((2, 5), jnp.int32)
+  with pytest.raises(ValueError, match=r"_Mystery.*\['mystery'\].*model/cache.py"):
+    decoder_state.decoder_state(model, {}, inputs, 8, segment=None)
