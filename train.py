@@ -32,46 +32,61 @@ from training import distributed  # noqa: E402
 from training.loop import train  # noqa: E402
 from training.workdir import check_workdir  # noqa: E402
 
-_CONFIG = app.define_config()
-flags.adopt_module_key_flags(app)  # --config and --show_config in --help
-_WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, metrics, vocabulary go.")
-_COORD = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host).")
-_NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).")
-_PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-host).")
-_DIST_TIMEOUT = flags.DEFINE_integer(
-  "distributed_timeout", 300, "Seconds to wait for the coordinator before giving up."
-)
-_HEARTBEAT = flags.DEFINE_integer(
-  "heartbeat_timeout",
-  distributed.HEARTBEAT_S,
-  "Several processes: seconds a process may show no sign of life (killed, crashed, frozen, its "
-  "host down) before the others stop, naming it, with exit status 1.",
-)
-_TAKE_OVER_LOCK = flags.DEFINE_boolean(
-  "take_over_lock",
-  False,
-  "Take <workdir>/lock from the run that holds it, alive or not (make sure it is stopped); a "
-  "dead holder's lock is taken over without this flag.",
-)
-flags.mark_flag_as_required("config")
-check_flag("num_processes", Int(min=1))
-check_flag("process_id", Int(min=0))
-check_flag("distributed_timeout", Int(min=1))
-check_flag("heartbeat_timeout", Int(min=2))
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """This command line's flags, defined only when it runs (cli/app.py)."""
+  define = dict(flag_values=flag_values)
+  app.define_config(flag_values)
+  flags.adopt_module_key_flags(app, flag_values=flag_values)  # --config, --show_config in --help
+  flags.DEFINE_string("workdir", None, "Where checkpoints, metrics, vocabulary go.", **define)
+  flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host).", **define)
+  flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).", **define)
+  flags.DEFINE_integer("process_id", None, "This process's index (multi-host).", **define)
+  flags.DEFINE_integer(
+    "distributed_timeout", 300, "Seconds to wait for the coordinator before giving up.", **define
+  )
+  flags.DEFINE_integer(
+    "heartbeat_timeout",
+    distributed.HEARTBEAT_S,
+    "Several processes: seconds a process may show no sign of life (killed, crashed, frozen, its "
+    "host down) before the others stop, naming it, with exit status 1.",
+    **define,
+  )
+  flags.DEFINE_boolean(
+    "take_over_lock",
+    False,
+    "Take <workdir>/lock from the run that holds it, alive or not (make sure it is stopped); a "
+    "dead holder's lock is taken over without this flag.",
+    **define,
+  )
+  flags.mark_flag_as_required("config", flag_values=flag_values)
+  for name, rule in (
+    ("num_processes", Int(min=1)),
+    ("process_id", Int(min=0)),
+    ("distributed_timeout", Int(min=1)),
+    ("heartbeat_timeout", Int(min=2)),
+  ):
+    check_flag(name, rule, flag_values)
 
 
 def main() -> None:
-  config = app.load_config(_CONFIG)
-  if not _WORKDIR.value:
+  f = flags.FLAGS
+  config = app.load_config()
+  if not f.workdir:
     raise UsageError("--workdir is required: where checkpoints, metrics and the vocabulary go")
-  workdir = pathlib.Path(_WORKDIR.value).absolute()
+  workdir = pathlib.Path(f.workdir).absolute()
   check_config(config, "train")  # before the workdir is created
   check_workdir(workdir)
   distributed.initialize_distributed(
-    _COORD.value, _NPROC.value, _PID.value, _DIST_TIMEOUT.value, _HEARTBEAT.value, prog="train.py"
+    f.coordinator_address,
+    f.num_processes,
+    f.process_id,
+    f.distributed_timeout,
+    f.heartbeat_timeout,
+    prog="train.py",
   )
   try:
-    train(config, workdir, take_over_lock=_TAKE_OVER_LOCK.value)
+    train(config, workdir, take_over_lock=f.take_over_lock)
   except Exception as e:
     distributed.stop_after_error(e)  # several processes: a lost one is named instead
     raise
@@ -79,4 +94,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, prog="train.py", config=_CONFIG)
+  define_flags()
+  app.run(main, prog="train.py")

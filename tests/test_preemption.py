@@ -79,6 +79,7 @@ Preemption.requested = requested
 sys.argv = ["train.py"] + sys.argv[1:]
 import train
 from cli import app
+train.define_flags()
 app.run(train.main, prog="train.py")
 """
 
