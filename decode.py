@@ -16,6 +16,7 @@ while running.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 
@@ -35,119 +36,142 @@ from inference import compilation_cache  # noqa: E402
 from inference.attention_plot import plot_attention, token_labels  # noqa: E402
 from inference.translator import DTYPES, OPTION_RULES, Translator  # noqa: E402
 from model.search import PENALTIES  # noqa: E402
+from model.search_settings import FIELDS, SearchSettings  # noqa: E402
 from model.special_tokens import EOS_ID  # noqa: E402
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir: checkpoints, config, vocab.")
-_INPUT = flags.DEFINE_string("input", None, "Source sentences, one per line; '-' or unset = stdin.")
-_OUTPUT = flags.DEFINE_string("output", "-", "Where translations go; '-' = stdout.")
-_REFERENCE = flags.DEFINE_string("reference", None, "Reference translations, one per line.")
-_SPLIT = flags.DEFINE_string(
-  "split",
-  None,
-  "Translate this split of the workdir's dataset (e.g. test) and score against its references; "
-  "replaces --input.",
-)
-_BEAM = flags.DEFINE_integer("beam_size", 4, "Beam size; 1 = greedy search.")
-_ALPHA = flags.DEFINE_float("alpha", 0.6, "Length penalty exponent of beam search.")
-_PENALTY = flags.DEFINE_enum(
-  "length_penalty",
-  "gnmt",
-  list(PENALTIES),
-  "The length penalty's form: gnmt (the paper's ((5+len)/6)^alpha, searching on while a live "
-  "hypothesis could still win) or fairseq (len^alpha, a sentence done once beam_size hypotheses "
-  "are, as fairseq and CTranslate2 search).",
-)
-_EXTRA = flags.DEFINE_integer(
-  "max_extra_len",
-  None,
-  "Output length limit = source length + this (default: config.eval.max_decode_extra).",
-)
-_CHECKPOINT = flags.DEFINE_string(
-  "checkpoint",
-  "latest",
-  "'latest', a step number, 'average:<k>' (the mean of the last k checkpoints' parameters) or "
-  "'ensemble:<k>' (the last k checkpoints decoded together: the mean of their next-token "
-  "probabilities, k times the decoding work).",
-)
-_JSON = flags.DEFINE_string("json", None, "Write scores and speed to this JSON file.")
-_DTYPE = flags.DEFINE_enum(
-  "dtype", None, list(DTYPES), "Computation dtype (default: the training config's model.dtype)."
-)
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "> 0: sample instead of searching.")
-_TOP_K = flags.DEFINE_integer("top_k", 0, "Sample from the k most likely tokens (0 = all).")
-_SEED = flags.DEFINE_integer("seed", 0, "Random seed of sampling.")
-_TOKENS = flags.DEFINE_integer(
-  "tokens_per_batch", None, "Padded source tokens per batch (default: 512 on CPUs, else 4096)."
-)
-_PLOT = flags.DEFINE_string(
-  "plot_attention", None, "Write a PNG of the cross-attention weights of one sentence."
-)
-_PLOT_SENTENCE = flags.DEFINE_integer(
-  "plot_sentence", 0, "Which sentence to plot: 0-based index into the input lines (or the split)."
-)
-_CACHE = flags.DEFINE_string(
-  "compilation_cache",
-  None,
-  "Folder of the persistent compilation cache, so a second run of the same model and settings "
-  "compiles nothing; 'off' = none (default: $JAX_COMPILATION_CACHE_DIR, else "
-  "$XDG_CACHE_HOME/attention-jax/jax or ~/.cache/attention-jax/jax).",
-)
-flags.mark_flag_as_required("workdir")
-for _name in OPTION_RULES:  # the flags named as Translator's options follow its rules
-  if _name != "length_penalty":  # an enum flag: absl checks it
-    check_flag(_name, OPTION_RULES[_name])
-check_flag("plot_sentence", Int(min=0))
+SEARCH_DEFAULTS = {"max_extra_len": None}  # None: the training config's eval.max_decode_extra
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """This command line's flags, defined only when it runs (cli/app.py). The search settings'
+  flags are SearchSettings' fields: their names, defaults and help (model/search_settings.py)."""
+  f = dict(flag_values=flag_values)
+  flags.DEFINE_string("workdir", None, "Training workdir: checkpoints, config, vocab.", **f)
+  flags.DEFINE_string("input", None, "Source sentences, one per line; '-' or unset = stdin.", **f)
+  flags.DEFINE_string("output", "-", "Where translations go; '-' = stdout.", **f)
+  flags.DEFINE_string("reference", None, "Reference translations, one per line.", **f)
+  flags.DEFINE_string(
+    "split",
+    None,
+    "Translate this split of the workdir's dataset (e.g. test) and score against its "
+    "references; replaces --input.",
+    **f,
+  )
+  for field in dataclasses.fields(SearchSettings):
+    default = SEARCH_DEFAULTS.get(field.name, field.default)
+    help_text = field.metadata["help"] + (
+      " (default: config.eval.max_decode_extra)" if field.name == "max_extra_len" else ""
+    )
+    if field.name == "length_penalty":
+      flags.DEFINE_enum(field.name, default, list(PENALTIES), help_text, **f)
+    elif field.type in ("int", int):
+      flags.DEFINE_integer(field.name, default, help_text, **f)
+    else:
+      flags.DEFINE_float(field.name, default, help_text, **f)
+  flags.DEFINE_string(
+    "checkpoint",
+    "latest",
+    "'latest', a step number, 'average:<k>' (the mean of the last k checkpoints' parameters) or "
+    "'ensemble:<k>' (the last k checkpoints decoded together: the mean of their next-token "
+    "probabilities, k times the decoding work).",
+    **f,
+  )
+  flags.DEFINE_string("json", None, "Write scores and speed to this JSON file.", **f)
+  flags.DEFINE_enum(
+    "dtype",
+    None,
+    list(DTYPES),
+    "Computation dtype (default: the training config's model.dtype).",
+    **f,
+  )
+  flags.DEFINE_integer("seed", 0, "Random seed of sampling.", **f)
+  flags.DEFINE_integer(
+    "tokens_per_batch",
+    None,
+    "Padded source tokens per batch (default: 512 on CPUs, else 4096).",
+    **f,
+  )
+  flags.DEFINE_string(
+    "plot_attention", None, "Write a PNG of the cross-attention weights of one sentence.", **f
+  )
+  flags.DEFINE_integer(
+    "plot_sentence",
+    0,
+    "Which sentence to plot: 0-based index into the input lines (or the split).",
+    **f,
+  )
+  flags.DEFINE_string(
+    "compilation_cache",
+    None,
+    "Folder of the persistent compilation cache, so a second run of the same model and "
+    "settings compiles nothing; 'off' = none (default: $JAX_COMPILATION_CACHE_DIR, else "
+    "$XDG_CACHE_HOME/attention-jax/jax or ~/.cache/attention-jax/jax).",
+    **f,
+  )
+  flags.mark_flag_as_required("workdir", flag_values=flag_values)
+  for name, rule in OPTION_RULES.items():  # the flags named as Translator's options
+    check_flag(name, rule, flag_values)
+  check_flag("plot_sentence", Int(min=0), flag_values)
+
+
+FLAGS = flags.FLAGS
+
+
+def _search_fields() -> dict:
+  """The search settings the flags give (max_extra_len None: the config's default)."""
+  fields = {name: getattr(FLAGS, name) for name in FIELDS}
+  return {name: value for name, value in fields.items() if value is not None}
+
+
+def _check_search_flags() -> None:
+  """UsageError naming the flag when the search flags do not make valid settings (before any
+  file is read or model loaded)."""
+  try:
+    SearchSettings(**_search_fields())
+  except ValueError as e:
+    raise UsageError(f"--{e}") from None
 
 
 def _texts() -> tuple[list[str] | None, list[str] | None]:
   """(sources, references) from --input/--reference; (None, None) for --split, whose text comes
   with the workdir's config. Read before any model is loaded: a bad input fails first."""
-  if _SPLIT.value and _INPUT.value is not None:
+  if FLAGS.split and FLAGS.input is not None:
     raise UsageError("give --split or --input, not both")
-  if _SPLIT.value and _REFERENCE.value:
+  if FLAGS.split and FLAGS.reference:
     raise UsageError("--split scores against the split's own references; drop --reference")
-  if _SPLIT.value:
+  if FLAGS.split:
     return None, None
-  return read_aligned(_INPUT.value, _REFERENCE.value)
+  return read_aligned(FLAGS.input, FLAGS.reference)
 
 
 def decode() -> None:
-  compilation_cache.enable(_CACHE.value)  # before anything compiles
+  _check_search_flags()
+  compilation_cache.enable(FLAGS.compilation_cache)  # before anything compiles
   for path, flag in (
-    (_OUTPUT.value, "--output"),
-    (_JSON.value, "--json"),
-    (_PLOT.value, "--plot_attention"),
+    (FLAGS.output, "--output"),
+    (FLAGS.json, "--json"),
+    (FLAGS.plot_attention, "--plot_attention"),
   ):
     check_writable(path, flag)
   sources, references = _texts()
-  translator = Translator.load(_WORKDIR.value, _CHECKPOINT.value, dtype=_DTYPE.value)
-  if _SPLIT.value:
+  translator = Translator.load(FLAGS.workdir, FLAGS.checkpoint, dtype=FLAGS.dtype)
+  if FLAGS.split:
     try:
-      pairs, _ = load_split(translator.config.data, _SPLIT.value)
+      pairs, _ = load_split(translator.config.data, FLAGS.split)
     except (ValueError, FileNotFoundError) as e:
-      raise UsageError(f"--split={_SPLIT.value}: {e}") from None
+      raise UsageError(f"--split={FLAGS.split}: {e}") from None
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
-  options = dict(
-    beam_size=_BEAM.value,
-    alpha=_ALPHA.value,
-    length_penalty=_PENALTY.value,
-    max_extra_len=_EXTRA.value,
-    temperature=_TEMPERATURE.value,
-    top_k=_TOP_K.value,
-    seed=_SEED.value,
-    tokens_per_batch=_TOKENS.value,
-  )
   try:
-    translator.check_options(**{k: v for k, v in options.items() if v is not None})
+    settings = translator.settings(**_search_fields())
   except UsageError as e:
     raise UsageError(f"--{e}") from None
-  plotted = _PLOT_SENTENCE.value
-  if _PLOT.value and (plotted >= len(sources) or not sources[plotted].strip()):
+  plotted = FLAGS.plot_sentence
+  if FLAGS.plot_attention and (plotted >= len(sources) or not sources[plotted].strip()):
     raise UsageError(
       f"--plot_sentence={plotted}: no such non-empty sentence (there are {len(sources)} input "
       f"lines)"
     )
-  if _PLOT.value and not hasattr(translator.model, "decode"):
+  if FLAGS.plot_attention and not hasattr(translator.model, "decode"):
     raise UsageError(
       f"--plot_attention: model.type={translator.config.model.type!r} has no encoder-decoder "
       f"attention weights to plot"
@@ -158,12 +182,12 @@ def decode() -> None:
     "Translating %d sentences (%d empty) with %s",
     len(sources) - empty,
     empty,
-    translator.describe(
-      _BEAM.value, _ALPHA.value, _TEMPERATURE.value, _TOP_K.value, _PENALTY.value
-    ),
+    translator.describe(settings),
   )
-  result = translator.run(sources, progress=True, **options)
-  write_lines(_OUTPUT.value, result.texts)
+  result = translator.run(
+    sources, settings, seed=FLAGS.seed, tokens_per_batch=FLAGS.tokens_per_batch, progress=True
+  )
+  write_lines(FLAGS.output, result.texts)
   seconds = max(result.seconds, 1e-9)
   logging.info(
     "Translated %d sentences, %d tokens in %.2f s (compilation included): %.1f sentences/s, "
@@ -179,39 +203,40 @@ def decode() -> None:
   if references is not None:
     scored = translator.score(result.texts, references)
     scores = scored.as_dict()
-    scored.print_beside(_OUTPUT.value)
+    scored.print_beside(FLAGS.output)
 
-  if _JSON.value:
+  if FLAGS.json:
     summary = dict(
       scores,
       sentences=result.sentences,
       sent_per_s=result.sentences / seconds,
       tokens_per_s=result.tokens / seconds,
-      beam_size=_BEAM.value,
-      alpha=_ALPHA.value,
-      length_penalty=_PENALTY.value,
+      beam_size=settings.beam_size,
+      alpha=settings.alpha,
+      length_penalty=settings.length_penalty,
       checkpoint_step=int(translator.step),
-      checkpoint=_CHECKPOINT.value,
+      checkpoint=FLAGS.checkpoint,
       checkpoint_steps=[int(s) for s in translator.restored.steps],
     )
     try:
-      pathlib.Path(_JSON.value).write_text(json.dumps(summary, indent=2) + "\n")
+      pathlib.Path(FLAGS.json).write_text(json.dumps(summary, indent=2) + "\n")
     except OSError as e:
-      raise UsageError(f"--json={_JSON.value}: cannot write: {e.strerror or e}") from None
+      raise UsageError(f"--json={FLAGS.json}: cannot write: {e.strerror or e}") from None
 
-  if _PLOT.value:
+  if FLAGS.plot_attention:
     weights = translator.attention(result, plotted)
     target = list(result.output_ids[plotted]) + [EOS_ID]
     plot_attention(
-      _PLOT.value,
+      FLAGS.plot_attention,
       weights,
       token_labels(translator.vocab, result.source_ids[plotted]),
       token_labels(translator.vocab, target),
       f"sentence {plotted} (line {plotted + 1}): last layer cross-attention, "
       f"step {translator.step}",
     )
-    logging.info("Wrote the attention plot of sentence %d to %s", plotted, _PLOT.value)
+    logging.info("Wrote the attention plot of sentence %d to %s", plotted, FLAGS.plot_attention)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(decode, prog="decode.py")

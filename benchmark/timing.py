@@ -37,8 +37,6 @@ from benchmark.records import (
 )
 from configs import validate
 from core.errors import UsageError
-from model import generate
-from model.build import build_model
 from training import parallel as par
 from training.build import build_steps
 
@@ -60,19 +58,12 @@ def synthetic_batch(rng, rows: int, length: int, vocab: int) -> dict:
 def check_config(config, mode: str) -> None:
   """Every check of one benchmark's `config` that needs no compiled work, so that a sweep can
   check all its points before running any: configs/validate.py's for `bench_<mode>` and the
-  backend, then what is bench's own (the decode position limit; bench.batch_size over the
-  data-parallel devices × optim.grad_accum_steps). mode: 'train' or 'decode'. Raises UsageError,
+  backend, then what is bench's own (bench.batch_size over the data-parallel devices ×
+  optim.grad_accum_steps, when training). mode: 'train' or 'decode'. Raises UsageError,
   or ValueError (training.parallel: a mesh that does not fit the devices)."""
   validate.check_config(config, f"bench_{mode}")
   validate.check_backend(config)  # bench runs in one process: the backend may start here
   if mode == "decode":
-    decode_len = int(config.bench.decode_len)
-    limit = generate.position_limit(build_model(config.model))
-    if limit is not None and decode_len > limit:
-      raise UsageError(
-        f"config error: bench.decode_len={decode_len} is longer than this model's "
-        f"position limit {limit}"
-      )
     return
   rows, accum = int(config.bench.batch_size), int(config.optim.grad_accum_steps)
   data_parallel = par.data_parallel_size(config)

@@ -23,7 +23,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from configs.rules import Choice, Float, Int, RuleError
+from configs.rules import Int, RuleError
 from core.errors import UsageError
 from core.progress import Progress
 from data.tokenizer import encode_source
@@ -32,19 +32,11 @@ from inference.restore import Restored, load_for_inference
 from inference.scores import Scores, score
 from model import generate
 from model.build import build_model
-from model.search import PENALTIES
+from model.search_settings import FIELDS, SearchSettings
 
-# What `translate`'s options may be; decode.py checks its flags of the same names with these.
-OPTION_RULES = {
-  "beam_size": Int(min=1),
-  "alpha": Float(min=0.0),
-  "length_penalty": Choice(*PENALTIES),
-  "max_extra_len": Int(min=0),
-  "temperature": Float(min=0.0),
-  "top_k": Int(min=0),
-  "seed": Int(),
-  "tokens_per_batch": Int(min=1),
-}
+# What `run`'s options besides the search settings may be; decode.py checks its flags of the same
+# names with these (the search settings check themselves: model/search_settings.py).
+OPTION_RULES = {"seed": Int(), "tokens_per_batch": Int(min=1)}
 DTYPES = ("float32", "bfloat16")
 # Padded source tokens per batch by default, per platform. On CPUs small batches win: a batch
 # runs until its slowest sentence ends, and a larger one gains little per step there (Multi30k
@@ -111,6 +103,9 @@ class Translator:
     mesh = Mesh(np.asarray(self.devices), ("batch",))
     self._rows = NamedSharding(mesh, PartitionSpec("batch"))
     self.params = jax.device_put(restored.params, NamedSharding(mesh, PartitionSpec()))
+    self.generator = generate.Generator(
+      self.model, num_ids=self.vocab.vocab_size, ensemble=restored.ensemble
+    )
 
   @classmethod
   def load(
@@ -156,47 +151,34 @@ class Translator:
         cut.append(index)
     return ids, cut
 
-  def translate(self, sentences: Sequence[str], **options) -> list[str]:
-    """The translation of each sentence, in order. Options as `run`."""
-    return self.run(sentences, **options).texts
+  def translate(
+    self, sentences: Sequence[str], settings: SearchSettings | None = None, **options
+  ) -> list[str]:
+    """The translation of each sentence, in order. Settings and options as `run`."""
+    return self.run(sentences, settings, **options).texts
 
   def run(
     self,
     sentences: Sequence[str],
+    settings: SearchSettings | None = None,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    length_penalty: str = "gnmt",
-    max_extra_len: int | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
     seed: int = 0,
     tokens_per_batch: int | None = None,
     progress: bool = False,
+    **search,
   ) -> Translations:
-    """Translates `sentences`. Beam search as in the paper: length penalty ((5+len)/6)^alpha
-    (`length_penalty='fairseq'`: len^alpha, a sentence done once `beam_size` hypotheses are, as
-    fairseq and CTranslate2 search); `beam_size=1` is greedy; `temperature > 0` samples, from the
-    `top_k` most likely tokens when `top_k > 0`. Outputs have at most source tokens +
-    `max_extra_len` tokens (default: the training config's eval.max_decode_extra). Batches hold
-    `tokens_per_batch` padded source tokens (default `TOKENS_PER_BATCH` of the devices'
-    platform). `progress`: a progress bar on stderr when it is a terminal."""
+    """Translates `sentences` with `settings`, or with the fields of `SearchSettings` given as
+    keywords (beam_size=5, alpha=1.0, length_penalty='fairseq', max_extra_len, temperature,
+    top_k; see model/search_settings.py); `max_extra_len` defaults to the training config's
+    eval.max_decode_extra. `seed` draws the samples. Batches hold `tokens_per_batch` padded
+    source tokens (default `TOKENS_PER_BATCH` of the devices' platform). `progress`: a progress
+    bar on stderr when it is a terminal."""
     if isinstance(sentences, str):
       raise UsageError("translate: expected a list of sentences, got one string")
-    if max_extra_len is None:
-      max_extra_len = int(self.config.eval.max_decode_extra)
+    settings = self.settings(settings, **search)
     if tokens_per_batch is None:
       tokens_per_batch = TOKENS_PER_BATCH.get(self.devices[0].platform, TOKENS_PER_BATCH["gpu"])
-    search = dict(
-      beam_size=beam_size,
-      alpha=alpha,
-      max_extra_len=max_extra_len,
-      temperature=temperature,
-      top_k=top_k,
-    )
-    self.check_options(
-      **search, length_penalty=length_penalty, seed=seed, tokens_per_batch=tokens_per_batch
-    )
+    self.check_options(seed=seed, tokens_per_batch=tokens_per_batch)
     source_ids, cut = self.encode(sentences)
     if cut:
       logging.warning(
@@ -210,19 +192,15 @@ class Translator:
     present = [i for i, ids in enumerate(source_ids) if ids is not None]
     bar = Progress(len(present), 0, unit="sentences", enabled=progress)
     start = time.perf_counter()
-    outputs = generate.translate_all(
-      self.model,
+    outputs = self.generator.translate_all(
       self.params,
       [source_ids[i] for i in present],
+      settings,
+      rng=jax.random.key(seed),
       tokens_per_batch=tokens_per_batch,
       batch_multiple=len(self.devices),
       place=lambda inputs: jax.device_put(inputs, self._rows),
       on_batch=bar.update,
-      penalty=length_penalty,
-      rng=jax.random.key(seed),
-      num_ids=self.vocab.vocab_size,
-      ensemble=self.restored.ensemble,
-      **search,
     )
     seconds = time.perf_counter() - start
     bar.close()
@@ -232,43 +210,46 @@ class Translator:
     texts = ["" if ids is None else self.vocab.decode(ids.tolist()) for ids in output_ids]
     return Translations(texts, source_ids, output_ids, cut, seconds)
 
+  def settings(self, settings: SearchSettings | None = None, **fields) -> SearchSettings:
+    """`settings` (or this model's defaults) with `fields` changed, checked for this model:
+    UsageError naming the field when one is out of range or they do not go together. The default
+    max_extra_len is the training config's eval.max_decode_extra."""
+    try:
+      if settings is None:
+        fields.setdefault("max_extra_len", int(self.config.eval.max_decode_extra))
+        settings = SearchSettings(**fields)
+      elif fields:
+        settings = settings.replace(**fields)
+    except TypeError as e:  # an unknown keyword
+      raise UsageError(f"{e}; the search settings are {', '.join(FIELDS)}") from None
+    except ValueError as e:
+      raise UsageError(str(e)) from None
+    vocab = int(self.config.model.vocab_size)
+    if settings.top_k > vocab:
+      raise UsageError(
+        f"top_k={settings.top_k}: larger than the model's vocabulary ({vocab} ids); use 0 for "
+        f"all of them"
+      )
+    return settings
+
   def check_options(self, **options) -> None:
-    """UsageError for an option out of its range or options that do not go together."""
+    """UsageError for an option of `OPTION_RULES` out of its range."""
     for name, value in options.items():
       try:
         OPTION_RULES[name].check(value)
       except RuleError as e:
         raise UsageError(f"{name}={value!r}: {e}") from None
-    top_k, temperature = options.get("top_k", 0), options.get("temperature", 0.0)
-    if top_k and not temperature > 0:
-      raise UsageError(
-        f"top_k={top_k} applies to sampling only: set a temperature (e.g. 1) or drop top_k"
-      )
-    if temperature > 0 and top_k > int(self.config.model.vocab_size):
-      raise UsageError(
-        f"top_k={top_k}: larger than the model's vocabulary ({self.config.model.vocab_size} "
-        f"ids); use 0 for all of them"
-      )
 
-  def describe(
-    self, beam_size=4, alpha=0.6, temperature=0.0, top_k=0, length_penalty="gnmt"
-  ) -> str:
+  def describe(self, settings: SearchSettings) -> str:
     """A line saying what decodes and how, for logs."""
-    if temperature > 0:
-      how = f"sampling at temperature {temperature:g} (top_k {top_k})"
-    elif beam_size > 1:
-      form = "" if length_penalty == "gnmt" else f", {length_penalty} length penalty"
-      how = f"beam search (beam {beam_size}, alpha {alpha:g}{form})"
-    else:
-      how = "greedy search"
     which = (
       f"an ensemble of the checkpoints of steps {', '.join(map(str, self.restored.steps))}"
       if self.restored.ensemble
       else f"checkpoint step {self.step}"
     )
     return (
-      f"{self.config.model.type}, {which}, {how}, dtype {self.dtype} on {len(self.devices)} "
-      f"{self.devices[0].platform} device(s)"
+      f"{self.config.model.type}, {which}, {settings.describe()}, dtype {self.dtype} on "
+      f"{len(self.devices)} {self.devices[0].platform} device(s)"
     )
 
   @staticmethod

@@ -1,8 +1,9 @@
 """Translation with a trained model: encode once, then greedy, sampled or beam search.
 
-    ids = translate(model, params, inputs, beam_size=4)   # [batch, max_decode_len]
+    ids = translate(model, params, inputs, SearchSettings(beam_size=4))  # [batch, max_decode_len]
     outs = translate_all(model, params, token_lists)      # any number of sentences, input order
     ids = translate(model, stacked, inputs, ensemble=True)  # members' params on a leading axis
+    generator = Generator(model, num_ids=vocab_size)      # owns its compiled programs
 
 `model` is any module made by `model.build.build_model` (it offers `encode`, `init_cache`,
 `decode_step`); model/decoder_state.py turns it into the step function and cache that the
@@ -11,12 +12,13 @@ rows hold the generated tokens up to and including EOS, then PAD; a row cut by `
 has no EOS.
 The decoder never emits PAD (its logit is masked), so PAD only ever means "after EOS".
 
-Each distinct (model, input shape, search settings) is compiled once: parameters are an
-argument of the compiled function, never constants baked into it.
+A `Generator` compiles each distinct (input shape, search settings) once and keeps the programs
+while it lives; `translate` and `translate_all` keep a few generators, most recently used first.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 
@@ -28,19 +30,8 @@ from flax import traverse_util
 from model import search
 from model.batching import length_batches
 from model.decoder_state import DECODE_SEGMENT, decoder_state, ensemble_decoder_state
+from model.search_settings import FIELDS, SearchSettings
 from model.special_tokens import EOS_ID, PAD_ID
-
-
-def position_limit(model) -> int | None:
-  """The longest target a model can place, or None. A model type with learned position tables
-  declares `positional_limit = True` and gets `config.max_len`; the Transformer's sinusoidal
-  positions have no limit."""
-  if getattr(model, "positional_limit", False):
-    return int(model.config.max_len)
-  return None
-
-
-_COMPILED: dict[tuple, Callable] = {}  # static settings -> jitted (params, inputs, rng) -> ids
 
 
 def _only_ids_below(step, num_ids: int):
@@ -54,239 +45,224 @@ def _only_ids_below(step, num_ids: int):
   return masked
 
 
-def _translate_fn(
-  model,
-  beam_size: int,
-  alpha: float,
-  penalty: str,
-  max_extra_len: int,
-  max_decode_len: int,
-  temperature: float,
-  top_k: int,
-  use_cache: bool,
-  segment: int | None,
-  num_ids: int | None,
-  ensemble: bool,
-):
-  """The jitted `(params, inputs, rng) -> ids` for one set of static settings (made once)."""
-  key = (
+class Generator:
+  """The compiled searches of one model: `generator(params, inputs, settings)` searches, and
+  `translate_all` decodes any number of sentences in length batches.
+
+  One program is compiled per distinct (settings.program(), input shape, max_decode_len) and kept
+  as long as the generator lives (its `jax.jit`'s cache), parameters being an argument, never
+  constants baked in. `inference.Translator` owns one; `translate` below keeps a few, most
+  recently used first.
+
+  Args:
+    model: a module from `model.build.build_model`.
+    num_ids: only ids below this are emitted (pass the vocabulary's size: when the model's
+      vocab_size is larger, the extra output rows have no piece to decode to); None = every id.
+    ensemble: the params are several members' parameter trees stacked on a leading axis (same
+      architecture), decoded as one model by the mean of their next-token probabilities
+      (`ensemble_decoder_state`); an ensemble needs `use_cache`.
+    use_cache: False re-runs the full model on the prefix every step (same output, slower).
+    segment: self-attention caches start at this many positions and grow, doubling (None:
+      allocate `max_decode_len` at once); same output, faster for long outputs
+      (`decoder_state`).
+  """
+
+  def __init__(
+    self,
     model,
-    beam_size,
-    alpha,
-    penalty,
-    max_extra_len,
-    max_decode_len,
-    temperature,
-    top_k,
-    use_cache,
-    segment,
-    num_ids,
-    ensemble,
-  )
-  if key not in _COMPILED:
-    _COMPILED[key] = jax.jit(_make_run(*key))
-  return _COMPILED[key]
+    *,
+    num_ids: int | None = None,
+    ensemble: bool = False,
+    use_cache: bool = True,
+    segment: int | None = DECODE_SEGMENT,
+  ):
+    if num_ids is not None and not EOS_ID < num_ids:
+      raise ValueError(f"num_ids={num_ids!r}: must exceed the EOS id {EOS_ID}")
+    if segment is not None and segment < 1:
+      raise ValueError(f"segment={segment!r}: must be positive or None")
+    if ensemble and not use_cache:
+      raise ValueError(
+        "use_cache=False: an ensemble decodes with the key/value cache; use_cache=False is for "
+        "single models"
+      )
+    self.model = model
+    self.num_ids = None if num_ids is None or num_ids >= model.config.vocab_size else num_ids
+    self.ensemble, self.use_cache, self.segment = ensemble, use_cache, segment
+    self._run = jax.jit(self._search, static_argnums=(3, 4))
 
+  def __call__(
+    self, params, inputs, settings: SearchSettings, *, rng=None, max_decode_len=None
+  ) -> jax.Array:
+    """Best translation of each source row.
 
-def _make_run(
-  model,
-  beam_size,
-  alpha,
-  penalty,
-  max_extra_len,
-  max_decode_len,
-  temperature,
-  top_k,
-  use_cache,
-  segment,
-  num_ids,
-  ensemble,
-):
+    Args:
+      params: the model's (unboxed) parameters (stacked members' for an ensemble).
+      inputs: [batch, src_len] source ids ending in EOS, 0 on padding.
+      settings: how to search; rng (default `jax.random.key(0)`) draws the samples.
+      max_decode_len: static output width; default src_len + settings.max_extra_len. Rows
+        reaching it stop without EOS.
 
-  def run(params, inputs, rng):
+    Returns:
+      ids [batch, max_decode_len] int32: tokens up to EOS, then PAD.
+    """
+    if not isinstance(settings, SearchSettings):
+      raise ValueError(f"settings={settings!r}: expected a SearchSettings")
+    if getattr(inputs, "ndim", None) != 2:
+      inputs = np.asarray(inputs)
+    if inputs.ndim != 2:
+      raise ValueError(f"inputs: must be [batch, src_len] ids, got shape {inputs.shape}")
+    if max_decode_len is None:
+      max_decode_len = inputs.shape[1] + settings.max_extra_len
+    if max_decode_len < 1:
+      raise ValueError(f"max_decode_len={max_decode_len!r}: must be positive")
+    rng = jax.random.key(0) if rng is None else rng
+    return self._run(params, inputs.astype(jnp.int32), rng, settings.program(), int(max_decode_len))
+
+  def _search(self, params, inputs, rng, settings: SearchSettings, max_decode_len: int):
+    """The traced search: [batch, src_len] ids -> [batch, max_decode_len] ids."""
     batch = inputs.shape[0]
-    max_lens = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32) + max_extra_len
-    if ensemble:
-      step, cache, grow, seg = ensemble_decoder_state(
-        model, params, inputs, max_decode_len, segment
-      )
+    max_lens = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32) + settings.max_extra_len
+    if self.ensemble:
+      state = ensemble_decoder_state(self.model, params, inputs, max_decode_len, self.segment)
     else:
-      step, cache, grow, seg = decoder_state(
-        model, params, inputs, max_decode_len, use_cache, segment
+      state = decoder_state(
+        self.model, params, inputs, max_decode_len, self.use_cache, self.segment
       )
-    if num_ids is not None:
-      step = _only_ids_below(step, num_ids)
-    if temperature > 0:
+    step = state.step if self.num_ids is None else _only_ids_below(state.step, self.num_ids)
+    loop = dict(max_lens=max_lens, grow=state.grow, segment=state.segment)
+    if settings.sampling:
       return search.sample(
         step,
-        cache,
+        state.cache,
         rng,
         batch,
         max_decode_len,
-        temperature=temperature,
-        top_k=top_k,
-        max_lens=max_lens,
-        grow=grow,
-        segment=seg,
+        temperature=settings.temperature,
+        top_k=settings.top_k,
+        **loop,
       )
-    if beam_size == 1:
-      return search.greedy_search(
-        step, cache, batch, max_decode_len, max_lens=max_lens, grow=grow, segment=seg
-      )
+    if settings.beam_size == 1:
+      return search.greedy_search(step, state.cache, batch, max_decode_len, **loop)
     ids, _ = search.beam_search(
       step,
-      cache,
+      state.cache,
       batch,
       max_decode_len,
-      beam_size=beam_size,
-      alpha=alpha,
-      penalty=penalty,
-      max_lens=max_lens,
-      grow=grow,
-      segment=seg,
+      beam_size=settings.beam_size,
+      alpha=settings.alpha,
+      penalty=settings.length_penalty,
+      **loop,
     )
     return ids[:, 0]
 
-  return run
+  def translate_all(
+    self,
+    params,
+    token_lists: Sequence[Sequence[int]],
+    settings: SearchSettings,
+    *,
+    rng=None,
+    tokens_per_batch: int = 4096,
+    batch_multiple: int = 1,
+    place: Callable | None = None,
+    on_batch: Callable[[int], None] | None = None,
+  ) -> list[np.ndarray]:
+    """The search over any number of sentences, batched by `length_batches`.
+
+    Args:
+      token_lists: source ids of each sentence, each ending in EOS.
+      tokens_per_batch: padded source tokens per batch (beam search multiplies the work by beam).
+      batch_multiple: every batch's row count is a multiple of this (e.g. the devices it is split
+        over).
+      place: applied to each batch's [rows, length] ids before decoding (e.g. `jax.device_put`
+        with a sharding); None leaves them as numpy.
+      on_batch: called after each batch with the number of sentences done so far.
+      rng: default `jax.random.key(0)`, folded with the batch's number, so batches of the same
+        shape sample independently.
+
+    Returns:
+      per sentence, in input order: its translation's ids [tokens] (no EOS, no PAD).
+    """
+    outputs: list[np.ndarray | None] = [None] * len(token_lists)
+    rng = jax.random.key(0) if rng is None else rng
+    done = 0
+    for n, batch in enumerate(length_batches(token_lists, tokens_per_batch, batch_multiple)):
+      inputs = batch.inputs if place is None else place(batch.inputs)
+      ids = np.asarray(self(params, inputs, settings, rng=jax.random.fold_in(rng, n)))
+      for row, i in enumerate(batch.indices):
+        outputs[i] = strip(ids[row])
+      done += len(batch.indices)
+      if on_batch is not None:
+        on_batch(done)
+    return outputs
+
+
+def generator(
+  model,
+  *,
+  num_ids: int | None = None,
+  ensemble: bool = False,
+  use_cache: bool = True,
+  segment: int | None = DECODE_SEGMENT,
+) -> Generator:
+  """A `Generator` of `model` (options as its constructor's), made once and kept while it is
+  among the 8 most recently used: the functions below share its compiled programs."""
+  if num_ids is not None and num_ids >= model.config.vocab_size:
+    num_ids = None  # masks nothing: the same programs as without
+  return _generator(model, num_ids, ensemble, use_cache, segment)
+
+
+@functools.lru_cache(maxsize=8)
+def _generator(model, num_ids, ensemble, use_cache, segment) -> Generator:
+  return Generator(model, num_ids=num_ids, ensemble=ensemble, use_cache=use_cache, segment=segment)
+
+
+def _split(search, settings):
+  """(settings, generator options) from `translate`'s keyword arguments."""
+  fields = {k: search.pop(k) for k in list(search) if k in FIELDS}
+  if settings is None:
+    settings = SearchSettings(**fields)
+  elif fields:
+    settings = settings.replace(**fields)
+  return settings, search
 
 
 def translate(
   model,
   params,
   inputs,
+  settings: SearchSettings | None = None,
   *,
-  beam_size: int = 4,
-  alpha: float = 0.6,
-  penalty: str = "gnmt",
-  max_extra_len: int = 50,
-  max_decode_len: int | None = None,
   rng=None,
-  temperature: float = 0.0,
-  top_k: int = 0,
-  use_cache: bool = True,
-  segment: int | None = DECODE_SEGMENT,
-  num_ids: int | None = None,
-  ensemble: bool = False,
+  max_decode_len: int | None = None,
+  **options,
 ) -> jax.Array:
-  """Best translation of each source row.
-
-  Args:
-    model: a module from `model.build.build_model`; params: its (unboxed) parameters, or with
-      `ensemble` several members' parameters stacked on a leading axis (same architecture),
-      decoded as one model by the mean of their next-token probabilities
-      (`ensemble_decoder_state`); an ensemble needs `use_cache`.
-    inputs: [batch, src_len] source ids ending in EOS, 0 on padding.
-    beam_size: 1 = greedy search; more = beam search with length penalty exponent `alpha`, of
-      the form `penalty` ('gnmt', the paper's, or 'fairseq': see `search.beam_search`).
-    max_extra_len: a sentence's output has at most (its source tokens + this) tokens, EOS
-      included (the last one forced to EOS).
-    max_decode_len: static output width; default src_len + max_extra_len (capped by
-      `position_limit(model)`). Rows reaching it stop without EOS.
-    rng, temperature, top_k: temperature > 0 samples (from the top_k tokens when top_k > 0)
-      instead of searching; rng defaults to `jax.random.key(0)`.
-    use_cache: False re-runs the full model on the prefix every step (same output, slower).
-    segment: self-attention caches start at this many positions and grow, doubling (None:
-      allocate `max_decode_len` at once); same output, faster for long outputs
-      (`decoder_state`).
-    num_ids: only ids below this are emitted (pass the vocabulary's size: when model.vocab_size
-      is larger, the extra output rows have no piece to decode to); None = every id.
-
-  Returns:
-    ids [batch, max_decode_len] int32: tokens up to EOS, then PAD.
-  """
-  inputs = jnp.asarray(inputs, jnp.int32)
-  if inputs.ndim != 2:
-    raise ValueError(f"translate: inputs must be [batch, src_len] ids, got shape {inputs.shape}")
-  if beam_size < 1 or max_extra_len < 0 or temperature < 0 or top_k < 0:
-    raise ValueError(
-      f"translate: need beam_size >= 1, max_extra_len >= 0, temperature >= 0 and "
-      f"top_k >= 0; got {beam_size}, {max_extra_len}, {temperature}, {top_k}"
-    )
-  if max_decode_len is None:
-    max_decode_len = inputs.shape[1] + max_extra_len
-  limit = position_limit(model)
-  if limit is not None:
-    max_decode_len = min(max_decode_len, limit)
-  if max_decode_len < 1:
-    raise ValueError(f"translate: max_decode_len must be positive, got {max_decode_len}")
-  if num_ids is not None and not EOS_ID < num_ids:
-    raise ValueError(f"translate: num_ids must exceed the EOS id {EOS_ID}, got {num_ids}")
-  if segment is not None and segment < 1:
-    raise ValueError(f"translate: segment must be positive or None, got {segment}")
-  if penalty not in search.PENALTIES:
-    raise ValueError(f"translate: penalty={penalty!r} is not one of {search.PENALTIES}")
-  if ensemble and not use_cache:
-    raise ValueError(
-      "translate: an ensemble decodes with the key/value cache; use_cache=False "
-      "is for single models"
-    )
-  sampling = temperature > 0
-  # Settings that do not change the computation are normalised so they share one compilation.
-  fn = _translate_fn(
-    model,
-    1 if sampling else int(beam_size),
-    float(alpha) if beam_size > 1 and not sampling else 0.0,
-    penalty if beam_size > 1 and not sampling else "gnmt",
-    int(max_extra_len),
-    int(max_decode_len),
-    float(temperature),
-    int(top_k) if sampling else 0,
-    bool(use_cache),
-    None if not use_cache or segment is None or segment >= max_decode_len else int(segment),
-    None if num_ids is None or num_ids >= model.config.vocab_size else int(num_ids),
-    bool(ensemble),
+  """Best translation of each source row [batch, src_len] -> ids [batch, max_decode_len]: see
+  `Generator.__call__`. `settings` (default `SearchSettings()`), or its fields as keywords
+  (beam_size=..., alpha=...); the other keywords are `Generator`'s (num_ids, ensemble,
+  use_cache, segment)."""
+  settings, options = _split(dict(options), settings)
+  return generator(model, **options)(
+    params, inputs, settings, rng=rng, max_decode_len=max_decode_len
   )
-  if rng is None:
-    rng = jax.random.key(0)
-  return fn(params, inputs, rng)
-
-
-# ---------------------------------------------------------------------------------------------
-# Many sentences: batches of similar length (model/batching.py).
 
 
 def translate_all(
   model,
   params,
   token_lists: Sequence[Sequence[int]],
-  *,
-  tokens_per_batch: int = 4096,
-  batch_multiple: int = 1,
-  place: Callable | None = None,
-  on_batch: Callable[[int], None] | None = None,
-  **kwargs,
+  settings: SearchSettings | None = None,
+  **options,
 ) -> list[np.ndarray]:
-  """`translate` over any number of sentences, batched by `length_batches`.
+  """`Generator.translate_all` for a list of sentences (each's ids ending in EOS); keywords:
+  the settings' fields, `Generator`'s options, and translate_all's own (rng, tokens_per_batch,
+  batch_multiple, place, on_batch)."""
+  settings, options = _split(dict(options), settings)
+  own = {k: options.pop(k) for k in list(options) if k in _BATCHING}
+  return generator(model, **options).translate_all(params, token_lists, settings, **own)
 
-  Args:
-    token_lists: source ids of each sentence, each ending in EOS.
-    tokens_per_batch: padded source tokens per batch (beam search multiplies the work by beam).
-    batch_multiple: every batch's row count is a multiple of this (e.g. the devices it is split
-      over).
-    place: applied to each batch's [rows, length] ids before decoding (e.g. `jax.device_put`
-      with a sharding); None leaves them as numpy.
-    on_batch: called after each batch with the number of sentences done so far.
-    **kwargs: passed to `translate` (beam_size, alpha, max_extra_len, ...); `rng` (default
-      `jax.random.key(0)`) is folded with the batch's number, so batches of the same shape
-      sample independently.
 
-  Returns:
-    per sentence, in input order: its translation's ids [tokens] (no EOS, no PAD).
-  """
-  outputs: list[np.ndarray | None] = [None] * len(token_lists)
-  rng = kwargs.pop("rng", None)
-  rng = jax.random.key(0) if rng is None else rng
-  done = 0
-  for n, batch in enumerate(length_batches(token_lists, tokens_per_batch, batch_multiple)):
-    kwargs["rng"] = jax.random.fold_in(rng, n)
-    inputs = batch.inputs if place is None else place(batch.inputs)
-    ids = np.asarray(translate(model, params, inputs, **kwargs))
-    for row, i in enumerate(batch.indices):
-      outputs[i] = strip(ids[row])
-    done += len(batch.indices)
-    if on_batch is not None:
-      on_batch(done)
-  return outputs
+_BATCHING = ("rng", "tokens_per_batch", "batch_multiple", "place", "on_batch")
 
 
 def strip(ids) -> np.ndarray:
@@ -306,10 +282,10 @@ def _natural_key(path):
   return [tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(k))) for k in path]
 
 
-_WEIGHTS: dict = {}  # model -> jitted (params, inputs, targets) -> sown intermediates
+@functools.lru_cache(maxsize=4)
+def _weights_fn(model):
+  """The jitted (params, inputs, targets) -> sown intermediates of `model`."""
 
-
-def _make_weights(model):
   def forward(mdl, src, tgt):
     return mdl.decode(mdl.encode(src), src, tgt, return_weights=True)
 
@@ -317,7 +293,7 @@ def _make_weights(model):
     _, state = model.apply({"params": params}, src, tgt, method=forward, mutable=["intermediates"])
     return state["intermediates"]
 
-  return run
+  return jax.jit(run)
 
 
 def attention_weights(model, params, inputs, output_ids) -> np.ndarray:
@@ -334,10 +310,8 @@ def attention_weights(model, params, inputs, output_ids) -> np.ndarray:
   src = np.asarray(inputs).reshape(-1)
   src = src[src != PAD_ID]
   tgt = np.append(strip(output_ids), EOS_ID)
-  if model not in _WEIGHTS:
-    _WEIGHTS[model] = jax.jit(_make_weights(model))
   flat = traverse_util.flatten_dict(
-    _WEIGHTS[model](params, src[None].astype(np.int32), tgt[None].astype(np.int32))
+    _weights_fn(model)(params, src[None].astype(np.int32), tgt[None].astype(np.int32))
   )
   found = sorted(
     (path for path in flat if path[-1] == "attention_weights" and "cross_attention" in path),

@@ -122,11 +122,11 @@ def test_beam_search_without_length_penalty_equals_ours(exported):
 @pytest.mark.parametrize("alpha", [0.6, 1.5])
 def test_beam_search_with_the_fairseq_length_penalty_equals_ours(exported, alpha):
   """With alpha > 0 CTranslate2 divides by len^alpha and stops a sentence once beam_size
-  hypotheses have finished: our search with `penalty='fairseq'` does the same, so the
+  hypotheses have finished: our search with `length_penalty='fairseq'` does the same, so the
   translations agree (with the GNMT penalty they differ on some sentences)."""
   restored, model, translator = exported.restored, exported.model, exported.translator
   texts = _sentences(restored)
-  ours = _ours(restored, model, texts, beam_size=4, alpha=alpha, penalty="fairseq")
+  ours = _ours(restored, model, texts, beam_size=4, alpha=alpha, length_penalty="fairseq")
   theirs = _theirs(restored, translator, texts, beam_size=4, length_penalty=alpha)
   assert theirs == ours
 

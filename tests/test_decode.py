@@ -219,9 +219,10 @@ def test_bad_numbers_and_output_paths_fail_before_any_decoding(workdir, tmp_path
   """NaN options, an output folder that does not exist and a damaged gzip input: one line each,
   exit 2, before the model is loaded (nothing is decoded, and no output file is created)."""
   for flags, message in (
-    (["--alpha=nan"], "flag --alpha=nan: must be a finite number >= 0"),
-    (["--temperature=nan"], "flag --temperature=nan: must be a finite number >= 0"),
-    (["--beam_size=0"], "flag --beam_size=0: must be >= 1"),
+    (["--alpha=nan"], "decode.py: error: --alpha=nan: must be a finite number >= 0"),
+    (["--temperature=nan"], "--temperature=nan: must be a finite number >= 0"),
+    (["--beam_size=0"], "--beam_size=0: must be >= 1"),
+    (["--top_k=3"], "--top_k=3 applies to sampling only"),
     ([f"--output={tmp_path}/missing/out.txt"], "the folder"),
     ([f"--json={tmp_path}/missing/s.json"], "--json="),
     ([f"--plot_attention={tmp_path}"], "is a folder"),

@@ -6,6 +6,9 @@ length limit while others are cut there. Compilations dominate the run time on C
 tests share few shapes.
 """
 
+import dataclasses
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -16,6 +19,7 @@ from flax import traverse_util
 from model import batching, decoder_state, generate
 from model import cache as model_cache
 from model.build import abstract_params, build_model
+from model.search_settings import SearchSettings
 from tests.helpers import Compilations
 
 PAD, EOS = 0, 1
@@ -129,11 +133,10 @@ def test_greedy_cached_and_uncached_match_reference(tiny, reference):
 
 
 def test_sinusoidal_positions_decode_past_max_len(reference):
-  """The Transformer's positions have no limit (`generate.position_limit` is None): with
-  `model.max_len` = 8 the cached greedy search still places targets of up to 16 tokens, exactly
-  as the model with max_len 64 (same parameters) does."""
+  """The Transformer's sinusoidal positions have no limit: with `model.max_len` = 8 the cached
+  greedy search still places targets of up to 16 tokens, exactly as the model with max_len 64
+  (same parameters) does."""
   model, params = random_model(num_layers=1, seed=2, eos_bias=3.4, max_len=8)
-  assert generate.position_limit(model) is None
   ids = generate.translate(model, params, padded(SOURCES), beam_size=1, max_extra_len=EXTRA)
   assert max(len(r) for r in reference) > 8
   assert rows(ids) == reference
@@ -217,7 +220,7 @@ def test_a_file_compiles_one_program_per_length_bucket(tiny):
   batches = batching.length_batches(lists, tokens_per_batch=512)
   assert len(batches) > 5 and len({b.inputs.shape for b in batches}) == 2
   how = dict(beam_size=2, max_extra_len=EXTRA + 1)  # settings no other test compiles
-  with Compilations("jit(run)") as compiled:
+  with Compilations("jit(_search)") as compiled:
     outputs = generate.translate_all(model, params, lists, tokens_per_batch=512, **how)
   assert compiled.count == 2
   for i in (0, 1, 150, 299):  # a sentence alone in its batch decodes to the same tokens
@@ -254,7 +257,7 @@ def test_num_ids_keeps_outputs_inside_the_vocabulary(tiny, reference, how):
 
 def test_num_ids_must_exceed_eos(tiny):
   model, params = tiny
-  with pytest.raises(ValueError, match="num_ids must exceed the EOS id"):
+  with pytest.raises(ValueError, match="num_ids=1: must exceed the EOS id"):
     generate.translate(model, params, padded(SOURCES), num_ids=1)
 
 
@@ -290,7 +293,7 @@ def test_same_shapes_do_not_recompile(tiny):
   model, params = tiny
   inputs = padded(SOURCES)
   first = generate.translate(model, params, inputs, beam_size=1, max_extra_len=EXTRA)
-  with Compilations("jit(run)") as compiled:
+  with Compilations("jit(_search)") as compiled:
     # Other token values, other parameter values, an alpha that greedy ignores: same program.
     generate.translate(model, params, inputs[::-1].copy(), beam_size=1, max_extra_len=EXTRA)
     other = jax.tree_util.tree_map(lambda x: x * 1.5, params)
@@ -418,3 +421,53 @@ def test_bfloat16_decoding_casts_the_matrices_once_and_stays_close(tiny):
     )
     rows += np.sum(np.all(exact == close, axis=1))
   assert rows >= 0.75 * 2 * len(SOURCES), rows
+
+
+# ----------------------------------------------------------------------------- settings
+def test_search_settings_check_themselves_and_share_programs():
+  """One frozen value: each bad field named in a one-line ValueError; settings that search the
+  same way (any alpha when greedy, beam fields when sampling) map to one program; hashable, so
+  jit caches on it."""
+  for fields, message in (
+    (dict(beam_size=0), "beam_size=0: must be >= 1"),
+    (dict(beam_size=2.0), "beam_size=2.0: must be an integer"),
+    (dict(alpha=-1.0), "alpha=-1.0: must be a finite number >= 0"),
+    (dict(temperature=float("nan")), "temperature=nan: must be a finite number >= 0"),
+    (dict(length_penalty="wu"), "length_penalty='wu': must be one of"),
+    (dict(max_extra_len=-1), "max_extra_len=-1: must be >= 0"),
+    (dict(top_k=5), "top_k=5 applies to sampling only"),
+  ):
+    with pytest.raises(ValueError, match=re.escape(message)):
+      SearchSettings(**fields)
+  greedy = SearchSettings(beam_size=1, alpha=0.2, length_penalty="fairseq")
+  assert greedy.program() == SearchSettings(beam_size=1).program()
+  sampled = SearchSettings(beam_size=5, alpha=1.0, temperature=1.0, top_k=3)
+  assert sampled.program() == SearchSettings(beam_size=1, temperature=1.0, top_k=3).program()
+  beam = SearchSettings(beam_size=5, alpha=1, length_penalty="fairseq")
+  assert beam.program() == beam and beam.alpha == 1.0 and isinstance(beam.alpha, float)
+  assert beam.describe() == "beam search (beam 5, alpha 1, fairseq length penalty)"
+  assert len({beam, SearchSettings(beam_size=5, alpha=1.0, length_penalty="fairseq")}) == 1
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    beam.beam_size = 2
+  with pytest.raises(ValueError, match="beam_size=0"):
+    beam.replace(beam_size=0)
+
+
+def test_a_generator_owns_its_programs(tiny):
+  """A Generator compiles each settings' program once and keeps it while it lives; another
+  Generator of the same model compiles its own (no module-wide cache behind it), and the
+  module-level functions keep a bounded number of generators."""
+  model, params = tiny
+  inputs = padded(SOURCES)
+  settings = SearchSettings(beam_size=1, max_extra_len=EXTRA + 2)  # compiled by no other test
+  first = generate.Generator(model)
+  with Compilations("jit(_search)") as compiled:
+    ids = first(params, inputs, settings)
+    first(params, inputs, settings.replace(alpha=1.5))  # greedy ignores alpha: same program
+  assert compiled.count == 1
+  with Compilations("jit(_search)") as compiled:
+    np.testing.assert_array_equal(generate.Generator(model)(params, inputs, settings), ids)
+  assert compiled.count == 1
+  assert generate._generator.cache_info().maxsize == 8
+  with pytest.raises(ValueError, match="settings=.*expected a SearchSettings"):
+    first(params, inputs, {"beam_size": 1})

@@ -181,7 +181,7 @@ def test_the_checks_see_imports_anywhere_and_command_lines(tmp_path):
 
 # Entry points that still define their flags at import (module level); their owners move them into
 # define_flags() (#35 item 5). Importing both in one process clashes over --workdir.
-FLAGS_AT_IMPORT = ("decode",)
+FLAGS_AT_IMPORT = ()
 _DEFINING = ("DEFINE_", "define_config", "check_flag", "mark_flag_as_required", "adopt_module_key")
 
 

@@ -11,6 +11,7 @@ import pytest
 from core.errors import UsageError
 from core.progress import Progress
 from inference import Translator
+from model.search_settings import SearchSettings
 from tests.helpers import MODEL_TYPES, REPO, run_in_process, run_py
 
 SENTENCES = ["w1 w2 w3", "", "w5 w6 w7 w8 w9", "w3 w4", "w10 w11 w12 w13 w14 w15"]
@@ -68,9 +69,16 @@ def test_long_sentences_are_cut_with_a_warning_and_options_are_checked(workdirs,
     ({"temperature": float("inf")}, "temperature=inf: must be a finite number >= 0"),
     ({"top_k": 3}, "top_k=3 applies to sampling only"),
     ({"max_extra_len": -1}, "max_extra_len=-1: must be >= 0"),
+    ({"temperature": 1.0, "top_k": 10**6}, "top_k=1000000: larger than the model's vocabulary"),
+    ({"beam": 2}, "'beam'; the search settings are beam_size, alpha"),
   ):
     with pytest.raises(UsageError, match=re.escape(message)):
       translator.translate(["w1"], **options)
+  # A SearchSettings value, or its fields as keywords: the same search.
+  settings = translator.settings(beam_size=1, max_extra_len=2)
+  assert settings == SearchSettings(beam_size=1, max_extra_len=2)
+  assert translator.translate(["w1 w2", long], settings) == result.texts[:2]
+  assert translator.settings().max_extra_len == translator.config.eval.max_decode_extra
   with pytest.raises(UsageError, match="expected a list of sentences"):
     translator.translate("w1 w2")
   scores = translator.score(["w1 w2 w3 w4 w5"], ["w1 w2 w3 w4 w5"])
@@ -119,4 +127,4 @@ def test_the_compilation_cache_when_asked(workdirs, tmp_path):
   )
   proc = run_py("-c", code, workdirs["transformer"], folder)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert any(p.name.startswith("jit_run") for p in folder.iterdir())
+  assert any(p.name.startswith("jit__search") for p in folder.iterdir())

@@ -1,0 +1,101 @@
+"""How to search for a translation, as one immutable value.
+
+    settings = SearchSettings(beam_size=5, alpha=1.0, length_penalty="fairseq")
+    ids = generate.translate(model, params, inputs, settings)
+
+The one spelling of the search options: `model.generate` compiles one program per distinct
+`settings.program()`, `inference.Translator` takes them as keyword options, and decode.py defines
+its flags from the fields below (their names, defaults and help).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from model.search import PENALTIES
+
+
+def _help(text: str) -> dict:
+  return {"help": text}
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSettings:
+  """Greedy search (`beam_size=1`), beam search, or sampling (`temperature > 0`).
+
+  Beam search scores a hypothesis by its log-probability over a length penalty: 'gnmt' (the
+  paper's ((5+len)/6)^alpha, searching on while a live hypothesis could still win) or 'fairseq'
+  (len^alpha, a sentence done once `beam_size` hypotheses are, as fairseq and CTranslate2 search).
+  A sentence's output has at most (its source tokens + `max_extra_len`) tokens, EOS included.
+  """
+
+  beam_size: int = dataclasses.field(default=4, metadata=_help("Beam size; 1 = greedy search."))
+  alpha: float = dataclasses.field(
+    default=0.6, metadata=_help("Length penalty exponent of beam search.")
+  )
+  length_penalty: str = dataclasses.field(
+    default="gnmt",
+    metadata=_help(
+      "The length penalty's form: gnmt (the paper's ((5+len)/6)^alpha) or fairseq (len^alpha, a "
+      "sentence done once beam_size hypotheses are, as fairseq and CTranslate2 search)."
+    ),
+  )
+  max_extra_len: int = dataclasses.field(
+    default=50, metadata=_help("Output length limit = source length + this.")
+  )
+  temperature: float = dataclasses.field(
+    default=0.0, metadata=_help("> 0: sample instead of searching.")
+  )
+  top_k: int = dataclasses.field(
+    default=0, metadata=_help("Sample from the k most likely tokens (0 = all).")
+  )
+
+  def __post_init__(self):
+    for name, minimum in (("beam_size", 1), ("max_extra_len", 0), ("top_k", 0)):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r}: must be an integer")
+      if value < minimum:
+        raise ValueError(f"{name}={value!r}: must be >= {minimum}")
+    for name in ("alpha", "temperature"):
+      value = getattr(self, name)
+      number = isinstance(value, (int, float)) and not isinstance(value, bool)
+      if not number or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={value!r}: must be a finite number >= 0")
+      object.__setattr__(self, name, float(value))
+    if self.length_penalty not in PENALTIES:
+      raise ValueError(f"length_penalty={self.length_penalty!r}: must be one of {PENALTIES}")
+    if self.top_k and not self.sampling:
+      raise ValueError(
+        f"top_k={self.top_k} applies to sampling only: set a temperature (e.g. 1) or drop top_k"
+      )
+
+  @property
+  def sampling(self) -> bool:
+    return self.temperature > 0
+
+  def replace(self, **changes) -> SearchSettings:
+    """These settings with some fields changed (checked again)."""
+    return dataclasses.replace(self, **changes)
+
+  def program(self) -> SearchSettings:
+    """The settings with the fields that do not change the computation reset, so that settings
+    searching the same way share one compiled program (e.g. alpha when greedy)."""
+    if self.sampling:
+      return SearchSettings(1, 0.0, "gnmt", self.max_extra_len, self.temperature, self.top_k)
+    if self.beam_size == 1:
+      return SearchSettings(1, 0.0, "gnmt", self.max_extra_len)
+    return self
+
+  def describe(self) -> str:
+    """'beam search (beam 5, alpha 1, fairseq length penalty)', for logs."""
+    if self.sampling:
+      return f"sampling at temperature {self.temperature:g} (top_k {self.top_k})"
+    if self.beam_size == 1:
+      return "greedy search"
+    form = "" if self.length_penalty == "gnmt" else f", {self.length_penalty} length penalty"
+    return f"beam search (beam {self.beam_size}, alpha {self.alpha:g}{form})"
+
+
+FIELDS = tuple(field.name for field in dataclasses.fields(SearchSettings))
