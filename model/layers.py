@@ -223,7 +223,8 @@ class MultiHeadAttention(nn.Module):
   def _self_step(self, query, key, value):
     """One decode step of self-attention: writes this position's key/value into the cache at
     `cache_index` and attends over the positions written so far. query, key, value:
-    [n, 1, heads, d_k]."""
+    [n, 1, heads, d_k]. `cache_index` is [] (every row at the same position, as `init_cache`
+    makes it) or [n], each row at its own position (continuous batching, model/pool.py)."""
     if query.shape[1] != 1:
       raise ValueError(
         f"MultiHeadAttention: decode step expects one position, got {query.shape[1]}"
@@ -234,9 +235,10 @@ class MultiHeadAttention(nn.Module):
     i = index.value
     for cached, new in ((cached_key, key), (cached_value, value)):
       new = _stored(new.transpose(0, 2, 1, 3))  # [n, heads, 1, d_k]
-      cached.value = jax.lax.dynamic_update_slice(cached.value, new, (0, 0, i, 0))
+      cached.value = write_position(cached.value, new, i)
     index.value = i + 1
-    mask = (jnp.arange(cached_key.value.shape[2]) <= i)[None, None, None, :]
+    # [1 or n, 1, 1, length]: each row attends to its own prefix.
+    mask = jnp.arange(cached_key.value.shape[2]) <= jnp.reshape(i, (-1, 1, 1, 1))
     return attn.cached_attention(
       query, _loaded(cached_key.value), _loaded(cached_value.value), mask
     )
@@ -274,6 +276,15 @@ class MultiHeadAttention(nn.Module):
       self.variable(cache.SOURCE, "cross_value", lambda: value.transpose(0, 2, 1, 3))
       self.variable(cache.SOURCE, "cross_mask", lambda: src_mask)
     return key, value, mask
+
+
+def write_position(buffer: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
+  """`buffer` [n, heads, length, d] with `new` [n, heads, 1, d] written at position `index`: []
+  (the same position in every row: one in-place slice update) or [n] (each row its own)."""
+  if jnp.ndim(index) == 0:
+    return jax.lax.dynamic_update_slice(buffer, new, (0, 0, index, 0))
+  at = jnp.arange(buffer.shape[2])[:, None] == index[:, None, None, None]  # [n, 1, length, 1]
+  return jnp.where(at, new, buffer)
 
 
 def _stored(x: jax.Array) -> jax.Array:

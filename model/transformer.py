@@ -99,11 +99,13 @@ class Decoder(nn.Module):
   ):
     """decoder_inputs: [batch, tgt_len] ids (already shifted) -> [batch, tgt_len, vocab] logits."""
     cfg = self.config
-    if decode:  # the position of each incremental step is counted in the cache
+    # The position of each incremental step is counted in the cache: [] shared by all rows, or
+    # [batch], each row its own (continuous batching, model/pool.py).
+    if decode:
       initialized = self.has_variable(cache.STATE, "position")
       position = self.variable(cache.STATE, "position", lambda: jnp.array(0, jnp.int32))
       if initialized:
-        positions = jnp.broadcast_to(position.value, decoder_inputs.shape)
+        positions = jnp.broadcast_to(jnp.reshape(position.value, (-1, 1)), decoder_inputs.shape)
         position.value = position.value + 1
     y = self.embed(decoder_inputs) + sinusoidal_encoding(positions, cfg.d_model).astype(
       cfg.compute_dtype
