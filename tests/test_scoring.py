@@ -1,0 +1,281 @@
+"""Scoring given translations (#36 item 4): model/scoring.py's teacher-forced log-probabilities
+against the training loss and the searches' own scores, for every model type and an ensemble;
+inference/scoring.py's batching (order and batch shapes change nothing, few programs) and its
+errors. Tiny random models and a word vocabulary: no trained workdir needed."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from data.tokenizer import WordVocab
+from inference.scoring import PairScorer, pair_batches
+from model import scoring, search
+from model.build import build_model, init_variables
+from model.decoder_state import decoder_state, ensemble_decoder_state
+from model.generate import _only_ids_below  # what decoding masks with (num_ids)
+from model.special_tokens import EOS_ID, PAD_ID
+from tests.helpers import MODEL_TYPES, Compilations, fixed_batches, tiny_config
+from training.step import eval_step
+
+
+def _model(kind="transformer", seed=0, **overrides):
+  config = tiny_config(**{"model.type": kind, **overrides})
+  model = build_model(config.model)
+  params = nn.unbox(init_variables(model, jax.random.key(seed))["params"])
+  return model, params
+
+
+def _packed(batch, a, b):
+  """Rows `a` and `b` of an unpacked pipeline batch packed into one row (segments 1 and 2)."""
+  out = {}
+  for side in ("inputs", "targets"):
+    row = {k: [] for k in ("tok", "seg", "pos")}
+    for segment, r in ((1, a), (2, b)):
+      n = int(batch[f"{side}_segmentation"][r].sum())
+      row["tok"] += list(batch[side][r, :n])
+      row["seg"] += [segment] * n
+      row["pos"] += list(range(n))
+    width = 2 * batch[side].shape[1]
+    pad = lambda xs: np.array([xs + [0] * (width - len(xs))], np.int32)
+    out[side] = pad(row["tok"])
+    out[f"{side}_segmentation"] = pad(row["seg"])
+    out[f"{side}_position"] = pad(row["pos"])
+  return out
+
+
+@pytest.mark.parametrize(
+  "kind",
+  [k if k == "transformer" else pytest.param(k, marks=pytest.mark.slow) for k in MODEL_TYPES],
+)
+def test_scores_are_minus_the_training_loss_on_the_same_pairs(kind):
+  model, params = _model(kind)
+  (batch,) = fixed_batches(n=1, rows=6, length=8, seed=1)
+  token_logp, total = jax.jit(lambda p, x, y: scoring.score(model, p, x, y))(
+    params, batch["inputs"], batch["targets"]
+  )
+  token_logp, total = np.asarray(token_logp), np.asarray(total)
+  assert np.all(token_logp[batch["targets"] == PAD_ID] == 0)
+  assert np.all(token_logp[batch["targets"] != PAD_ID] < 0)
+  np.testing.assert_allclose(total, token_logp.sum(axis=1), rtol=1e-6)
+  nll = jax.jit(lambda p, b: eval_step(p, b, model=model, label_smoothing=0.0)["nll"])
+  # The whole batch, and pairs packed two in a row as training packs them (one pair's loss is
+  # its row's when the other pair is row 0's, read twice).
+  np.testing.assert_allclose(-total.sum(), nll(params, batch), rtol=1e-6)
+  packed = [_packed(batch, 0, r) for r in range(6)]
+  for r in range(1, 6):
+    loss = nll(params, packed[r]) - nll(params, packed[0]) / 2
+    np.testing.assert_allclose(-total[r], loss, rtol=1e-5)
+
+
+def _searched_and_forced(model, params, inputs, beam, ensemble, max_len=7, num_ids=30):
+  """(beam search's hypotheses [batch * beam, max_len] and scores at alpha 0, with PAD and ids
+  >= num_ids impossible; the forced totals of those hypotheses with as_search), in one program."""
+
+  def run(params, inputs):
+    make = ensemble_decoder_state if ensemble else decoder_state
+    state = make(model, params, inputs, max_len)
+    step = _only_ids_below(state.step, num_ids)
+    ids, scores = search.beam_search(
+      step,
+      state.cache,
+      inputs.shape[0],
+      max_len,
+      beam_size=beam,
+      alpha=0.0,
+      grow=state.grow,
+      segment=state.segment,
+    )
+    rows = ids.reshape(-1, max_len)  # each ends with EOS or runs to max_len without one
+    _, total = scoring.score(
+      model,
+      params,
+      jnp.repeat(inputs, beam, axis=0),
+      rows,
+      ensemble=ensemble,
+      as_search=True,
+      num_ids=num_ids,
+    )
+    greedy = (  # beam 1 is greedy search
+      search.greedy_search(
+        step, state.cache, inputs.shape[0], max_len, grow=state.grow, segment=state.segment
+      )
+      if beam == 1
+      else rows
+    )
+    return rows, scores.reshape(-1), total, greedy
+
+  return jax.jit(run)(params, jnp.asarray(inputs))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "kind, ensemble, beam",
+  [(kind, False, 3) for kind in MODEL_TYPES]
+  + [("transformer", False, 1), ("transformer", True, 3)],
+)
+def test_a_searched_hypothesis_scores_what_the_search_scored_it(kind, ensemble, beam):
+  """Beam search at alpha 0, every hypothesis of its n-best list (beam 1: greedy search's
+  output), PAD and ids >= num_ids impossible: the forced score with as_search equals the
+  search's own."""
+  model, params = _model(kind)
+  if ensemble:
+    _, other = _model(kind, seed=1)
+    params = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), params, other)
+  (batch,) = fixed_batches(n=1, rows=3, length=6, seed=2)
+  rows, scores, total, greedy = map(
+    np.asarray, _searched_and_forced(model, params, batch["inputs"], beam, ensemble)
+  )
+  found = np.isfinite(scores)
+  assert found.sum() >= len(batch["inputs"])
+  np.testing.assert_allclose(total[found], scores[found], rtol=2e-5, atol=2e-5)
+  np.testing.assert_array_equal(greedy, rows)
+
+
+def test_an_ensemble_of_copies_scores_as_the_model():
+  model, params = _model()
+  stacked = jax.tree_util.tree_map(lambda a: jnp.stack([a, a, a]), params)
+  (batch,) = fixed_batches(n=1, rows=4, length=8, seed=3)
+  for as_search in (False, True):
+    run = jax.jit(
+      lambda p, x, y, ensemble: scoring.score(
+        model, p, x, y, ensemble=ensemble, as_search=as_search
+      ),
+      static_argnums=3,
+    )
+    one = run(params, batch["inputs"], batch["targets"], False)
+    three = run(stacked, batch["inputs"], batch["targets"], True)
+    np.testing.assert_allclose(three[0], one[0], rtol=1e-5, atol=1e-6)
+
+
+def test_the_searches_distribution_leaves_out_pad():
+  """as_search renormalises over fewer ids: every token is more likely, by the same factor per
+  position as the PAD (and extra ids') probability it takes away."""
+  model, params = _model()
+  (batch,) = fixed_batches(n=1, rows=4, length=8, seed=4)
+  x, y = batch["inputs"], np.where(batch["targets"] >= 30, batch["targets"] - 26, batch["targets"])
+  full, _ = scoring.score(model, params, x, y)
+  searched, _ = scoring.score(model, params, x, y, as_search=True, num_ids=30)
+  logits = model.apply({"params": params}, x, y)
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  kept = 1.0 - probs[..., PAD_ID] - probs[..., 30:].sum(-1)
+  real = y != PAD_ID
+  np.testing.assert_allclose(
+    np.asarray(searched)[real], (np.asarray(full) - np.log(kept))[real], rtol=1e-5, atol=1e-5
+  )
+
+
+def test_model_scoring_rejects_bad_shapes():
+  model, params = _model()
+  with pytest.raises(ValueError, match="inputs and targets must be"):
+    scoring.score(model, params, jnp.ones((2, 4), jnp.int32), jnp.ones((3, 4), jnp.int32))
+  with pytest.raises(ValueError, match="num_ids applies"):
+    scoring.score(
+      model, params, jnp.ones((2, 4), jnp.int32), jnp.ones((2, 4), jnp.int32), num_ids=9
+    )
+
+
+# ----------------------------------------------------------------------------- pairs of text
+WORDS = [f"w{i}" for i in range(30)]  # 34 ids: the model's 36 output rows include 2 spare ones
+
+
+def _scorer(max_len=80, **kwargs):
+  model, params = _model(**{"model.max_len": max_len})
+  return PairScorer(model, params, WordVocab(WORDS), max_len=max_len, **kwargs)
+
+
+def _pairs(n, seed=0, longest=60):
+  rng = np.random.default_rng(seed)
+  line = lambda k: " ".join(rng.choice(WORDS, k))
+  sources = [line(int(rng.integers(0, longest))) for _ in range(n)]
+  targets = [line(int(rng.integers(1, longest))) for _ in range(n)]
+  return sources, targets
+
+
+def test_pair_scores_are_the_models_on_the_tokenized_pairs():
+  scorer = _scorer()
+  vocab = scorer.vocab
+  sources, targets = ["w1 w2 w3", "w4 nonword", ""], ["w5 w6", "w7", "w8 w9 w10 w11"]
+  scored = scorer.score(sources, targets)
+  x = np.zeros((3, 8), np.int32)
+  y = np.zeros((3, 8), np.int32)
+  for i, (s, t) in enumerate(zip(sources, targets)):
+    x[i, : len(vocab.encode(s)) + 1] = vocab.encode(s) + [EOS_ID]
+    y[i, : len(vocab.encode(t)) + 1] = vocab.encode(t) + [EOS_ID]
+  token_logp, total = scoring.score(scorer.model, scorer.params, x, y)
+  for i, pair in enumerate(scored):
+    n = len(vocab.encode(targets[i])) + 1
+    assert pair.ids == vocab.encode(targets[i]) + [EOS_ID]
+    assert pair.tokens == targets[i].split() + ["</s>"]
+    assert pair.token_log_probs.shape == (n,)
+    np.testing.assert_allclose(pair.token_log_probs, token_logp[i, :n], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pair.log_prob, total[i], rtol=1e-5)
+    np.testing.assert_allclose(pair.log_prob, pair.token_log_probs.sum(), rtol=1e-6)
+    assert pair.mean_log_prob == pytest.approx(pair.log_prob / n)
+  searched = scorer.score(sources, targets, as_search=True)
+  assert all(a.log_prob > b.log_prob for a, b in zip(searched, scored))
+
+
+@pytest.mark.slow
+def test_order_and_batch_shapes_change_no_score_and_shapes_compile_once():
+  sources, targets = _pairs(40)
+  scorer = _scorer()
+  batches = pair_batches(scorer.encode(sources, "sources"), scorer.encode(targets, "targets"), 1024)
+  assert sorted(i for b in batches for i in b[0]) == list(range(40))
+  assert len({(x.shape, y.shape) for _, x, y in batches}) == 4  # 2 source x 2 target buckets
+  with Compilations("jit(score_batch)") as compiled:
+    first = scorer.score(sources, targets, tokens_per_batch=1024)
+  assert compiled.count == 4
+  with Compilations("jit(score_batch)") as compiled:
+    again = scorer.score(sources[::-1], targets[::-1], tokens_per_batch=1024)
+  assert compiled.count == 0
+  small = scorer.score(sources, targets, tokens_per_batch=96)  # one or two rows a batch
+  for a, b, c in zip(first, again[::-1], small):
+    assert a.ids == b.ids == c.ids
+    np.testing.assert_allclose(b.token_log_probs, a.token_log_probs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c.token_log_probs, a.token_log_probs, rtol=1e-5, atol=1e-5)
+
+
+def test_scores_on_devices_split_the_rows_as_the_translator_does():
+  devices = jax.devices()[:2]
+  rows = NamedSharding(Mesh(np.asarray(devices), ("batch",)), PartitionSpec("batch"))
+  sources, targets = _pairs(7, seed=1, longest=20)
+  one = _scorer().score(sources, targets)
+  two = _scorer(batch_multiple=2, place=lambda ids: jax.device_put(ids, rows)).score(
+    sources, targets
+  )
+  for a, b in zip(one, two):
+    np.testing.assert_allclose(b.token_log_probs, a.token_log_probs, rtol=1e-5, atol=1e-5)
+
+
+def test_an_ensemble_of_pairs():
+  model, params = _model()
+  stacked = jax.tree_util.tree_map(lambda a: jnp.stack([a, a]), params)
+  vocab = WordVocab(WORDS)
+  sources, targets = _pairs(5, seed=2, longest=10)
+  one = PairScorer(model, params, vocab, max_len=32).score(sources, targets)
+  two = PairScorer(model, stacked, vocab, max_len=32, ensemble=True).score(sources, targets)
+  for a, b in zip(one, two):
+    np.testing.assert_allclose(b.token_log_probs, a.token_log_probs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+  "sources, targets, options, message",
+  [
+    (["w1", "w2"], ["w1"], {}, r"^targets: 1 sentences for 2 sources"),
+    (["w1", "w2"], ["w1", "  "], {}, r"^targets\[1\] is empty"),
+    (["w1 " * 40], ["w1"], {}, r"^sources\[0\] has 41 tokens with EOS, more than .*max_len=32"),
+    (["w1"], ["w1 " * 32], {}, r"^targets\[0\] has 33 tokens"),
+    ("w1 w2", ["w1"], {}, r"^sources: expected a list of sentences, got one string"),
+    (["w1"], ["w1"], {"tokens_per_batch": 0}, r"^tokens_per_batch=0: must be positive"),
+  ],
+)
+def test_bad_input_is_one_line_naming_the_argument(sources, targets, options, message):
+  scorer = _scorer(max_len=32)
+  with pytest.raises(ValueError, match=message) as raised:
+    scorer.score(sources, targets, **options)
+  assert "\n" not in str(raised.value)
