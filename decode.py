@@ -16,9 +16,13 @@ while running.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import pathlib
+import time
+
+_STARTED = time.perf_counter()  # the run's start-up: imports until decode() begins
+
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import pathlib  # noqa: E402
 
 if __name__ == "__main__":  # first, before JAX starts its threads: see cli/host_memory.py
   from cli.host_memory import keep_freed_memory_on_cpu
@@ -34,6 +38,7 @@ from core.errors import UsageError  # noqa: E402
 from data.sources import load_split  # noqa: E402
 from inference import compilation_cache  # noqa: E402
 from inference.attention_plot import plot_attention, token_labels  # noqa: E402
+from inference.phases import Phases  # noqa: E402
 from inference.translator import DTYPES, OPTION_RULES, Translator  # noqa: E402
 from model.search import PENALTIES  # noqa: E402
 from model.search_settings import FIELDS, SearchSettings  # noqa: E402
@@ -58,6 +63,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     **f,
   )
   for field in dataclasses.fields(SearchSettings):
+    if field.name == "num_hypotheses":  # --nbest below
+      continue
     default = SEARCH_DEFAULTS.get(field.name, field.default)
     help_text = field.metadata["help"] + (
       " (default: config.eval.max_decode_extra)" if field.name == "max_extra_len" else ""
@@ -82,6 +89,21 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     None,
     list(DTYPES),
     "Computation dtype (default: the training config's model.dtype).",
+    **f,
+  )
+  flags.DEFINE_integer(
+    "nbest",
+    0,
+    "> 0: write each sentence's k best hypotheses (at most --beam_size) as "
+    "'index ||| hypothesis ||| score' lines (Moses / fairseq), the score as the search ranks "
+    "them (log-probability over the length penalty).",
+    **f,
+  )
+  flags.DEFINE_bool(
+    "score_reference",
+    False,
+    "Score the references instead of translating (forced decoding): each pair's line is "
+    "'log-probability ||| per-token log-probabilities' (EOS last), natural log, in input order.",
     **f,
   )
   flags.DEFINE_integer("seed", 0, "Random seed of sampling.", **f)
@@ -112,6 +134,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   for name, rule in OPTION_RULES.items():  # the flags named as Translator's options
     check_flag(name, rule, flag_values)
   check_flag("plot_sentence", Int(min=0), flag_values)
+  check_flag("nbest", Int(min=0), flag_values)
 
 
 FLAGS = flags.FLAGS
@@ -119,7 +142,8 @@ FLAGS = flags.FLAGS
 
 def _search_fields() -> dict:
   """The search settings the flags give (max_extra_len None: the config's default)."""
-  fields = {name: getattr(FLAGS, name) for name in FIELDS}
+  fields = {name: getattr(FLAGS, name) for name in FIELDS if name != "num_hypotheses"}
+  fields["num_hypotheses"] = max(FLAGS.nbest, 1)
   return {name: value for name, value in fields.items() if value is not None}
 
 
@@ -129,7 +153,7 @@ def _check_search_flags() -> None:
   try:
     SearchSettings(**_search_fields())
   except ValueError as e:
-    raise UsageError(f"--{e}") from None
+    raise UsageError(f"--{e}".replace("--num_hypotheses=", "--nbest=")) from None
 
 
 def _texts() -> tuple[list[str] | None, list[str] | None]:
@@ -144,6 +168,21 @@ def _texts() -> tuple[list[str] | None, list[str] | None]:
   return read_aligned(FLAGS.input, FLAGS.reference)
 
 
+def _nbest_lines(result) -> list[str]:
+  """'index ||| hypothesis ||| score' for each hypothesis of each sentence (index 0-based, as
+  fairseq and Moses write them; an empty sentence has none)."""
+  return [
+    f"{i} ||| {text} ||| {score:.6f}"
+    for i, (texts, scores) in enumerate(zip(result.hypotheses, result.scores))
+    for text, score in zip(texts, scores)
+  ]
+
+
+def _scored_line(pair) -> str:
+  """'log-probability ||| per-token log-probabilities' of one scored pair."""
+  return f"{pair.log_prob:.6f} ||| " + " ".join(f"{x:.6f}" for x in pair.token_log_probs)
+
+
 def decode() -> None:
   _check_search_flags()
   compilation_cache.enable(FLAGS.compilation_cache)  # before anything compiles
@@ -154,7 +193,9 @@ def decode() -> None:
   ):
     check_writable(path, flag)
   sources, references = _texts()
-  translator = Translator.load(FLAGS.workdir, FLAGS.checkpoint, dtype=FLAGS.dtype)
+  phases = Phases(started=_STARTED)
+  with phases.measure("restore"):
+    translator = Translator.load(FLAGS.workdir, FLAGS.checkpoint, dtype=FLAGS.dtype)
   if FLAGS.split:
     try:
       pairs, _ = load_split(translator.config.data, FLAGS.split)
@@ -165,6 +206,15 @@ def decode() -> None:
     settings = translator.settings(**_search_fields())
   except UsageError as e:
     raise UsageError(f"--{e}") from None
+  if FLAGS.score_reference:
+    if references is None:
+      raise UsageError("--score_reference scores given translations: give --reference or --split")
+    with phases.measure("score"):
+      pairs = translator.score_pairs(sources, references)
+    write_lines(FLAGS.output, [_scored_line(pair) for pair in pairs])
+    logging.info("Scored %d sentence pairs", len(pairs))
+    logging.vlog(1, "Time by phase: %s", phases.summary())
+    return
   plotted = FLAGS.plot_sentence
   if FLAGS.plot_attention and (plotted >= len(sources) or not sources[plotted].strip()):
     raise UsageError(
@@ -184,10 +234,16 @@ def decode() -> None:
     empty,
     translator.describe(settings),
   )
-  result = translator.run(
-    sources, settings, seed=FLAGS.seed, tokens_per_batch=FLAGS.tokens_per_batch, progress=True
-  )
-  write_lines(FLAGS.output, result.texts)
+  with phases.measure("translate"):
+    result = translator.run(
+      sources,
+      settings,
+      seed=FLAGS.seed,
+      tokens_per_batch=FLAGS.tokens_per_batch,
+      progress=True,
+      return_scores=FLAGS.nbest > 0,
+    )
+  write_lines(FLAGS.output, _nbest_lines(result) if FLAGS.nbest else result.texts)
   seconds = max(result.seconds, 1e-9)
   logging.info(
     "Translated %d sentences, %d tokens in %.2f s (compilation included): %.1f sentences/s, "
@@ -201,9 +257,11 @@ def decode() -> None:
 
   scores = {"bleu": None, "bleu_lowercase": None, "chrf": None}
   if references is not None:
-    scored = translator.score(result.texts, references)
+    with phases.measure("score"):
+      scored = translator.score(result.texts, references)
     scores = scored.as_dict()
     scored.print_beside(FLAGS.output)
+  logging.vlog(1, "Time by phase: %s", phases.summary())
 
   if FLAGS.json:
     summary = dict(

@@ -133,8 +133,6 @@ class PairScorer:
     argument, raised before any scoring. `tokens_per_batch`: padded source plus target tokens
     per batch. `as_search`: the distribution of the searches rather than of the training loss
     (`model.scoring`)."""
-    if int(tokens_per_batch) < 1:
-      raise ArgumentError("tokens_per_batch", tokens_per_batch, "must be positive")
     source_ids = self.encode(sources, "sources")
     target_ids = self.encode(targets, "targets")
     if len(source_ids) != len(target_ids):
@@ -142,6 +140,22 @@ class PairScorer:
         f"targets: {len(target_ids)} sentences for {len(source_ids)} sources; they pair up "
         f"line for line"
       )
+    return self.score_ids(
+      source_ids, target_ids, tokens_per_batch=tokens_per_batch, as_search=as_search
+    )
+
+  def score_ids(
+    self,
+    source_ids: Sequence[Sequence[int]],
+    target_ids: Sequence[Sequence[int]],
+    *,
+    tokens_per_batch: int = 4096,
+    as_search: bool = False,
+  ) -> list[PairScore]:
+    """`score` of pairs already tokenized: each side's ids ending in EOS (e.g. a search's
+    hypotheses with EOS appended), at most `max_len` of them."""
+    if int(tokens_per_batch) < 1:
+      raise ArgumentError("tokens_per_batch", tokens_per_batch, "must be positive")
     results: list[PairScore | None] = [None] * len(source_ids)
     for indices, inputs, outputs in pair_batches(
       source_ids, target_ids, int(tokens_per_batch), self.batch_multiple

@@ -30,9 +30,12 @@ from data.tokenizer import encode_source
 from inference.compilation_cache import enable as enable_compilation_cache
 from inference.restore import Restored, load_for_inference
 from inference.scores import Scores, score
+from inference.scoring import PairScore, PairScorer
 from model import generate
 from model.build import build_model
+from model.search import length_penalty
 from model.search_settings import FIELDS, SearchSettings
+from model.special_tokens import EOS_ID
 
 # What `run`'s options besides the search settings may be; decode.py checks its flags of the same
 # names with these (the search settings check themselves: model/search_settings.py).
@@ -55,6 +58,12 @@ class Translations:
     output_ids: the ids it wrote, without EOS (None for an empty sentence).
     truncated: indices of the sentences cut to `model.max_len` tokens.
     seconds: wall time of the decoding, compilation included.
+    hypotheses: with scores or `num_hypotheses` > 1, each sentence's best hypotheses, best first
+      ([] for an empty sentence); `texts` holds the first of each.
+    scores: their scores, as the search ranks them: the log-probability (EOS included; an EOS
+      forced at the sentence's length limit costs 0, as in the search) over the length penalty
+      in beam search, the plain log-probability in greedy search and sampling.
+    token_scores: on request, each hypothesis' per-token log-probabilities (EOS last).
   """
 
   texts: list[str]
@@ -62,6 +71,9 @@ class Translations:
   output_ids: list[np.ndarray | None]
   truncated: list[int]
   seconds: float
+  hypotheses: list[list[str]] | None = None
+  scores: list[list[float]] | None = None
+  token_scores: list[list[np.ndarray]] | None = None
 
   @property
   def sentences(self) -> int:
@@ -103,6 +115,7 @@ class Translator:
     mesh = Mesh(np.asarray(self.devices), ("batch",))
     self._rows = NamedSharding(mesh, PartitionSpec("batch"))
     self.params = jax.device_put(restored.params, NamedSharding(mesh, PartitionSpec()))
+    self._scorer = None
     self.generator = generate.Generator(
       self.model, num_ids=self.vocab.vocab_size, ensemble=restored.ensemble
     )
@@ -165,6 +178,8 @@ class Translator:
     seed: int = 0,
     tokens_per_batch: int | None = None,
     progress: bool = False,
+    return_scores: bool = False,
+    return_token_scores: bool = False,
     **search,
   ) -> Translations:
     """Translates `sentences` with `settings`, or with the fields of `SearchSettings` given as
@@ -172,7 +187,10 @@ class Translator:
     top_k; see model/search_settings.py); `max_extra_len` defaults to the training config's
     eval.max_decode_extra. `seed` draws the samples. Batches hold `tokens_per_batch` padded
     source tokens (default `TOKENS_PER_BATCH` of the devices' platform). `progress`: a progress
-    bar on stderr when it is a terminal."""
+    bar on stderr when it is a terminal. `num_hypotheses=k` (a search setting) returns each
+    sentence's k best with their scores, as `return_scores` does for one; `return_token_scores`
+    adds each one's per-token log-probabilities (`Translations`): the model's, under the
+    distribution the search drew from, taken by scoring the hypotheses (`score_pairs`)."""
     if isinstance(sentences, str):
       raise UsageError("translate: expected a list of sentences, got one string")
     settings = self.settings(settings, **search)
@@ -204,11 +222,71 @@ class Translator:
     )
     seconds = time.perf_counter() - start
     bar.close()
-    output_ids: list[np.ndarray | None] = [None] * len(source_ids)
+    nbest: list[list[np.ndarray]] = [[] for _ in source_ids]
     for i, ids in zip(present, outputs):
-      output_ids[i] = ids
+      nbest[i] = [ids] if settings.num_hypotheses == 1 else ids
+    output_ids = [found[0] if found else None for found in nbest]
     texts = ["" if ids is None else self.vocab.decode(ids.tolist()) for ids in output_ids]
-    return Translations(texts, source_ids, output_ids, cut, seconds)
+    result = Translations(texts, source_ids, output_ids, cut, seconds)
+    if settings.num_hypotheses > 1 or return_scores or return_token_scores:
+      self._add_scores(result, nbest, settings, return_token_scores)
+      result.seconds = time.perf_counter() - start
+    return result
+
+  def _add_scores(self, result: Translations, nbest, settings: SearchSettings, tokens: bool):
+    """Fills `result`'s hypotheses and scores (and token scores) for the hypotheses `nbest`."""
+    pairs = [(i, ids) for i, found in enumerate(nbest) for ids in found]
+    scored = self.scorer.score_ids(
+      [result.source_ids[i] for i, _ in pairs],
+      [[*ids.tolist(), EOS_ID] for _, ids in pairs],
+      as_search=True,
+    )
+    result.hypotheses = [[self.vocab.decode(ids.tolist()) for ids in found] for found in nbest]
+    result.scores = [[] for _ in nbest]
+    result.token_scores = [[] for _ in nbest] if tokens else None
+    beam = settings.beam_size > 1 and not settings.sampling
+    for (i, _), pair in zip(pairs, scored):
+      token_logp = pair.token_log_probs.copy()
+      if len(pair.ids) >= len(result.source_ids[i]) + settings.max_extra_len:
+        token_logp[-1] = 0.0  # EOS at the length limit: forced, free, as the search counts it
+      logp = float(np.sum(token_logp, dtype=np.float64))
+      penalty = length_penalty(len(pair.ids), settings.alpha, settings.length_penalty)
+      result.scores[i].append(logp / float(penalty) if beam else logp)
+      if tokens:
+        result.token_scores[i].append(token_logp)
+
+  @property
+  def scorer(self) -> PairScorer:
+    """The model's `inference.scoring.PairScorer` on this translator's devices (made once)."""
+    if self._scorer is None:
+      self._scorer = PairScorer(
+        self.model,
+        self.params,
+        self.vocab,
+        max_len=max(self.max_len, 2),
+        ensemble=self.restored.ensemble,
+        batch_multiple=len(self.devices),
+        place=lambda ids: jax.device_put(ids, self._rows),
+      )
+    return self._scorer
+
+  def score_pairs(
+    self,
+    sources: Sequence[str],
+    targets: Sequence[str],
+    *,
+    tokens_per_batch: int = 4096,
+    as_search: bool = False,
+  ) -> list[PairScore]:
+    """Scores given translations (forced decoding, as CTranslate2's `score_batch` and fairseq's
+    `--score-reference`): per pair, in input order, its log-probability (`log_prob`, EOS
+    included), each target token's (`token_log_probs`) and the tokens (`tokens`). By default
+    under the distribution the training loss reads (-log_prob is the pair's unsmoothed cross
+    entropy); `as_search=True`: the one the searches draw from (PAD impossible).
+    `inference/scoring.py` has the details."""
+    return self.scorer.score(
+      sources, targets, tokens_per_batch=tokens_per_batch, as_search=as_search
+    )
 
   def settings(self, settings: SearchSettings | None = None, **fields) -> SearchSettings:
     """`settings` (or this model's defaults) with `fields` changed, checked for this model:

@@ -103,7 +103,9 @@ class Generator:
         reaching it stop without EOS.
 
     Returns:
-      ids [batch, max_decode_len] int32: tokens up to EOS, then PAD.
+      ids [batch, max_decode_len] int32: tokens up to EOS, then PAD; with
+      `settings.num_hypotheses` n > 1, beam search's n best [batch, n, max_decode_len], best
+      first.
     """
     if not isinstance(settings, SearchSettings):
       raise ValueError(f"settings={settings!r}: expected a SearchSettings")
@@ -119,7 +121,8 @@ class Generator:
     return self._run(params, inputs.astype(jnp.int32), rng, settings.program(), int(max_decode_len))
 
   def _search(self, params, inputs, rng, settings: SearchSettings, max_decode_len: int):
-    """The traced search: [batch, src_len] ids -> [batch, max_decode_len] ids."""
+    """The traced search: [batch, src_len] ids -> [batch, max_decode_len] ids ([batch, n,
+    max_decode_len] for n > 1 hypotheses)."""
     batch = inputs.shape[0]
     max_lens = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32) + settings.max_extra_len
     if self.ensemble:
@@ -153,7 +156,7 @@ class Generator:
       penalty=settings.length_penalty,
       **loop,
     )
-    return ids[:, 0]
+    return ids[:, 0] if settings.num_hypotheses == 1 else ids[:, : settings.num_hypotheses]
 
   def translate_all(
     self,
@@ -181,16 +184,17 @@ class Generator:
         shape sample independently.
 
     Returns:
-      per sentence, in input order: its translation's ids [tokens] (no EOS, no PAD).
+      per sentence, in input order: its translation's ids [tokens] (no EOS, no PAD); with
+      `settings.num_hypotheses` n > 1, a list of its n best, best first.
     """
-    outputs: list[np.ndarray | None] = [None] * len(token_lists)
+    outputs: list = [None] * len(token_lists)
     rng = jax.random.key(0) if rng is None else rng
     done = 0
     for n, batch in enumerate(length_batches(token_lists, tokens_per_batch, batch_multiple)):
       inputs = batch.inputs if place is None else place(batch.inputs)
       ids = np.asarray(self(params, inputs, settings, rng=jax.random.fold_in(rng, n)))
       for row, i in enumerate(batch.indices):
-        outputs[i] = strip(ids[row])
+        outputs[i] = strip(ids[row]) if ids.ndim == 2 else [strip(h) for h in ids[row]]
       done += len(batch.indices)
       if on_batch is not None:
         on_batch(done)

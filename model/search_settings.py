@@ -50,9 +50,17 @@ class SearchSettings:
   top_k: int = dataclasses.field(
     default=0, metadata=_help("Sample from the k most likely tokens (0 = all).")
   )
+  num_hypotheses: int = dataclasses.field(
+    default=1, metadata=_help("How many of beam search's best hypotheses to return (<= beam).")
+  )
 
   def __post_init__(self):
-    for name, minimum in (("beam_size", 1), ("max_extra_len", 0), ("top_k", 0)):
+    for name, minimum in (
+      ("beam_size", 1),
+      ("max_extra_len", 0),
+      ("top_k", 0),
+      ("num_hypotheses", 1),
+    ):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name}={value!r}: must be an integer")
@@ -70,6 +78,11 @@ class SearchSettings:
       raise ValueError(
         f"top_k={self.top_k} applies to sampling only: set a temperature (e.g. 1) or drop top_k"
       )
+    if self.num_hypotheses > (1 if self.sampling else self.beam_size):
+      raise ValueError(
+        f"num_hypotheses={self.num_hypotheses}: at most beam_size={self.beam_size} hypotheses "
+        f"come from a beam search" + (" (sampling draws one)" if self.sampling else "")
+      )
 
   @property
   def sampling(self) -> bool:
@@ -83,7 +96,7 @@ class SearchSettings:
     """The settings with the fields that do not change the computation reset, so that settings
     searching the same way share one compiled program (e.g. alpha when greedy)."""
     if self.sampling:
-      return SearchSettings(1, 0.0, "gnmt", self.max_extra_len, self.temperature, self.top_k)
+      return SearchSettings(1, 0.0, "gnmt", self.max_extra_len, self.temperature, self.top_k, 1)
     if self.beam_size == 1:
       return SearchSettings(1, 0.0, "gnmt", self.max_extra_len)
     return self

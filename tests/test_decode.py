@@ -5,6 +5,7 @@ matters (stdin to stdout, what is logged, the compilation cache across processes
 outputs."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -251,6 +252,13 @@ def test_default_verbosity_shows_no_library_chatter(workdir):
   loud = decode(workdir, "--beam_size=1", "--verbosity=1", stdin="w1 w2\n").stderr
   assert "orbax" in loud or "checkpoint.py" in loud, loud[-2000:]
   assert len(loud.splitlines()) > len(lines)
+  # Each phase's seconds (inference/phases.py), at --verbosity=1 only.
+  phases = re.search(
+    r"Time by phase: start-up [\d.]+ s, restore [\d.]+ s, (.*)$", loud, re.MULTILINE
+  )
+  assert phases and "translate" in phases.group(1), loud[-2000:]
+  assert "compile or load" in phases.group(1) and "trace + lower" in phases.group(1)
+  assert "Time by phase" not in quiet
 
 
 def test_a_second_run_compiles_nothing(workdir, tmp_path):
@@ -283,3 +291,42 @@ def test_a_second_run_compiles_nothing(workdir, tmp_path):
   off = tmp_path / "off"
   env["JAX_COMPILATION_CACHE_DIR"] = str(off)
   assert logged("--compilation_cache=off")[0] == first and not off.exists()
+
+
+def test_nbest_lists_and_scoring_given_translations(workdir, tmp_path):
+  """--nbest=k: k 'index ||| hypothesis ||| score' lines per sentence, best first, the first the
+  translation decode.py writes without it; --score_reference: one 'log-probability ||| token
+  log-probabilities' line per pair, equal to Translator.score_pairs; the flags' bad values one
+  line each, before any work."""
+  from inference import Translator
+
+  lines = ["w1 w2 w3", "", "w5 w6 w7 w8"]
+  stdin = "".join(f"{line}\n" for line in lines)
+  search = ("--beam_size=3", f"--max_extra_len={EXTRA}", "--alpha=0.6")
+  best = decode(workdir, *search, stdin=stdin).stdout.splitlines()
+  nbest = decode(workdir, *search, "--nbest=3", stdin=stdin).stdout.splitlines()
+  rows = [line.split(" ||| ") for line in nbest]
+  assert [int(r[0]) for r in rows] == [0, 0, 0, 2, 2, 2], nbest
+  for index in (0, 2):
+    texts = [r[1] for r in rows if int(r[0]) == index]
+    scores = [float(r[2]) for r in rows if int(r[0]) == index]
+    assert texts[0] == best[index] and scores == sorted(scores, reverse=True), rows
+    assert len(set(texts)) == 3 and all(s < 0 for s in scores)
+  references = tmp_path / "refs.txt"
+  references.write_text("w1 w2\nw3\nw5 w6 w7\n")
+  scored = decode(
+    workdir, "--score_reference", f"--reference={references}", stdin=stdin
+  ).stdout.splitlines()
+  pairs = Translator.load(workdir).score_pairs(lines, references.read_text().splitlines())
+  assert len(scored) == 3
+  for line, pair in zip(scored, pairs):
+    total, tokens = line.split(" ||| ")
+    assert float(total) == pytest.approx(pair.log_prob, abs=1e-5)
+    assert [float(x) for x in tokens.split()] == pytest.approx(pair.token_log_probs, abs=1e-5)
+  for flags, message in (
+    (["--nbest=5", "--beam_size=3"], "--nbest=5: at most beam_size=3 hypotheses"),
+    (["--nbest=-1"], "flag --nbest=-1: must be >= 0"),
+    (["--score_reference"], "--score_reference scores given translations: give --reference"),
+  ):
+    proc = decode(workdir, *flags, stdin=stdin, check=False)
+    assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr

@@ -6,6 +6,7 @@ import io
 import logging
 import re
 
+import numpy as np
 import pytest
 
 from core.errors import UsageError
@@ -128,3 +129,34 @@ def test_the_compilation_cache_when_asked(workdirs, tmp_path):
   proc = run_py("-c", code, workdirs["transformer"], folder)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert any(p.name.startswith("jit__search") for p in folder.iterdir())
+
+
+def test_nbest_with_scores_and_scoring_pairs(workdirs):
+  """run(num_hypotheses=k): each sentence's k best, best first, with the search's scores; at
+  alpha 0 a hypothesis' score is its summed token log-probability, which scoring the pair under
+  the search's distribution gives again (but an EOS forced at the length limit, free in the
+  search); greedy's score is its log-probability."""
+  translator = Translator.load(workdirs["transformer"])
+  sentences = ["w1 w2 w3", "", "w4 w5 w6 w7"]
+  result = translator.run(
+    sentences, beam_size=3, alpha=0.0, num_hypotheses=3, max_extra_len=3, return_token_scores=True
+  )
+  assert result.hypotheses[1] == [] and result.scores[1] == []
+  for i in (0, 2):
+    assert len(result.hypotheses[i]) == 3 and result.hypotheses[i][0] == result.texts[i]
+    assert result.scores[i] == sorted(result.scores[i], reverse=True)
+    for text, score, tokens in zip(result.hypotheses[i], result.scores[i], result.token_scores[i]):
+      assert score == pytest.approx(float(tokens.sum()), abs=1e-5)
+      (pair,) = translator.score_pairs([sentences[i]], [text], as_search=True)
+      forced = len(tokens) == len(result.source_ids[i]) + 3  # EOS at the limit costs 0
+      expected = pair.token_log_probs.copy()
+      expected[-1] = 0.0 if forced else expected[-1]
+      np.testing.assert_allclose(tokens, expected, atol=1e-5)
+  assert translator.run(sentences, beam_size=3, alpha=0.0, max_extra_len=3).texts == result.texts
+  greedy = translator.run(
+    sentences[:1], beam_size=1, max_extra_len=3, return_scores=True, return_token_scores=True
+  )
+  (pair,) = translator.score_pairs(sentences[:1], greedy.texts, as_search=True)
+  (tokens,) = greedy.token_scores[0]
+  np.testing.assert_allclose(tokens[:-1], pair.token_log_probs[:-1], atol=1e-5)
+  assert greedy.scores == [[pytest.approx(float(tokens.sum()), abs=1e-5)]]
