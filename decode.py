@@ -20,9 +20,11 @@ import time
 
 _STARTED = time.perf_counter()  # the run's start-up: imports until decode() begins
 
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
+import sys  # noqa: E402
 
 if __name__ == "__main__":  # first, before JAX starts its threads: see cli/host_memory.py
   from cli.host_memory import keep_freed_memory_on_cpu
@@ -32,12 +34,17 @@ if __name__ == "__main__":  # first, before JAX starts its threads: see cli/host
 from absl import flags, logging  # noqa: E402
 
 from cli import app  # noqa: E402
-from cli.files import check_writable, read_aligned, write_lines  # noqa: E402
+from cli.files import (  # noqa: E402
+  check_lines,
+  check_writable,
+  iter_lines,
+  read_aligned,
+  write_lines,
+)
 from configs.rules import Int, check_flag  # noqa: E402
 from core.errors import UsageError  # noqa: E402
 from data.sources import load_split  # noqa: E402
 from inference import compilation_cache  # noqa: E402
-from inference.attention_plot import plot_attention, token_labels  # noqa: E402
 from inference.phases import Phases  # noqa: E402
 from inference.translator import DTYPES, OPTION_RULES, Translator  # noqa: E402
 from model.search import PENALTIES  # noqa: E402
@@ -106,6 +113,14 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     "'log-probability ||| per-token log-probabilities' (EOS last), natural log, in input order.",
     **f,
   )
+  flags.DEFINE_integer(
+    "stream_lines",
+    10_000,
+    "Lines of --input (or piped stdin) translated at a time when no reference, split or plot "
+    "needs them all: memory stays bounded and outputs are written as they are ready (typed "
+    "lines are translated one by one).",
+    **f,
+  )
   flags.DEFINE_integer("seed", 0, "Random seed of sampling.", **f)
   flags.DEFINE_integer(
     "tokens_per_batch",
@@ -135,6 +150,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     check_flag(name, rule, flag_values)
   check_flag("plot_sentence", Int(min=0), flag_values)
   check_flag("nbest", Int(min=0), flag_values)
+  check_flag("stream_lines", Int(min=1), flag_values)
 
 
 FLAGS = flags.FLAGS
@@ -158,21 +174,66 @@ def _check_search_flags() -> None:
 
 def _texts() -> tuple[list[str] | None, list[str] | None]:
   """(sources, references) from --input/--reference; (None, None) for --split, whose text comes
-  with the workdir's config. Read before any model is loaded: a bad input fails first."""
+  with the workdir's config, and for a stream (`_streamed`), checked through but not kept. Read
+  before any model is loaded: a bad input fails first."""
   if FLAGS.split and FLAGS.input is not None:
     raise UsageError("give --split or --input, not both")
   if FLAGS.split and FLAGS.reference:
     raise UsageError("--split scores against the split's own references; drop --reference")
   if FLAGS.split:
     return None, None
+  if _streamed():
+    check_lines(FLAGS.input)
+    return None, None
   return read_aligned(FLAGS.input, FLAGS.reference)
 
 
-def _nbest_lines(result) -> list[str]:
+def _streamed() -> bool:
+  """Whether the input is translated as it is read, chunk by chunk (bounded memory, outputs
+  written as they are ready): unless references, a split or an attention plot need it whole."""
+  return not (FLAGS.split or FLAGS.reference or FLAGS.plot_attention or FLAGS.score_reference)
+
+
+def _interactive() -> bool:
+  """Input typed at a terminal: each line is translated as soon as it is entered."""
+  return FLAGS.input in (None, "-") and sys.stdin.isatty()
+
+
+def _chunks(sources: list[str] | None):
+  """(number of the first line, lines) to translate in turn: all of `sources` at once, else the
+  stream's lines: one at a time from a terminal, --stream_lines at a time from a file or pipe."""
+  if sources is not None:
+    yield 1, sources
+    return
+  size = 1 if _interactive() else FLAGS.stream_lines
+  chunk, first = [], 1
+  for line in iter_lines(FLAGS.input):
+    chunk.append(line)
+    if len(chunk) == size:
+      yield first, chunk
+      first, chunk = first + size, []
+  if chunk:
+    yield first, chunk
+
+
+@contextlib.contextmanager
+def _output(path: str):
+  """A text stream for the translations: stdout ('-') or the file `path`."""
+  if path == "-":
+    yield sys.stdout
+    return
+  try:
+    with open(path, "w", encoding="utf-8") as out:
+      yield out
+  except OSError as e:
+    raise UsageError(f"--output={path}: cannot write: {e.strerror or e}") from None
+
+
+def _nbest_lines(result, offset: int = 0) -> list[str]:
   """'index ||| hypothesis ||| score' for each hypothesis of each sentence (index 0-based, as
-  fairseq and Moses write them; an empty sentence has none)."""
+  fairseq and Moses write them, counted from `offset`; an empty sentence has none)."""
   return [
-    f"{i} ||| {text} ||| {score:.6f}"
+    f"{offset + i} ||| {text} ||| {score:.6f}"
     for i, (texts, scores) in enumerate(zip(result.hypotheses, result.scores))
     for text, score in zip(texts, scores)
   ]
@@ -227,38 +288,53 @@ def decode() -> None:
       f"attention weights to plot"
     )
 
-  empty = sum(not s.strip() for s in sources)
-  logging.info(
-    "Translating %d sentences (%d empty) with %s",
-    len(sources) - empty,
-    empty,
-    translator.describe(settings),
-  )
-  with phases.measure("translate"):
-    result = translator.run(
-      sources,
-      settings,
-      seed=FLAGS.seed,
-      tokens_per_batch=FLAGS.tokens_per_batch,
-      progress=True,
-      return_scores=FLAGS.nbest > 0,
-    )
-  write_lines(FLAGS.output, _nbest_lines(result) if FLAGS.nbest else result.texts)
-  seconds = max(result.seconds, 1e-9)
+  if sources is not None:
+    empty = sum(not s.strip() for s in sources)
+    what = f"{len(sources) - empty} sentences ({empty} empty)"
+  else:
+    what = f"{FLAGS.input} as it is read" if FLAGS.input not in (None, "-") else "stdin as it comes"
+  logging.info("Translating %s with %s", what, translator.describe(settings))
+  texts, sentences, tokens, seconds = [], 0, 0, 0.0
+  with _output(FLAGS.output) as out:
+    for first, chunk in _chunks(sources):
+      with phases.measure("translate"):
+        result = translator.run(
+          chunk,
+          settings,
+          seed=FLAGS.seed,
+          tokens_per_batch=FLAGS.tokens_per_batch,
+          progress=not _interactive(),
+          return_scores=FLAGS.nbest > 0,
+          first_line=first,
+        )
+      out.write(
+        "".join(
+          f"{line}\n" for line in (_nbest_lines(result, first - 1) if FLAGS.nbest else result.texts)
+        )
+      )
+      out.flush()
+      sentences, tokens, seconds = (
+        sentences + result.sentences,
+        tokens + result.tokens,
+        seconds + result.seconds,
+      )
+      if references is not None:
+        texts += result.texts
+  seconds = max(seconds, 1e-9)
   logging.info(
     "Translated %d sentences, %d tokens in %.2f s (compilation included): %.1f sentences/s, "
     "%.1f tokens/s",
-    result.sentences,
-    result.tokens,
+    sentences,
+    tokens,
     seconds,
-    result.sentences / seconds,
-    result.tokens / seconds,
+    sentences / seconds,
+    tokens / seconds,
   )
 
   scores = {"bleu": None, "bleu_lowercase": None, "chrf": None}
   if references is not None:
     with phases.measure("score"):
-      scored = translator.score(result.texts, references)
+      scored = translator.score(texts, references)
     scores = scored.as_dict()
     scored.print_beside(FLAGS.output)
   logging.vlog(1, "Time by phase: %s", phases.summary())
@@ -266,9 +342,9 @@ def decode() -> None:
   if FLAGS.json:
     summary = dict(
       scores,
-      sentences=result.sentences,
-      sent_per_s=result.sentences / seconds,
-      tokens_per_s=result.tokens / seconds,
+      sentences=sentences,
+      sent_per_s=sentences / seconds,
+      tokens_per_s=tokens / seconds,
       beam_size=settings.beam_size,
       alpha=settings.alpha,
       length_penalty=settings.length_penalty,
@@ -284,6 +360,8 @@ def decode() -> None:
   if FLAGS.plot_attention:
     weights = translator.attention(result, plotted)
     target = list(result.output_ids[plotted]) + [EOS_ID]
+    from inference.attention_plot import plot_attention, token_labels  # matplotlib: only here
+
     plot_attention(
       FLAGS.plot_attention,
       weights,

@@ -5,11 +5,13 @@ before any work, so that hours of decoding are never lost to a folder that does 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import pathlib
 import sys
 import zlib
+from collections.abc import Iterator
 
 from core.errors import UsageError
 
@@ -39,6 +41,39 @@ def read_lines(path: str | None, what: str = "--input") -> list[str]:
         f"{name}, line {number}: invalid UTF-8 ({e.reason} at byte {e.start})"
       ) from None
   return lines
+
+
+def iter_lines(path: str | None, what: str = "--input") -> Iterator[str]:
+  """The lines of `read_lines`, one at a time as they arrive (stdin from a terminal: as typed),
+  holding one line in memory; a UsageError naming the line number for invalid UTF-8 or a damaged
+  gzip stream, raised when the reading gets there (`check_lines` first, for a file)."""
+  name = "stdin" if path in (None, "-") else f"{what}={path}"
+  number = 0
+  try:
+    raw = sys.stdin.buffer if name == "stdin" else open(path, "rb")  # noqa: SIM115
+    with contextlib.ExitStack() as stack:
+      if raw is not sys.stdin.buffer:
+        stack.enter_context(raw)
+      if name != "stdin" and raw.peek(2)[:2] == GZIP_MAGIC:
+        raw = stack.enter_context(gzip.open(raw, "rb"))
+      for number, line in enumerate(iter(raw.readline, b""), start=1):
+        try:
+          yield line.rstrip(b"\n").decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError as e:
+          raise UsageError(
+            f"{name}, line {number}: invalid UTF-8 ({e.reason} at byte {e.start})"
+          ) from None
+  except (OSError, EOFError, zlib.error) as e:
+    reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    raise UsageError(f"{name}: cannot read: {reason}") from None
+
+
+def check_lines(path: str | None, what: str = "--input") -> int:
+  """Reads a file through (not stdin) as `iter_lines` does, keeping nothing: its number of lines,
+  or the UsageError a bad line gives, before any of it is used."""
+  if path in (None, "-"):
+    return -1
+  return sum(1 for _ in iter_lines(path, what))
 
 
 def read_aligned(sources: str | None, references: str | None) -> tuple[list[str], list[str] | None]:

@@ -180,6 +180,7 @@ class Translator:
     progress: bool = False,
     return_scores: bool = False,
     return_token_scores: bool = False,
+    first_line: int = 1,
     **search,
   ) -> Translations:
     """Translates `sentences` with `settings`, or with the fields of `SearchSettings` given as
@@ -190,7 +191,8 @@ class Translator:
     bar on stderr when it is a terminal. `num_hypotheses=k` (a search setting) returns each
     sentence's k best with their scores, as `return_scores` does for one; `return_token_scores`
     adds each one's per-token log-probabilities (`Translations`): the model's, under the
-    distribution the search drew from, taken by scoring the hypotheses (`score_pairs`)."""
+    distribution the search drew from, taken by scoring the hypotheses (`score_pairs`).
+    `first_line`: the line number of the first sentence, in warnings (a chunk of a stream)."""
     if isinstance(sentences, str):
       raise UsageError("translate: expected a list of sentences, got one string")
     settings = self.settings(settings, **search)
@@ -205,7 +207,7 @@ class Translator:
         len(cut),
         len(sentences),
         self.max_len,
-        _listed([i + 1 for i in cut]),
+        _listed([i + first_line for i in cut]),
       )
     present = [i for i, ids in enumerate(source_ids) if ids is not None]
     bar = Progress(len(present), 0, unit="sentences", enabled=progress)

@@ -60,6 +60,17 @@ def test_stdin_to_stdout_in_input_order(workdir):
   stderr = proc.stderr
   assert "truncated" in stderr and "line 4" in stderr, stderr[-2000:]
   assert "sentences/s" in stderr and "tokens/s" in stderr
+  # Read and translated two lines at a time (a stream's chunks): the same output, the same
+  # line numbers in the warning.
+  chunked = decode(
+    workdir,
+    "--beam_size=1",
+    f"--max_extra_len={EXTRA}",
+    "--stream_lines=2",
+    stdin="".join(f"{line}\n" for line in lines),
+  )
+  assert chunked.stdout == proc.stdout
+  assert "truncated to it: line 4" in chunked.stderr, chunked.stderr[-2000:]
 
   # Each short sentence translated alone, in this process, gives the same line.
   restored = load_for_inference(workdir)
@@ -330,3 +341,37 @@ def test_nbest_lists_and_scoring_given_translations(workdir, tmp_path):
   ):
     proc = decode(workdir, *flags, stdin=stdin, check=False)
     assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+def test_lines_typed_at_a_terminal_are_translated_as_they_come(workdir):
+  """stdin a terminal (a pseudo-terminal here): each line's translation is written as soon as the
+  line is entered, before the input ends, and equals the translation of the whole input."""
+  import os
+  import pty
+  import select
+
+  lines = ["w1 w2 w3", "w5 w6 w7 w8 w9"]
+  expected = decode(
+    workdir, "--beam_size=1", stdin="".join(f"{line}\n" for line in lines)
+  ).stdout.splitlines()
+  leader, follower = pty.openpty()
+  proc = subprocess.Popen(
+    [sys.executable, "decode.py", f"--workdir={workdir}", "--beam_size=1"],
+    cwd=REPO,
+    stdin=follower,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.DEVNULL,
+    env=one_device_env(),
+  )
+  os.close(follower)
+  try:
+    for line, translation in zip(lines, expected):
+      os.write(leader, f"{line}\n".encode())
+      ready, _, _ = select.select([proc.stdout], [], [], 300)
+      assert ready, f"no translation of {line!r} while the input stays open"
+      assert proc.stdout.readline().decode().rstrip("\n") == translation
+    os.write(leader, b"\x04")  # end of input (Ctrl-D)
+    assert proc.wait(timeout=120) == 0
+  finally:
+    proc.kill()
+    os.close(leader)

@@ -179,9 +179,6 @@ def test_the_checks_see_imports_anywhere_and_command_lines(tmp_path):
   assert not _is_command_line(source)
 
 
-# Entry points that still define their flags at import (module level); their owners move them into
-# define_flags() (#35 item 5). Importing both in one process clashes over --workdir.
-FLAGS_AT_IMPORT = ()
 _DEFINING = ("DEFINE_", "define_config", "check_flag", "mark_flag_as_required", "adopt_module_key")
 
 
@@ -211,8 +208,6 @@ def test_every_command_line_defines_its_flags_in_define_flags():
   assert {"bench", "training.average", "analysis.bleu_by_length"} <= set(command_lines)
   for name in command_lines:
     tree = ast.parse(_modules()[name].read_text())
-    if name in FLAGS_AT_IMPORT:
-      continue
     assert _calls_outside_functions(tree) == [], f"{name} defines flags outside define_flags()"
     main_block = [n for n in tree.body if isinstance(n, ast.If)][-1]
     calls = [getattr(c.func, "id", None) for c in ast.walk(main_block) if isinstance(c, ast.Call)]
