@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import os
 import pathlib
 import sys
@@ -21,40 +22,25 @@ GZIP_MAGIC = b"\x1f\x8b"
 def read_lines(path: str | None, what: str = "--input") -> list[str]:
   """Lines of a UTF-8 text file, gzip-compressed or not ('-' or None = stdin), without their line
   terminators. `what` names the input in errors (a flag, e.g. '--reference')."""
-  name = "stdin" if path in (None, "-") else f"{what}={path}"
-  try:
-    data = sys.stdin.buffer.read() if name == "stdin" else pathlib.Path(path).read_bytes()
-    if data[:2] == GZIP_MAGIC:
-      data = gzip.decompress(data)
-  except (OSError, EOFError, zlib.error) as e:  # missing, unreadable, or a damaged gzip body
-    reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
-    raise UsageError(f"{name}: cannot read: {reason}") from None
-  raw = data.split(b"\n")
-  if raw[-1] == b"":  # the final newline ends the last line, it does not start a new one
-    raw.pop()
-  lines = []
-  for number, line in enumerate(raw, start=1):
-    try:
-      lines.append(line.decode("utf-8").rstrip("\r"))
-    except UnicodeDecodeError as e:
-      raise UsageError(
-        f"{name}, line {number}: invalid UTF-8 ({e.reason} at byte {e.start})"
-      ) from None
-  return lines
+  return list(iter_lines(path, what))
 
 
 def iter_lines(path: str | None, what: str = "--input") -> Iterator[str]:
-  """The lines of `read_lines`, one at a time as they arrive (stdin from a terminal: as typed),
-  holding one line in memory; a UsageError naming the line number for invalid UTF-8 or a damaged
-  gzip stream, raised when the reading gets there (`check_lines` first, for a file)."""
+  """The lines of a UTF-8 text file, gzip-compressed or not ('-' or None = stdin), without their
+  line terminators, one at a time as they arrive (stdin from a terminal: as typed), holding one
+  line in memory. `what` names the input in errors (a flag, e.g. '--reference'): a UsageError
+  naming the line for invalid UTF-8, or for a damaged gzip stream, raised when the reading gets
+  there (`check_lines` first, for a file)."""
   name = "stdin" if path in (None, "-") else f"{what}={path}"
-  number = 0
   try:
     raw = sys.stdin.buffer if name == "stdin" else open(path, "rb")  # noqa: SIM115
     with contextlib.ExitStack() as stack:
       if raw is not sys.stdin.buffer:
         stack.enter_context(raw)
-      if name != "stdin" and raw.peek(2)[:2] == GZIP_MAGIC:
+      if not hasattr(raw, "peek"):  # a stdin replaced by an in-memory stream: left open
+        raw = io.BufferedReader(raw)
+        stack.callback(raw.detach)
+      if raw.peek(2)[:2] == GZIP_MAGIC:
         raw = stack.enter_context(gzip.open(raw, "rb"))
       for number, line in enumerate(iter(raw.readline, b""), start=1):
         try:
