@@ -29,7 +29,8 @@ not included); after a row's EOS every position is PAD, and a row that never
 emits EOS runs to ``max_len`` without one.
 
 The three searches share the time loop, its segments and the step contract, so they are one
-module (~480 lines, half of it beam search).
+module (~530 lines, half of it beam search, whose step and result are public functions too, for
+continuous batching: model/pool.py).
 
 ``max_lens`` (optional, ``[batch]`` int): per-sentence maximum number of
 generated tokens *including* EOS. At step ``t`` (0-based) a sentence with
@@ -60,6 +61,10 @@ __all__ = [
   "greedy_search",
   "sample",
   "beam_search",
+  "beam_start",
+  "beam_advance",
+  "beam_best",
+  "write_step",
 ]
 
 NEG_INF = float("-inf")
@@ -322,7 +327,7 @@ def sample(
 
 
 class _BeamState(NamedTuple):
-  t: jax.Array  # [] steps taken = tokens generated per live hypothesis
+  t: jax.Array  # [] steps taken = tokens generated per live hypothesis ([batch]: per entry)
   tok: jax.Array  # [batch, beam] last token of each live hypothesis
   live_seqs: jax.Array  # [batch, beam, max_len]
   live_logp: jax.Array  # [batch, beam] summed log-probs, sorted descending; -inf = dead
@@ -331,6 +336,119 @@ class _BeamState(NamedTuple):
   fin_scores: jax.Array  # [batch, beam] length-normalised, sorted descending; -inf = empty
   fin_flags: jax.Array  # [batch, beam] bool, slot holds a finished hypothesis
   done: jax.Array  # [batch] bool, finished set frozen
+
+
+def _per_entry(x):
+  """A quantity per batch entry, [] (the same for all) or [batch], as [] or [batch, 1]."""
+  return x if jnp.ndim(x) == 0 else x[:, None]
+
+
+def write_step(seqs, tok, t):
+  """``seqs`` ``[batch, ..., max_len]`` with ``tok`` ``[batch, ...]`` written at step ``t``:
+  ``[]`` (one slice update) or ``[batch]`` (each entry at its own step)."""
+  if jnp.ndim(t) == 0:
+    return lax.dynamic_update_slice(seqs, tok[..., None], (0,) * (seqs.ndim - 1) + (t,))
+  at = jnp.arange(seqs.shape[-1]) == t.reshape(t.shape + (1,) * (seqs.ndim - 1))
+  return jnp.where(at, tok[..., None], seqs)
+
+
+def beam_start(batch_size: int, beam_size: int, max_len: int, cache=None) -> _BeamState:
+  """The beam search state before its first step (``cache`` as given: expand it first)."""
+  b, k = batch_size, beam_size
+  seqs0 = jnp.full((b, k, max_len), PAD_ID, jnp.int32)
+  return _BeamState(
+    t=jnp.int32(0),
+    tok=jnp.zeros((b, k), jnp.int32),  # start symbol
+    live_seqs=seqs0,
+    # All beams start identical: only beam 0 is alive so the first step expands it once.
+    live_logp=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1)),
+    cache=cache,
+    fin_seqs=seqs0,
+    fin_scores=jnp.full((b, k), NEG_INF, jnp.float32),
+    fin_flags=jnp.zeros((b, k), bool),
+    done=jnp.zeros((b,), bool),
+  )
+
+
+def beam_advance(
+  s: _BeamState,
+  logits,
+  *,
+  alpha,
+  penalty: str = "gnmt",
+  eos_id: int = EOS_ID,
+  max_lens=None,
+  max_len: int,
+):
+  """One step of ``beam_search`` on the step function's ``logits`` ``[batch*beam, vocab]``:
+  the new state (its ``cache`` left as it was) and, per new beam, the beam it continues
+  (``[batch, beam]``, for ``gather_beams`` of the cache). ``s.t`` may be ``[batch]``, every
+  entry at its own step (continuous batching, model/pool.py)."""
+  b, k = s.tok.shape
+  t = s.t
+  lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
+  lp_max = length_penalty(lmax, alpha, penalty)  # [] or [batch]
+  logp = _log_probs(logits)
+  vocab = logp.shape[-1]
+  logp = logp.reshape(b, k, vocab)
+  if max_lens is not None:
+    eos_only = jnp.where(jnp.arange(vocab) == eos_id, 0.0, NEG_INF)
+    forced = (t + 1 >= jnp.asarray(max_lens, jnp.int32))[:, None, None]
+    logp = jnp.where(forced, eos_only, logp)
+
+  # Top 2k continuations over all beams x vocabulary; ties -> lower (beam, token).
+  cand = s.live_logp[:, :, None] + logp  # [b, k, vocab]
+  vals, flat = _two_stage_top_k(cand, 2 * k)  # [b, 2k]
+  src, tok = flat // vocab, (flat % vocab).astype(jnp.int32)
+  seqs = write_step(_take_beams(s.live_seqs, src), tok, t)
+  is_eos = tok == eos_id
+
+  # Finished: EOS among the top k, merged with the previous finished set.
+  new_fin = is_eos[:, :k] & (vals[:, :k] > NEG_INF) & ~s.done[:, None]
+  lp_now = _per_entry(length_penalty(t + 1, alpha, penalty))
+  new_scores = jnp.where(new_fin, vals[:, :k] / lp_now, NEG_INF)
+  all_scores = jnp.concatenate([s.fin_scores, new_scores], axis=1)
+  all_flags = jnp.concatenate([s.fin_flags, new_fin], axis=1)
+  all_seqs = jnp.concatenate([s.fin_seqs, seqs[:, :k]], axis=1)
+  fin_scores, keep = lax.top_k(jnp.where(all_flags, all_scores, NEG_INF), k)
+  fin_flags = jnp.take_along_axis(all_flags, keep, axis=1)
+  fin_seqs = _take_beams(all_seqs, keep)
+
+  # Live: best k non-EOS continuations; the cache follows its source beams.
+  live_logp, pick = lax.top_k(jnp.where(is_eos, NEG_INF, vals), k)
+  live_seqs = _take_beams(seqs, pick)
+  live_tok = jnp.take_along_axis(tok, pick, axis=1)
+
+  full = jnp.all(fin_flags, axis=1)
+  if k == 1 or penalty == "fairseq":
+    stop = full | (live_logp[:, 0] == NEG_INF)
+  else:
+    # logp <= 0, so logp / lp(L) is largest at the largest reachable lp(L).
+    best_lp = jnp.maximum(length_penalty(t + 2, alpha, penalty), lp_max)
+    bound = live_logp[:, 0] / best_lp
+    worst = jnp.where(full, fin_scores[:, -1], NEG_INF)
+    stop = bound <= worst
+  state = _BeamState(
+    t + 1, live_tok, live_seqs, live_logp, s.cache, fin_seqs, fin_scores, fin_flags, s.done | stop
+  )
+  return state, jnp.take_along_axis(src, pick, axis=1)
+
+
+def beam_best(s: _BeamState, alpha, penalty: str = "gnmt"):
+  """``beam_search``'s result from its state: ids ``[batch, beam, max_len]`` and scores
+  ``[batch, beam]``, best first; an entry with fewer than ``beam`` finished hypotheses is
+  filled with its best live ones, scored at its ``s.t`` tokens."""
+  k = s.tok.shape[1]
+  live_scores = s.live_logp / _per_entry(length_penalty(s.t, alpha, penalty))
+  scores = jnp.concatenate([s.fin_scores, live_scores], axis=1)  # [b, 2k]
+  is_fin = jnp.concatenate([s.fin_flags, jnp.zeros(s.fin_flags.shape, bool)], axis=1)
+  seqs = jnp.concatenate([s.fin_seqs, s.live_seqs], axis=1)
+  # Finished first (best first), then live (best first); keep k; sort by score.
+  chosen = jnp.lexsort((-scores, ~is_fin), axis=-1)[:, :k]
+  scores = jnp.take_along_axis(scores, chosen, axis=1)
+  order = jnp.argsort(-scores, axis=1, stable=True)
+  chosen = jnp.take_along_axis(chosen, order, axis=1)
+  return _take_beams(seqs, chosen), jnp.take_along_axis(scores, order, axis=1)
 
 
 def beam_search(
@@ -387,79 +505,23 @@ def beam_search(
     fewer than ``beam`` distinct ones exist) have score ``-inf``.
   """
   b, k = batch_size, beam_size
-  lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
   if penalty not in PENALTIES:
     raise ValueError(f"beam_search: penalty={penalty!r} is not one of {PENALTIES}")
-  lp_max = length_penalty(lmax, alpha, penalty)  # [] or [batch]
 
   def body(s: _BeamState) -> _BeamState:
-    t = s.t
     logits, cache = step_fn(s.tok.reshape(b * k, 1), s.cache)
-    logp = _log_probs(logits)
-    vocab = logp.shape[-1]
-    logp = logp.reshape(b, k, vocab)
-    if max_lens is not None:
-      eos_only = jnp.where(jnp.arange(vocab) == eos_id, 0.0, NEG_INF)
-      forced = (t + 1 >= jnp.asarray(max_lens, jnp.int32))[:, None, None]
-      logp = jnp.where(forced, eos_only, logp)
-
-    # Top 2k continuations over all beams x vocabulary; ties -> lower (beam, token).
-    cand = s.live_logp[:, :, None] + logp  # [b, k, vocab]
-    vals, flat = _two_stage_top_k(cand, 2 * k)  # [b, 2k]
-    src, tok = flat // vocab, (flat % vocab).astype(jnp.int32)
-    seqs = _take_beams(s.live_seqs, src)
-    seqs = lax.dynamic_update_slice(seqs, tok[:, :, None], (0, 0, t))
-    is_eos = tok == eos_id
-
-    # Finished: EOS among the top k, merged with the previous finished set.
-    new_fin = is_eos[:, :k] & (vals[:, :k] > NEG_INF) & ~s.done[:, None]
-    new_scores = jnp.where(new_fin, vals[:, :k] / length_penalty(t + 1, alpha, penalty), NEG_INF)
-    all_scores = jnp.concatenate([s.fin_scores, new_scores], axis=1)
-    all_flags = jnp.concatenate([s.fin_flags, new_fin], axis=1)
-    all_seqs = jnp.concatenate([s.fin_seqs, seqs[:, :k]], axis=1)
-    fin_scores, keep = lax.top_k(jnp.where(all_flags, all_scores, NEG_INF), k)
-    fin_flags = jnp.take_along_axis(all_flags, keep, axis=1)
-    fin_seqs = _take_beams(all_seqs, keep)
-
-    # Live: best k non-EOS continuations; the cache follows its source beams.
-    live_logp, pick = lax.top_k(jnp.where(is_eos, NEG_INF, vals), k)
-    live_seqs = _take_beams(seqs, pick)
-    live_tok = jnp.take_along_axis(tok, pick, axis=1)
-    cache = gather_beams(cache, jnp.take_along_axis(src, pick, axis=1), b, k)
-
-    full = jnp.all(fin_flags, axis=1)
-    if k == 1 or penalty == "fairseq":
-      stop = full | (live_logp[:, 0] == NEG_INF)
-    else:
-      # logp <= 0, so logp / lp(L) is largest at the largest reachable lp(L).
-      best_lp = jnp.maximum(length_penalty(t + 2, alpha, penalty), lp_max)
-      bound = live_logp[:, 0] / best_lp
-      worst = jnp.where(full, fin_scores[:, -1], NEG_INF)
-      stop = bound <= worst
-    return _BeamState(
-      t + 1, live_tok, live_seqs, live_logp, cache, fin_seqs, fin_scores, fin_flags, s.done | stop
+    s, parents = beam_advance(
+      s, logits, alpha=alpha, penalty=penalty, eos_id=eos_id, max_lens=max_lens, max_len=max_len
     )
+    return s._replace(cache=gather_beams(cache, parents, b, k))
 
   def cond(s: _BeamState):
     return (s.t < max_len) & ~jnp.all(s.done)
 
-  seqs0 = jnp.full((b, k, max_len), PAD_ID, jnp.int32)
-  init = _BeamState(
-    t=jnp.int32(0),
-    tok=jnp.zeros((b, k), jnp.int32),  # start symbol
-    live_seqs=seqs0,
-    # All beams start identical: only beam 0 is alive so the first step expands it once.
-    live_logp=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1)),
-    cache=expand_to_beams(cache, k),
-    fin_seqs=seqs0,
-    fin_scores=jnp.full((b, k), NEG_INF, jnp.float32),
-    fin_flags=jnp.zeros((b, k), bool),
-    done=jnp.zeros((b,), bool),
-  )
   s = _segmented_loop(
     cond,
     body,
-    init,
+    beam_start(b, k, max_len, expand_to_beams(cache, k)),
     max_len,
     segment,
     grow,
@@ -467,15 +529,4 @@ def beam_search(
     lambda st: st.cache,
     lambda st, c: st._replace(cache=c),
   )
-
-  # Fill entries with fewer than k finished hypotheses from the live ones, then sort.
-  live_scores = s.live_logp / length_penalty(s.t, alpha, penalty)
-  scores = jnp.concatenate([s.fin_scores, live_scores], axis=1)  # [b, 2k]
-  is_fin = jnp.concatenate([s.fin_flags, jnp.zeros((b, k), bool)], axis=1)
-  seqs = jnp.concatenate([s.fin_seqs, s.live_seqs], axis=1)
-  # Finished first (best first), then live (best first); keep k; sort by score.
-  chosen = jnp.lexsort((-scores, ~is_fin), axis=-1)[:, :k]
-  scores = jnp.take_along_axis(scores, chosen, axis=1)
-  order = jnp.argsort(-scores, axis=1, stable=True)
-  chosen = jnp.take_along_axis(chosen, order, axis=1)
-  return _take_beams(seqs, chosen), jnp.take_along_axis(scores, order, axis=1)
+  return beam_best(s, alpha, penalty)

@@ -11,12 +11,15 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import linen as nn
 
 from model import cache as model_cache
-from model import decoder_state
+from model import continuous, decoder_state, generate
 from model.build import build_model
+from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID
+from tests.helpers import Compilations
 
 EXTRA = 4  # max_extra_len
 SOURCE_LEN = 32  # the bucket of every sentence below, as model/generate.py pads them
@@ -27,10 +30,20 @@ SENTENCES = [
 ]
 
 
+# Per model type, the random parameters' (seed, eos_bias) for which the outputs below vary between
+# sentences and some stop at EOS before their length limit while others are cut there.
+SETUPS = {
+  "transformer": (1, 2.0),
+  "rnn": (3, 0.0),
+  "rnn_attention": (0, 0.0),
+  "decoder_only": (1, 1.5),
+}
+
+
 @functools.cache
-def tiny(kind="transformer", seed=0, eos_bias=2.0):
-  """A tiny model of `kind` with random parameters, EOS's logit raised by `eos_bias` (so that
-  some sentences stop before their length limit and others are cut there)."""
+def tiny(kind="transformer", seed=None):
+  """A tiny model of `kind` with random parameters (`SETUPS`, or another `seed`)."""
+  seed, eos_bias = (SETUPS[kind][0] if seed is None else seed), SETUPS[kind][1]
   cfg = dict(
     type=kind,
     vocab_size=24,
@@ -43,8 +56,19 @@ def tiny(kind="transformer", seed=0, eos_bias=2.0):
   )
   model = build_model(cfg)
   ones = jnp.ones((1, 4), jnp.int32)
-  params = nn.unbox(jax.jit(model.init)(jax.random.key(seed), ones, ones)["params"])
-  params = jax.tree_util.tree_map(np.array, params)
+  shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), ones, ones)["params"])
+  rng = np.random.default_rng(seed)
+
+  def leaf(path, x):  # Xavier-like matrices, biases well away from 0: outputs vary a lot
+    name = path[-1].key
+    if name == "scale":
+      return np.ones(x.shape, np.float32)
+    if name.endswith("bias"):
+      return (0.5 * rng.standard_normal(x.shape)).astype(np.float32)
+    fan_in = x.shape[-2] if len(x.shape) > 1 and name != "kernel" else x.shape[0]
+    return (rng.standard_normal(x.shape) / np.sqrt(fan_in)).astype(np.float32)
+
+  params = jax.tree_util.tree_map_with_path(leaf, shapes)
   params["decoder"]["logits"]["bias"][EOS_ID] += eos_bias
   return model, params
 
@@ -108,3 +132,143 @@ def test_rows_at_different_steps_each_continue_their_own_prefix():
   got, _ = step(ids, mixed)
   for r, t in enumerate(at):
     np.testing.assert_array_equal(np.asarray(got)[r], logits[t][r])
+
+
+# ----------------------------------------------------------------------------- the pool
+def batch_at_once(model, params, sentences=SENTENCES, **settings):
+  """Each sentence's best translation (no EOS) by model/generate.py's batch-at-once search."""
+  outputs = generate.translate_all(model, params, sentences, max_extra_len=EXTRA, **settings)
+  return [o.tolist() for o in outputs]
+
+
+def pooled(model, params, sentences=SENTENCES, settings=None, **options):
+  """The same through a pool of 3 sentences (fewer than the list's)."""
+  if settings is None:
+    options.setdefault("max_extra_len", EXTRA)
+  options = dict(pool_size=3) | options
+  outputs = continuous.translate_continuous(model, params, sentences, settings, **options)
+  return [o.tolist() for o in outputs]
+
+
+SEARCHES = {
+  "greedy": dict(beam_size=1),
+  "beam-gnmt": dict(beam_size=3, alpha=0.6),
+  "beam-fairseq": dict(beam_size=3, alpha=1.0, length_penalty="fairseq"),
+}
+
+
+@pytest.mark.parametrize("how", list(SEARCHES))
+def test_each_sentence_translates_as_in_a_batch(how):
+  model, params = tiny()
+  assert pooled(model, params, **SEARCHES[how]) == batch_at_once(model, params, **SEARCHES[how])
+
+
+def test_the_list_is_not_degenerate():
+  """The outputs the tests compare differ between sentences and searches, and some sentences
+  stop at EOS before their length limit while others are cut there."""
+  model, params = tiny()
+  greedy = batch_at_once(model, params, **SEARCHES["greedy"])
+  beam = batch_at_once(model, params, **SEARCHES["beam-gnmt"])
+  assert len({tuple(o) for o in greedy}) >= 6 and greedy != beam
+  natural = [len(o) + 1 < len(s) + EXTRA for o, s in zip(greedy, SENTENCES)]
+  assert any(natural) and not all(natural), natural
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["rnn", "rnn_attention", "decoder_only"])
+def test_every_model_type_translates_as_in_a_batch(kind):
+  """The recurrent models' states and the decoder-only model's prefilled rows (already per row)
+  go through the pool as the Transformer's cache does."""
+  model, params = tiny(kind)
+  how = SEARCHES["beam-gnmt"]
+  want = batch_at_once(model, params, **how)
+  assert len({tuple(o) for o in want}) >= 7, want
+  assert pooled(model, params, **how) == want
+
+
+@pytest.mark.slow
+def test_an_ensemble_translates_as_in_a_batch():
+  """Two different models' parameters stacked (ensemble=True): each member reads its own
+  caches in the pool, as in the batch."""
+  model, first = tiny()
+  _, second = tiny(seed=3)
+  both = jax.tree_util.tree_map(lambda a, b: np.stack([a, b]), first, second)
+  how = dict(SEARCHES["beam-fairseq"], ensemble=True)
+  want = batch_at_once(model, both, **how)
+  assert want != batch_at_once(model, first, **SEARCHES["beam-fairseq"])
+  assert pooled(model, both, **how) == want
+
+
+def test_sampling_reproduces_itself_whatever_the_pool():
+  """A sentence's samples depend on the key and its index alone: the same with another pool
+  size; another key draws others; top_k=1 is greedy search."""
+  model, params = tiny()
+  how = dict(temperature=1.0, rng=jax.random.key(7))
+  first = pooled(model, params, **how)
+  assert pooled(model, params, **how) == first
+  assert pooled(model, params, pool_size=5, **how) == first
+  assert pooled(model, params, temperature=1.0, rng=jax.random.key(8)) != first
+  greedy = batch_at_once(model, params, **SEARCHES["greedy"])
+  assert first != greedy
+  assert pooled(model, params, temperature=1.5, top_k=1) == greedy
+
+
+def test_sampling_draws_from_the_model_distribution():
+  """The first tokens sampled for 400 copies of one sentence (each its own noise) follow the
+  model's first-step distribution at that temperature."""
+  model, params = tiny()
+  sentence, temperature = SENTENCES[0], 1.0
+  outputs = pooled(model, params, [sentence] * 400, pool_size=5, temperature=temperature)
+  first = np.bincount([o[0] if o else EOS_ID for o in outputs], minlength=24) / 400
+  step, cache = _cache(model, params, padded([sentence]), 4)
+  logits, _ = step(jnp.zeros((1, 1), jnp.int32), cache)
+  want = np.asarray(jax.nn.softmax(logits[0] / temperature))
+  assert np.abs(first - want).max() < 0.06, (first.round(3), want.round(3))
+  assert (want > 0.05).sum() >= 3  # several likely first tokens: the test can tell
+
+
+def test_one_program_serves_every_list_and_few_steps_per_call_change_nothing():
+  """Lists of other lengths and sizes (sources in the same bucket) reuse the compiled program;
+  device calls of at most 2 steps, handed one sentence at a time, give the same outputs."""
+  model, params = tiny()
+  how = dict(beam_size=2, alpha=0.3)
+  with Compilations("jit(advance)") as compiled:
+    whole = pooled(model, params, **how)
+    assert compiled.count == 1
+    pooled(model, params, SENTENCES[2:7], **how)
+    pooled(model, params, SENTENCES[:1] * 9, **how)
+  assert compiled.count == 1
+  assert pooled(model, params, max_steps=2, queue_size=1, **how) == whole
+
+
+def test_streamed_sentences_come_out_with_their_index_and_scores():
+  """`decode_continuous` reads an iterator lazily and yields each sentence when done, its
+  index, its hypotheses and their scores, best first."""
+  model, params = tiny()
+  settings = SearchSettings(max_extra_len=EXTRA, **SEARCHES["beam-gnmt"])
+  best, seen = pooled(model, params, settings=settings), []
+  for done in continuous.decode_continuous(
+    model, params, iter(SENTENCES), settings, source_len=SOURCE_LEN, pool_size=3
+  ):
+    assert done.ids.shape == (3, SOURCE_LEN + EXTRA) and done.scores.shape == (3,)
+    assert np.all(np.diff(done.scores) <= 0) and np.isfinite(done.scores[0])
+    seen.append(done.index)
+    assert generate.strip(done.ids[0]).tolist() == best[done.index]
+  assert sorted(seen) == list(range(len(SENTENCES))) and seen != sorted(seen)
+
+
+def test_bad_arguments_are_named():
+  model, params = tiny()
+  for settings, match in (
+    (dict(source_len=8), r"sentences\[0\]: 17 tokens, more than source_len=8"),
+    (dict(length_penalty="wu"), "length_penalty='wu'"),
+    (dict(pool_size=0), "pool_size=0"),
+    (dict(num_ids=1), "num_ids=1"),
+    (dict(max_steps=0), "max_steps=0"),
+    (dict(beam=3), "beam=...: not a setting"),
+  ):
+    with pytest.raises(ValueError, match=match):
+      continuous.translate_continuous(model, params, SENTENCES, **settings)
+  with pytest.raises(ValueError, match="pool_size=0"):  # when called, before any sentence is read
+    continuous.decode_continuous(model, params, iter(()), source_len=8, pool_size=0)
+  assert continuous.translate_continuous(model, params, []) == []

@@ -1,0 +1,318 @@
+"""Continuous batching's device side: a fixed pool of decoding rows that sentences enter and leave
+one by one, as pure functions of arrays (model/continuous.py drives it from the host).
+
+    spec = PoolSpec(model, SearchSettings(beam_size=4), pool_size=32, source_len=32, queue_size=32)
+    pool = empty_pool(spec, params)
+    pool, out, taken = advance(spec, params, pool, queue, queue_ids, count, rng, steps, drain)
+
+The pool has `pool_size` slots of `beam_size` rows each (one row for greedy search and sampling).
+A slot holds one sentence: its encoder keys and values (the cache's `SOURCE` entries,
+model/cache.py, one row per slot), its `STATE` and `TARGET` rows (one per hypothesis), and its
+search state (model/search.py's beam state with every slot at its own step). Each step runs the
+decoder once over all rows; a sentence done by its search's rule (beam search's stopping rule,
+EOS for greedy search and sampling) or at its own length limit leaves the pool, its hypotheses
+written to the output buffer, and the next waiting sentence of the queue is encoded and placed in
+the freed slot, its cache rows and search state reset. Nothing depends on which slot a sentence
+gets or on its neighbours: each sentence is translated as the batch-at-once search
+(model/generate.py) translates it, and a sampled sentence draws its noise from `rng`, its index
+and its step alone.
+
+Sources are padded to one `source_len` and the self-attention buffers sized to `max_decode_len`,
+so one program (`advance`, jitted with the spec static) serves every sentence of a file. The
+decoder steps with per-row decode indices: a model's cache counters shared by all rows (rank-0
+`STATE` entries, e.g. the Transformer's `cache_index` and `position`) become one per row, which
+the layers accept (model/layers.py `write_position`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from model import cache, search
+from model.decoder_state import _cached_step, _initial_cache, matrices_in_compute_dtype
+from model.search_settings import SearchSettings
+from model.special_tokens import EOS_ID, PAD_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSpec:
+  """What one compiled pool program is made for (static; hashable).
+
+  model: a module from `model.build.build_model`; settings: how to search (greedy search, beam
+  search or sampling; each sentence's output limit is its source tokens + max_extra_len, EOS
+  included), as `settings.program()` gives them; pool_size: sentences decoded at once;
+  source_len: the padded source width (the outputs are `max_decode_len` = source_len +
+  max_extra_len wide); queue_size: sentences offered per `advance` call; num_ids: only ids below
+  it are emitted (None: every id); ensemble: params are several members' stacked on a leading
+  axis, decoded by the mean of their probabilities (model/decoder_state.py
+  `ensemble_decoder_state`).
+  """
+
+  model: Any
+  settings: SearchSettings
+  pool_size: int
+  source_len: int
+  queue_size: int
+  num_ids: int | None = None
+  ensemble: bool = False
+
+  @property
+  def beam_size(self) -> int:
+    return self.settings.beam_size
+
+  @property
+  def max_decode_len(self) -> int:
+    return self.source_len + self.settings.max_extra_len
+
+  @property
+  def out_size(self) -> int:
+    """Sentences one `advance` call can finish: those in the pool and those it takes."""
+    return self.pool_size + self.queue_size
+
+
+class Pool(NamedTuple):
+  """The pool between calls. `state` is model/search.py's beam state with one entry per slot
+  (`t` [slots], every slot at its own step; `cache` the carried `STATE`/`TARGET` entries, leaves
+  [rows, ...], or [rows, members, ...] for an ensemble); `source` the `SOURCE` entries, leaves
+  [slots, ...] ([members, slots, ...]); `index` [slots] the sentence in each slot (-1: empty);
+  `max_lens` [slots] its output limit, EOS included."""
+
+  state: Any
+  source: Any
+  index: jax.Array
+  max_lens: jax.Array
+
+
+class Finished(NamedTuple):
+  """The sentences one `advance` call finished, in the order they did: `index` [out] the
+  sentence's index, `ids` [out, beam, max_decode_len] its hypotheses (PAD after EOS) and
+  `scores` [out, beam] their scores, best first (beam search's length-normalised scores; for
+  greedy search and sampling the summed log-probability of the tokens chosen, a forced EOS
+  counting 0); rows from `count` on are unused."""
+
+  index: jax.Array
+  ids: jax.Array
+  scores: jax.Array
+  count: jax.Array
+
+
+def _per_row(tree):
+  """A cache of one sentence with its rank-0 counters (shared by all rows) made [1] vectors."""
+  return jax.tree_util.tree_map(lambda x: x.reshape(1) if x.ndim == 0 else x, tree)
+
+
+def _sentence_cache(spec: PoolSpec, params, inputs):
+  """(source, carried) of one sentence `inputs` [1, source_len]: its `SOURCE` entries (leaves
+  [1, ...]; [members, 1, ...]) and its carried entries expanded to its beams (leaves
+  [beam, ...]; [beam, members, ...])."""
+
+  def one(p):
+    full = _initial_cache(spec.model, p, inputs, spec.max_decode_len)
+    return full[cache.SOURCE], _per_row({kind: full[kind] for kind in cache.CARRIED})
+
+  if not spec.ensemble:
+    source, carried = one(params)
+  else:
+    source, carried = jax.vmap(one)(params)
+    carried = jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, 0, 1), carried)
+  return source, search.expand_to_beams(carried, spec.beam_size)
+
+
+def _step(spec: PoolSpec, params, source, carried, ids):
+  """The decoder over every row: ids [rows, 1] -> (float32 logits [rows, vocab], carried)."""
+  if not spec.ensemble:
+    logits, carried = _cached_step(spec.model, params, source)(ids, carried)
+  else:
+
+    def member(p, src, rows):
+      logits, rows = _cached_step(spec.model, p, src)(ids, rows)
+      return jax.nn.log_softmax(logits), rows
+
+    logp, carried = jax.vmap(member, in_axes=(0, 0, 1), out_axes=(0, 1))(params, source, carried)
+    members = jax.tree_util.tree_leaves(params)[0].shape[0]
+    logits = jax.nn.logsumexp(logp, axis=0) - jnp.log(jnp.float32(members))
+  if spec.num_ids is not None:
+    logits = logits.at[:, spec.num_ids :].set(-jnp.inf)
+  return logits, carried
+
+
+def empty_pool(spec: PoolSpec, params) -> Pool:
+  """A pool with every slot empty (zero caches)."""
+  inputs = jax.ShapeDtypeStruct((1, spec.source_len), jnp.int32)
+  source, carried = jax.eval_shape(
+    lambda p, i: _sentence_cache(spec, matrices_in_compute_dtype(spec.model, p), i), params, inputs
+  )
+
+  def zeros(leaf, axis):  # one sentence's entry -> every slot's
+    shape = list(leaf.shape)
+    shape[axis] *= spec.pool_size
+    return jnp.zeros(shape, leaf.dtype)
+
+  source = jax.tree_util.tree_map(lambda x: zeros(x, 1 if spec.ensemble else 0), source)
+  carried = jax.tree_util.tree_map(lambda x: zeros(x, 0), carried)
+  state = search.beam_start(spec.pool_size, spec.beam_size, spec.max_decode_len, carried)
+  state = state._replace(t=jnp.zeros((spec.pool_size,), jnp.int32))
+  index = jnp.full((spec.pool_size,), -1, jnp.int32)
+  return Pool(state, source, index, jnp.zeros((spec.pool_size,), jnp.int32))
+
+
+def _put(big, new, start, axis: int):
+  return lax.dynamic_update_slice_in_dim(big, new.astype(big.dtype), start, axis)
+
+
+def _place(spec: PoolSpec, params, pool: Pool, slot, inputs, index) -> Pool:
+  """`pool` with sentence `index` (`inputs` [1, source_len]) encoded into `slot`: its source
+  entries, its rows' carried entries and its search state reset."""
+  k = spec.beam_size
+  source, carried = _sentence_cache(spec, params, inputs)
+  axis = 1 if spec.ensemble else 0
+  source = jax.tree_util.tree_map(lambda b, n: _put(b, n, slot, axis), pool.source, source)
+  carried = jax.tree_util.tree_map(lambda b, n: _put(b, n, slot * k, 0), pool.state.cache, carried)
+  fresh = search.beam_start(1, k, spec.max_decode_len)
+  state = pool.state._replace(
+    **{
+      name: _put(getattr(pool.state, name), getattr(fresh, name), slot, 0)
+      for name in ("tok", "live_seqs", "live_logp", "fin_seqs", "fin_scores", "fin_flags", "done")
+    },
+    t=pool.state.t.at[slot].set(0),
+    cache=carried,
+  )
+  length = jnp.sum(inputs != PAD_ID, dtype=jnp.int32) + spec.settings.max_extra_len
+  return Pool(state, source, pool.index.at[slot].set(index), pool.max_lens.at[slot].set(length))
+
+
+def _choose(spec: PoolSpec, logp, keys):
+  """Each row's token from its log-probabilities [slots, vocab]: the argmax (greedy), or drawn
+  with its own key [slots] (sampling)."""
+  settings = spec.settings
+  if not settings.sampling:
+    return jnp.argmax(logp, axis=-1)
+  if settings.top_k > 0:
+    vals, idx = lax.top_k(logp, settings.top_k)  # ties -> lower id first
+    j = jax.vmap(jax.random.categorical)(keys, vals / settings.temperature)
+    return jnp.take_along_axis(idx, j[:, None], axis=-1)[:, 0]
+  return jax.vmap(jax.random.categorical)(keys, logp / settings.temperature)
+
+
+def _token_advance(spec: PoolSpec, s, logits, max_lens, keys):
+  """One step of greedy search or sampling (model/search.py's `_decode`) with every slot at its
+  own step, on the beam state of one hypothesis per slot (the summed log-probability in
+  `live_logp`)."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  tok = _choose(spec, logp, keys).astype(jnp.int32)
+  forced = s.t + 1 >= max_lens
+  gain = jnp.where(forced, 0.0, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0])
+  tok = jnp.where(forced, EOS_ID, tok)
+  tok = jnp.where(s.done, PAD_ID, tok)
+  seqs = search.write_step(s.live_seqs[:, 0], tok, s.t)[:, None]
+  logp_sum = s.live_logp + jnp.where(s.done, 0.0, gain)[:, None]
+  return s._replace(
+    t=s.t + 1, tok=tok[:, None], live_seqs=seqs, live_logp=logp_sum, done=s.done | (tok == EOS_ID)
+  )
+
+
+def _is_token_search(spec: PoolSpec) -> bool:
+  """Greedy search and sampling run `_token_advance`; beam search `search.beam_advance`."""
+  return spec.beam_size == 1
+
+
+def _results(spec: PoolSpec, s):
+  """Every slot's hypotheses [slots, beam, max_decode_len] and scores [slots, beam]."""
+  if _is_token_search(spec):
+    return s.live_seqs, s.live_logp
+  return search.beam_best(s, spec.settings.alpha, spec.settings.length_penalty)
+
+
+class _Loop(NamedTuple):
+  """`advance`'s loop state."""
+
+  pool: Pool
+  out: Finished
+  taken: jax.Array  # [] queue entries placed so far
+  steps: jax.Array  # [] decoder steps run
+
+
+def advance(
+  spec: PoolSpec, params, pool: Pool, queue, queue_index, count, rng, max_steps, drain
+) -> tuple[Pool, Finished, jax.Array]:
+  """Runs the pool until it needs the host: up to `max_steps` decoder steps, placing the queue's
+  sentences in slots as they free up, and stopping early once the queue is used up while a slot
+  is free (unless `drain`: then until the pool is empty).
+
+  Args:
+    queue: [queue_size, source_len] source ids (EOS included, 0 on padding); the first `count`
+      rows are waiting sentences, taken in order; `queue_index` [queue_size] their indices.
+    rng: the sampling key (a sentence's noise: `rng` folded with its index, then its step).
+    max_steps, drain: [] int32 and bool (traced: any value, the same program).
+  Returns:
+    the pool, the sentences finished (`Finished`) and how many queue rows were taken.
+  """
+  params = matrices_in_compute_dtype(spec.model, params)
+  slots, k, width = spec.pool_size, spec.beam_size, spec.max_decode_len
+
+  def refill(c: _Loop) -> _Loop:
+    def cond(c):
+      return jnp.any(c.pool.index < 0) & (c.taken < count)
+
+    def body(c):
+      slot = jnp.argmax(c.pool.index < 0)
+      inputs = lax.dynamic_slice_in_dim(queue, c.taken, 1, axis=0)
+      pool = _place(spec, params, c.pool, slot, inputs, queue_index[c.taken])
+      return c._replace(pool=pool, taken=c.taken + 1)
+
+    return lax.while_loop(cond, body, c)
+
+  def emit(c: _Loop, finished) -> _Loop:
+    ids, scores = _results(spec, c.pool.state)
+    at = jnp.where(finished, c.out.count + jnp.cumsum(finished) - 1, spec.out_size)
+    out = Finished(
+      c.out.index.at[at].set(c.pool.index, mode="drop"),
+      c.out.ids.at[at].set(ids, mode="drop"),
+      c.out.scores.at[at].set(scores, mode="drop"),
+      c.out.count + jnp.sum(finished, dtype=jnp.int32),
+    )
+    return c._replace(pool=c.pool._replace(index=jnp.where(finished, -1, c.pool.index)), out=out)
+
+  def body(c: _Loop) -> _Loop:
+    pool = c.pool
+    s = pool.state
+    logits, carried = _step(spec, params, pool.source, s.cache, s.tok.reshape(slots * k, 1))
+    if _is_token_search(spec):
+      keys = jax.vmap(lambda i, t: jax.random.fold_in(jax.random.fold_in(rng, i), t))(
+        pool.index, s.t
+      )
+      s = _token_advance(spec, s, logits, pool.max_lens, keys)._replace(cache=carried)
+    else:
+      s, parents = search.beam_advance(
+        s,
+        logits,
+        alpha=spec.settings.alpha,
+        penalty=spec.settings.length_penalty,
+        max_lens=pool.max_lens,
+        max_len=width,
+      )
+      s = s._replace(cache=search.gather_beams(carried, parents, slots, k))
+    c = c._replace(pool=pool._replace(state=s), steps=c.steps + 1)
+    finished = (c.pool.index >= 0) & (s.done | (s.t >= width))
+    c = lax.cond(jnp.any(finished), emit, lambda c, _: c, c, finished)
+    return refill(c)
+
+  def cond(c: _Loop):
+    occupied = c.pool.index >= 0
+    starving = (c.taken >= count) & ~jnp.all(occupied) & ~drain
+    return (c.steps < max_steps) & jnp.any(occupied) & ~starving
+
+  out = Finished(
+    jnp.full((spec.out_size,), -1, jnp.int32),
+    jnp.full((spec.out_size, k, width), PAD_ID, jnp.int32),
+    jnp.full((spec.out_size, k), -jnp.inf, jnp.float32),
+    jnp.int32(0),
+  )
+  c = refill(_Loop(pool, out, jnp.int32(0), jnp.int32(0)))
+  c = lax.while_loop(cond, body, c)
+  return c.pool, c.out, c.taken
