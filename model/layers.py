@@ -283,8 +283,10 @@ def write_position(buffer: jax.Array, new: jax.Array, index: jax.Array) -> jax.A
   (the same position in every row: one in-place slice update) or [n] (each row its own)."""
   if jnp.ndim(index) == 0:
     return jax.lax.dynamic_update_slice(buffer, new, (0, 0, index, 0))
-  at = jnp.arange(buffer.shape[2])[:, None] == index[:, None, None, None]  # [n, 1, length, 1]
-  return jnp.where(at, new, buffer)
+  # One slice update per row (a scatter), not a select over the whole buffer, which would
+  # rewrite every position of it at every step.
+  row = lambda b, x, i: jax.lax.dynamic_update_slice(b, x, (0, i, 0))
+  return jax.vmap(row)(buffer, new, index)
 
 
 def _stored(x: jax.Array) -> jax.Array:

@@ -213,6 +213,7 @@ def test_sampling_reproduces_itself_whatever_the_pool():
   assert pooled(model, params, temperature=1.5, top_k=1) == greedy
 
 
+@pytest.mark.slow
 def test_sampling_draws_from_the_model_distribution():
   """The first tokens sampled for 400 copies of one sentence (each its own noise) follow the
   model's first-step distribution at that temperature."""
