@@ -121,6 +121,16 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     "lines are translated one by one).",
     **f,
   )
+  flags.DEFINE_enum(
+    "batching",
+    "length",
+    ["length", "continuous"],
+    "length: batches of similar length, each decoded until its longest sentence ends; "
+    "continuous: a pool of --pool_size rows, a sentence entering as soon as one leaves "
+    "(one device; the same translations in float32).",
+    **f,
+  )
+  flags.DEFINE_integer("pool_size", 32, "Decoding rows of --batching=continuous.", **f)
   flags.DEFINE_integer("seed", 0, "Random seed of sampling.", **f)
   flags.DEFINE_integer(
     "tokens_per_batch",
@@ -306,6 +316,8 @@ def decode() -> None:
           progress=not _interactive(),
           return_scores=FLAGS.nbest > 0,
           first_line=first,
+          batching=FLAGS.batching,
+          pool_size=FLAGS.pool_size,
         )
       out.write(
         "".join(

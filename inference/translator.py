@@ -23,7 +23,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from configs.rules import Int, RuleError
+from configs.rules import Choice, Int, RuleError
 from core.errors import UsageError
 from core.progress import Progress
 from data.tokenizer import encode_source
@@ -31,7 +31,8 @@ from inference.compilation_cache import enable as enable_compilation_cache
 from inference.restore import Restored, load_for_inference
 from inference.scores import Scores, score
 from inference.scoring import PairScore, PairScorer
-from model import generate
+from model import continuous, generate
+from model.batching import bucket_length
 from model.build import build_model
 from model.search import length_penalty
 from model.search_settings import FIELDS, SearchSettings
@@ -39,7 +40,12 @@ from model.special_tokens import EOS_ID
 
 # What `run`'s options besides the search settings may be; decode.py checks its flags of the same
 # names with these (the search settings check themselves: model/search_settings.py).
-OPTION_RULES = {"seed": Int(), "tokens_per_batch": Int(min=1)}
+OPTION_RULES = {
+  "seed": Int(),
+  "tokens_per_batch": Int(min=1),
+  "batching": Choice("length", "continuous"),
+  "pool_size": Int(min=1),
+}
 DTYPES = ("float32", "bfloat16")
 # Padded source tokens per batch by default, per platform. On CPUs small batches win: a batch
 # runs until its slowest sentence ends, and a larger one gains little per step there (Multi30k
@@ -181,6 +187,8 @@ class Translator:
     return_scores: bool = False,
     return_token_scores: bool = False,
     first_line: int = 1,
+    batching: str = "length",
+    pool_size: int = 32,
     **search,
   ) -> Translations:
     """Translates `sentences` with `settings`, or with the fields of `SearchSettings` given as
@@ -192,13 +200,20 @@ class Translator:
     sentence's k best with their scores, as `return_scores` does for one; `return_token_scores`
     adds each one's per-token log-probabilities (`Translations`): the model's, under the
     distribution the search drew from, taken by scoring the hypotheses (`score_pairs`).
-    `first_line`: the line number of the first sentence, in warnings (a chunk of a stream)."""
+    `first_line`: the line number of the first sentence, in warnings (a chunk of a stream).
+    `batching='continuous'`: the sentences go through a pool of `pool_size` decoding rows, each
+    sentence entering as soon as one leaves (model/continuous.py), instead of batches of similar
+    length decoded until their longest sentence ends; the same translations in float32 (samples
+    are drawn per sentence instead). It decodes on one device, the best hypothesis only: with
+    several devices or `num_hypotheses` > 1, length batches are used."""
     if isinstance(sentences, str):
       raise UsageError("translate: expected a list of sentences, got one string")
     settings = self.settings(settings, **search)
     if tokens_per_batch is None:
       tokens_per_batch = TOKENS_PER_BATCH.get(self.devices[0].platform, TOKENS_PER_BATCH["gpu"])
-    self.check_options(seed=seed, tokens_per_batch=tokens_per_batch)
+    self.check_options(
+      seed=seed, tokens_per_batch=tokens_per_batch, batching=batching, pool_size=pool_size
+    )
     source_ids, cut = self.encode(sentences)
     if cut:
       logging.warning(
@@ -212,16 +227,20 @@ class Translator:
     present = [i for i, ids in enumerate(source_ids) if ids is not None]
     bar = Progress(len(present), 0, unit="sentences", enabled=progress)
     start = time.perf_counter()
-    outputs = self.generator.translate_all(
-      self.params,
-      [source_ids[i] for i in present],
-      settings,
-      rng=jax.random.key(seed),
-      tokens_per_batch=tokens_per_batch,
-      batch_multiple=len(self.devices),
-      place=lambda inputs: jax.device_put(inputs, self._rows),
-      on_batch=bar.update,
-    )
+    ids = [source_ids[i] for i in present]
+    if batching == "continuous" and len(self.devices) == 1 and settings.num_hypotheses == 1:
+      outputs = self._pooled(ids, settings, jax.random.key(seed), pool_size, bar)
+    else:
+      outputs = self.generator.translate_all(
+        self.params,
+        ids,
+        settings,
+        rng=jax.random.key(seed),
+        tokens_per_batch=tokens_per_batch,
+        batch_multiple=len(self.devices),
+        place=lambda inputs: jax.device_put(inputs, self._rows),
+        on_batch=bar.update,
+      )
     seconds = time.perf_counter() - start
     bar.close()
     nbest: list[list[np.ndarray]] = [[] for _ in source_ids]
@@ -234,6 +253,26 @@ class Translator:
       self._add_scores(result, nbest, settings, return_token_scores)
       result.seconds = time.perf_counter() - start
     return result
+
+  def _pooled(self, ids, settings: SearchSettings, rng, pool_size: int, bar) -> list[np.ndarray]:
+    """The best translation of each of `ids` through a pool of decoding rows (continuous
+    batching), in input order."""
+    outputs: list[np.ndarray | None] = [None] * len(ids)
+    found = continuous.decode_continuous(
+      self.model,
+      self.params,
+      ids,
+      settings,
+      source_len=bucket_length(max((len(s) for s in ids), default=1)),
+      rng=rng,
+      pool_size=pool_size,
+      ensemble=self.restored.ensemble,
+      num_ids=self.vocab.vocab_size,
+    )
+    for done, hypotheses in enumerate(found, start=1):
+      outputs[hypotheses.index] = generate.strip(hypotheses.ids[0])
+      bar.update(done)
+    return outputs
 
   def _add_scores(self, result: Translations, nbest, settings: SearchSettings, tokens: bool):
     """Fills `result`'s hypotheses and scores (and token scores) for the hypotheses `nbest`."""

@@ -60,13 +60,14 @@ def test_stdin_to_stdout_in_input_order(workdir):
   stderr = proc.stderr
   assert "truncated" in stderr and "line 4" in stderr, stderr[-2000:]
   assert "sentences/s" in stderr and "tokens/s" in stderr
-  # Read and translated two lines at a time (a stream's chunks): the same output, the same
-  # line numbers in the warning.
+  # Read and translated two lines at a time (a stream's chunks), through a pool of rows
+  # (continuous batching): the same output, the same line numbers in the warning.
   chunked = decode(
     workdir,
     "--beam_size=1",
     f"--max_extra_len={EXTRA}",
     "--stream_lines=2",
+    "--batching=continuous",
     stdin="".join(f"{line}\n" for line in lines),
   )
   assert chunked.stdout == proc.stdout

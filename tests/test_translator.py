@@ -160,3 +160,17 @@ def test_nbest_with_scores_and_scoring_pairs(workdirs):
   (tokens,) = greedy.token_scores[0]
   np.testing.assert_allclose(tokens[:-1], pair.token_log_probs[:-1], atol=1e-5)
   assert greedy.scores == [[pytest.approx(float(tokens.sum()), abs=1e-5)]]
+
+
+def test_continuous_batching_gives_the_same_translations(workdirs):
+  """batching='continuous' (a pool of rows, model/continuous.py) translates a list of mixed
+  lengths, with empty and over-long lines, as length batches do (float32)."""
+  translator = Translator.load(workdirs["transformer"])
+  long = " ".join(f"w{i % 30}" for i in range(40))
+  sentences = ["w1 w2 w3", "", long, "w4", "w5 w6 w7 w8 w9 w10", "w3 w2"] * 3
+  for search in (dict(beam_size=1), dict(beam_size=3, alpha=1.0, length_penalty="fairseq")):
+    pooled = translator.run(sentences, batching="continuous", pool_size=2, **search)
+    assert pooled.texts == translator.translate(sentences, **search), search
+    assert pooled.truncated == [2, 8, 14] and pooled.texts[1] == ""
+  with pytest.raises(UsageError, match="batching='pool': must be one of"):
+    translator.run(sentences, batching="pool")
