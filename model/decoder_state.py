@@ -26,7 +26,7 @@ def _mask_pad(logits):
   return logits.astype(jnp.float32).at[:, PAD_ID].set(-jnp.inf)
 
 
-def _cached_step(model, params, source=None):
+def cached_step(model, params, source=None):
   """step_fn over the model's decoding cache: one decoder position per call. The search carries
   the `STATE` and `TARGET` entries ({kind: tree}); `source` holds the `SOURCE` entries, shared by
   all beams of a sentence (closed over, so search neither copies them per beam nor reorders them
@@ -77,7 +77,7 @@ def _grow(carried, extra: int):
   return {**carried, cache.TARGET: jax.tree_util.tree_map(pad, carried[cache.TARGET])}
 
 
-def _initial_cache(model, params, inputs, length: int) -> dict:
+def initial_cache(model, params, inputs, length: int) -> dict:
   """Encodes `inputs` and returns the model's decoding cache for `length` target positions:
   {kind: tree} for each kind of model/cache.py (empty trees for kinds the model has none of)."""
   encoded = model.apply({"params": params}, inputs, method="encode")
@@ -94,7 +94,7 @@ def _cache_length(model, params, inputs, max_decode_len: int, segment: int | Non
   when the cache has buffers to grow, else `max_decode_len` (recurrent state)."""
   first = max_decode_len if not segment or segment >= max_decode_len else int(segment)
   if first < max_decode_len:
-    shapes = jax.eval_shape(lambda p: _initial_cache(model, p, inputs, first), params)
+    shapes = jax.eval_shape(lambda p: initial_cache(model, p, inputs, first), params)
     if jax.tree_util.tree_leaves(shapes[cache.TARGET]):
       return first, True
   return max_decode_len, False
@@ -125,9 +125,9 @@ def decoder_state(
     return DecoderState(_uncached_step(model, params), state)
   params = matrices_in_compute_dtype(model, params)
   length, grows = _cache_length(model, params, inputs, max_decode_len, segment)
-  initial = _initial_cache(model, params, inputs, length)
+  initial = initial_cache(model, params, inputs, length)
   return DecoderState(
-    _cached_step(model, params, initial[cache.SOURCE]),
+    cached_step(model, params, initial[cache.SOURCE]),
     {kind: initial[kind] for kind in cache.CARRIED},
     _grow if grows else None,
     length if grows else None,
@@ -156,7 +156,7 @@ def ensemble_decoder_state(
   params = matrices_in_compute_dtype(model, params)
   first = jax.tree_util.tree_map(lambda x: x[0], params)
   length, grows = _cache_length(model, first, inputs, max_decode_len, segment)
-  initial = jax.vmap(lambda p: _initial_cache(model, p, inputs, length))(params)  # [members, ...]
+  initial = jax.vmap(lambda p: initial_cache(model, p, inputs, length))(params)  # [members, ...]
   source = initial[cache.SOURCE]
   stacked = {kind: initial[kind] for kind in cache.CARRIED}
   carried = jax.tree_util.tree_map(
@@ -165,7 +165,7 @@ def ensemble_decoder_state(
   axes = jax.tree_util.tree_map(lambda v: None if v.ndim == 1 else 1, stacked)
 
   def member(p, source, carried, ids):
-    logits, carried = _cached_step(model, p, source)(ids, carried)
+    logits, carried = cached_step(model, p, source)(ids, carried)
     return jax.nn.log_softmax(logits), carried
 
   def step(ids, carried):

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from model import cache, search
-from model.decoder_state import _cached_step, _initial_cache, matrices_in_compute_dtype
+from model.decoder_state import cached_step, initial_cache, matrices_in_compute_dtype
 from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID, PAD_ID
 
@@ -112,7 +112,7 @@ def _sentence_cache(spec: PoolSpec, params, inputs):
   [beam, ...]; [beam, members, ...])."""
 
   def one(p):
-    full = _initial_cache(spec.model, p, inputs, spec.max_decode_len)
+    full = initial_cache(spec.model, p, inputs, spec.max_decode_len)
     return full[cache.SOURCE], _per_row({kind: full[kind] for kind in cache.CARRIED})
 
   if not spec.ensemble:
@@ -126,11 +126,11 @@ def _sentence_cache(spec: PoolSpec, params, inputs):
 def _step(spec: PoolSpec, params, source, carried, ids):
   """The decoder over every row: ids [rows, 1] -> (float32 logits [rows, vocab], carried)."""
   if not spec.ensemble:
-    logits, carried = _cached_step(spec.model, params, source)(ids, carried)
+    logits, carried = cached_step(spec.model, params, source)(ids, carried)
   else:
 
     def member(p, src, rows):
-      logits, rows = _cached_step(spec.model, p, src)(ids, rows)
+      logits, rows = cached_step(spec.model, p, src)(ids, rows)
       return jax.nn.log_softmax(logits), rows
 
     logp, carried = jax.vmap(member, in_axes=(0, 0, 1), out_axes=(0, 1))(params, source, carried)

@@ -402,7 +402,7 @@ def test_bfloat16_decoding_casts_the_matrices_once_and_stays_close(tiny):
   cast = traverse_util.flatten_dict(decoder_state.matrices_in_compute_dtype(fast, params))
   assert {p[-1] for p, x in cast.items() if x.dtype == jnp.bfloat16} == {"kernel", "embedding"}
   assert {p[-1] for p, x in cast.items() if x.dtype == jnp.float32} == {"bias", "scale"}
-  cache = decoder_state._initial_cache(fast, params, jnp.asarray(padded(SOURCES)), 8)
+  cache = decoder_state.initial_cache(fast, params, jnp.asarray(padded(SOURCES)), 8)
   logits, _ = fast.apply(
     {"params": params, **cache},
     jnp.zeros((len(SOURCES), 1), jnp.int32),
