@@ -12,6 +12,7 @@ import logging
 import os
 import pathlib
 import runpy
+import socket
 import subprocess
 import sys
 
@@ -162,15 +163,44 @@ class Compilations:
 
 
 # ----------------------------------------------------------------------------- command lines
-def one_device_env(**extra) -> dict:
-  """This environment for a command line in a subprocess: JAX on one CPU device (faster to
-  compile than conftest's 8), conftest's other XLA flags and the session's compilation cache
-  kept."""
+def cpu_env(devices: int = 1, **extra) -> dict:
+  """This environment for a command line in a subprocess: JAX on `devices` simulated CPU devices
+  (one compiles faster than conftest's 8), conftest's other XLA flags (unoptimized compiling) and
+  the session's compilation cache kept; `extra`: variables to set."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", **extra)
   xla = [f for f in env.pop("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
+  if devices > 1:
+    xla.append(f"--xla_force_host_platform_device_count={devices}")
   if xla:
     env["XLA_FLAGS"] = " ".join(xla)
   return env
+
+
+def one_device_env(**extra) -> dict:
+  return cpu_env(1, **extra)
+
+
+def free_port() -> int:
+  """A TCP port of 127.0.0.1 free now (the system's pick: two pytest workers never share one)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+# train.py's flags of the multi-process jobs (tests/test_multihost.py, test_process_loss.py).
+JOB_ARGS = [
+  "--config=configs/tiny.py",
+  "--config.num_train_steps=5",
+  "--config.log_every_steps=1",
+  "--config.eval.bleu_sentences=0",
+  "--config.model.num_layers=1",
+  "--config.model.d_model=32",
+  "--config.model.d_ff=64",
+  "--config.data.tokens_per_batch=256",
+  "--config.data.max_len=16",
+  "--config.data.synthetic_max_len=6",
+  "--config.checkpoint.async_save=false",
+]
 
 
 def run_py(*args, stdin=None, env=None, timeout=600, text=True) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ from benchmark.options import Options
 from cli.host_memory import user_settings
 from configs import common, tiny
 from core.errors import RunError, UsageError
-from tests.helpers import REPO, run_in_process
+from tests.helpers import REPO, cpu_env, run_in_process
 from training import flops
 
 # A one-layer tiny model: these tests check fields and plumbing, not speed.
@@ -191,10 +191,8 @@ def runs(tmp_path_factory):
   share one compilation cache: the sweep's first point is the single run's program, and the
   two decoding runs initialize the same parameters.
   """
-  env = dict(
-    os.environ,
-    JAX_PLATFORMS="cpu",
-    XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
+  env = cpu_env(
+    8,
     JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
   )
@@ -559,9 +557,7 @@ def test_a_separate_process_reports_its_record_or_its_error(tmp_path):
   """run_child runs bench.py for real: flax's environment (without flax's example, not installed
   in the tests) gives a record with glibc's default host memory; a bad flag is one RunError that
   quotes the child's error."""
-  env = paired.flax_environment(
-    dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_backend_optimization_level=0")
-  )
+  env = paired.flax_environment(cpu_env(1))
   record = paired.run_child(SMALL + ["--config.num_devices=1"], env)
   assert record["host_memory"] == "process default"
   assert record["config"] == "configs/tiny.py" and record["implementation"] == "this repository"

@@ -1,7 +1,6 @@
 """A real two-process job on localhost: two train.py processes joined by jax.distributed."""
 
 import json
-import os
 import re
 import socket
 import subprocess
@@ -11,34 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.helpers import REPO
-
-ARGS = [
-  "--config=configs/tiny.py",
-  "--config.num_train_steps=5",
-  "--config.log_every_steps=1",
-  "--config.eval.bleu_sentences=0",
-  "--config.model.num_layers=1",
-  "--config.model.d_model=32",
-  "--config.model.d_ff=64",
-  "--config.data.tokens_per_batch=256",
-  "--config.data.max_len=16",
-  "--config.data.synthetic_max_len=6",
-  "--config.checkpoint.async_save=false",
-]
-
-
-def free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def cpu_env(devices):
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  env["JAX_PLATFORMS"] = "cpu"
-  return env
+from tests.helpers import JOB_ARGS, REPO, cpu_env, free_port
 
 
 def run_together(jobs, timeout=400):
@@ -71,7 +43,7 @@ def logged_losses(stderr: str) -> list[tuple[str, str]]:
 def test_two_process_job_agrees_and_only_process_0_writes(tmp_path, parallelism):
   port = free_port()
   job, single = tmp_path / "job", tmp_path / "single"
-  train = [sys.executable, str(REPO / "train.py"), *ARGS, f"--config.parallelism={parallelism}"]
+  train = [sys.executable, str(REPO / "train.py"), *JOB_ARGS, f"--config.parallelism={parallelism}"]
   jobs = []
   for pid in range(2):
     cmd = [
@@ -130,7 +102,7 @@ def test_an_unreachable_or_silent_coordinator_fails_within_timeout(tmp_path, lis
       [
         sys.executable,
         str(REPO / "train.py"),
-        *ARGS,
+        *JOB_ARGS,
         f"--workdir={tmp_path}",
         f"--coordinator_address=127.0.0.1:{port}",
         "--num_processes=2",
@@ -190,7 +162,7 @@ def test_two_processes_under_slurm_form_one_job_without_flags(tmp_path):
     SLURM_TASKS_PER_NODE="2",
     JAX_COORDINATOR_PORT=str(free_port()),
   )
-  argv = [sys.executable, "-c", _REPORTING_TRAIN, *ARGS, f"--workdir={tmp_path}"]
+  argv = [sys.executable, "-c", _REPORTING_TRAIN, *JOB_ARGS, f"--workdir={tmp_path}"]
   tasks = [dict(env, SLURM_PROCID=str(i), SLURM_LOCALID=str(i), SLURM_NODEID="0") for i in (0, 1)]
   outs = run_together([(argv, task) for task in tasks], timeout=300)
   assert "process 0 of 2" in outs[0][0] and "process 1 of 2" in outs[1][0]

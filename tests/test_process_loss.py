@@ -12,9 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from tests.helpers import REPO
-from tests.test_multihost import ARGS as JOB_ARGS
-from tests.test_multihost import cpu_env, free_port
+from tests.helpers import JOB_ARGS, REPO, cpu_env, free_port
 
 HEARTBEAT_S = 4
 EVERY = 3  # checkpoint_every_steps: a fault at step 3k + 2 leaves 3k finished, 3k + 3 impossible
