@@ -123,9 +123,35 @@ SLOW_TESTS = {
 }
 
 
+# `pytest -n 2` (pytest-xdist; pyproject.toml: --dist=loadfile --no-loadscope-reorder) hands each
+# worker whole files, in the order of the collection: the files that keep a worker longest go
+# first, longest first, so that the two workers end together; the others follow by name. A file
+# stays on one worker: its module and session fixtures and its in-memory compilations are made
+# once there.
+LONGEST_FIRST = [
+  "test_process_loss.py",
+  "test_multihost.py",
+  "test_generate.py",
+  "test_translator.py",
+  "test_continuous.py",
+  "test_faults.py",
+  "test_training.py",
+  "test_scoring.py",
+  "test_checkpoint.py",
+  "test_ctranslate2.py",
+  "test_model.py",
+  "test_models_extra.py",
+  "test_bench.py",
+  "test_decode.py",
+  "test_preemption.py",
+]
+
+
 def pytest_collection_modifyitems(items):
   for item in items:
     fixtures = set(getattr(item, "fixturenames", ()))
     name = getattr(item, "originalname", item.name)
     if item.path.name in SLOW_MODULES or SLOW_FIXTURES & fixtures or name in SLOW_TESTS:
       item.add_marker(pytest.mark.slow)
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order
