@@ -1,4 +1,5 @@
-"""A real two-process job on localhost: two train.py processes joined by jax.distributed."""
+"""Real two-process jobs on localhost: two train.py processes joined by jax.distributed, through
+its flags or a cluster's environment; a coordinator that cannot be reached."""
 
 import json
 import re
@@ -10,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.helpers import JOB_ARGS, REPO, cpu_env, free_port
+from tests.helpers import JOB_ARGS, REPO, cpu_env, free_port, train_losses
 
 
 def run_together(jobs, timeout=400):
@@ -39,27 +40,77 @@ def logged_losses(stderr: str) -> list[tuple[str, str]]:
   return re.findall(r"\[train\] step (\d+): .*?loss=([0-9.e+-]+)", stderr)
 
 
-@pytest.mark.parametrize("parallelism", ["mesh", "pmap"])
-def test_two_process_job_agrees_and_only_process_0_writes(tmp_path, parallelism):
+# train.py, run as the main program, printing what JAX made of the environment when training
+# starts.
+_REPORTING_TRAIN = """
+import runpy, sys
+import jax
+import training.loop
+real_train = training.loop.train
+def train(*args, **kwargs):
+  print(f"process {jax.process_index()} of {jax.process_count()}", flush=True)
+  return real_train(*args, **kwargs)
+training.loop.train = train
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def _slurm_task(env: dict, task: int) -> dict:
+  """`env` as `srun` gives task `task` of 2 on one host (the variables
+  jax/_src/clusters/slurm_cluster.py reads), with JAX_COORDINATOR_PORT and no other cluster's."""
+  env = {
+    k: v
+    for k, v in env.items()
+    if not k.startswith(("SLURM_", "OMPI_", "PMI_", "KUBERNETES_", "TPU_", "JAX_COORDINATOR"))
+  }
+  return dict(
+    env,
+    SLURM_JOB_ID="4242",
+    SLURM_JOB_NUM_NODES="1",
+    SLURM_NNODES="1",
+    SLURM_NODELIST="localhost",
+    SLURM_STEP_NODELIST="localhost",
+    SLURM_STEP_NUM_NODES="1",
+    SLURM_NTASKS="2",
+    SLURM_STEP_NUM_TASKS="2",
+    SLURM_TASKS_PER_NODE="2",
+    SLURM_PROCID=str(task),
+    SLURM_LOCALID=str(task),
+    SLURM_NODEID="0",
+  )
+
+
+@pytest.mark.parametrize(
+  "parallelism,launch,devices",
+  [("mesh", "flags", 2), ("pmap", "slurm", 1)],
+  ids=["mesh-flags", "pmap-slurm"],
+)
+def test_two_process_job_agrees_and_only_process_0_writes(tmp_path, parallelism, launch, devices):
+  """Two train.py processes of `devices` CPU devices each form one job, joined by the
+  --coordinator_address / --num_processes / --process_id flags, or with no flags by JAX's cluster
+  detection in the environment `srun` gives each task (and JAX_COORDINATOR_PORT). Both log the
+  same losses, only process 0 writes, and one process with both processes' devices, run
+  alongside, logs the same losses too."""
   port = free_port()
   job, single = tmp_path / "job", tmp_path / "single"
-  train = [sys.executable, str(REPO / "train.py"), *JOB_ARGS, f"--config.parallelism={parallelism}"]
+  train = [sys.executable, "-c", _REPORTING_TRAIN, *JOB_ARGS, f"--config.parallelism={parallelism}"]
   jobs = []
   for pid in range(2):
-    cmd = [
-      *train,
-      f"--workdir={job}",
-      f"--coordinator_address=127.0.0.1:{port}",
-      "--num_processes=2",
-      f"--process_id={pid}",
-    ]
+    cmd, env = [*train, f"--workdir={job}"], cpu_env(devices)
+    if launch == "flags":
+      cmd += [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={pid}"]
+    else:
+      env = dict(_slurm_task(env, pid), JAX_COORDINATOR_PORT=str(port))
     if parallelism == "mesh":  # translate with parameters spread over both processes' devices
       cmd.append("--config.eval.bleu_sentences=4")
-    jobs.append((cmd, cpu_env(2)))
-  # The same 4 devices in one process, run alongside (compiling is mostly single-threaded, so
+    jobs.append((cmd, env))
+  # The same devices in one process, run alongside (compiling is mostly single-threaded, so
   # three processes share the two cores better than two and then one).
-  jobs.append(([*train, f"--workdir={single}"], cpu_env(4)))
+  jobs.append(([*train, f"--workdir={single}"], cpu_env(2 * devices)))
   outs = run_together(jobs)
+  assert "process 0 of 2" in outs[0][0] and "process 1 of 2" in outs[1][0]
+  assert "process 0 of 1" in outs[2][0]
   losses = [logged_losses(err) for _, err in outs[:2]]
   assert [int(s) for s, _ in losses[0]] == [1, 2, 3, 4, 5]
   assert [(s, float(x)) for s, x in losses[0]] == [(s, float(x)) for s, x in losses[1]], (
@@ -73,18 +124,11 @@ def test_two_process_job_agrees_and_only_process_0_writes(tmp_path, parallelism)
   assert ("bleu" in json.loads(lines[-1])) == (parallelism == "mesh")
   assert "final:" in outs[0][0] and "final:" not in outs[1][0]
   assert (job / "checkpoints" / "5").is_dir()
-
-  # The same 4 devices in one process see the same global batches: the losses match, so the two
+  # The same devices in one process see the same global batches: the losses match, so the two
   # processes read disjoint halves of each batch (not, say, the same half twice).
-  def train_losses(path):
-    return [
-      json.loads(line)["loss"]
-      for line in (path / "metrics.jsonl").read_text().splitlines()
-      if json.loads(line)["split"] == "train"
-    ]
-
-  assert len(train_losses(single)) == 5
-  np.testing.assert_allclose(train_losses(job), train_losses(single), rtol=1e-4)
+  alone = train_losses(single)
+  assert sorted(alone) == [1, 2, 3, 4, 5]
+  np.testing.assert_allclose(list(train_losses(job).values()), list(alone.values()), rtol=1e-4)
 
 
 @pytest.mark.parametrize("listening", [False, True], ids=["nothing_listens", "never_answers"])
@@ -123,52 +167,3 @@ def test_an_unreachable_or_silent_coordinator_fails_within_timeout(tmp_path, lis
   )
   assert ("never answered" in out.stderr) == listening
   assert 4 <= waited < 60, waited
-
-
-# train.py, run as the main program, printing what JAX made of the environment when training
-# starts.
-_REPORTING_TRAIN = """
-import runpy, sys
-import jax
-import training.loop
-real_train = training.loop.train
-def train(*args, **kwargs):
-  print(f"process {jax.process_index()} of {jax.process_count()}", flush=True)
-  return real_train(*args, **kwargs)
-training.loop.train = train
-sys.argv = ["train.py"] + sys.argv[1:]
-runpy.run_path("train.py", run_name="__main__")
-"""
-
-
-def test_two_processes_under_slurm_form_one_job_without_flags(tmp_path):
-  """The environment `srun` gives each task (the variables jax/_src/clusters/slurm_cluster.py
-  reads, with the node list of one host) and JAX_COORDINATOR_PORT, no --coordinator_address:
-  JAX's cluster detection joins the two train.py processes into one job."""
-  env = {
-    k: v
-    for k, v in cpu_env(1).items()
-    if not k.startswith(("SLURM_", "OMPI_", "PMI_", "KUBERNETES_", "TPU_", "JAX_COORDINATOR"))
-  }
-  env.update(
-    SLURM_JOB_ID="4242",
-    SLURM_JOB_NUM_NODES="1",
-    SLURM_NNODES="1",
-    SLURM_NODELIST="localhost",
-    SLURM_STEP_NODELIST="localhost",
-    SLURM_STEP_NUM_NODES="1",
-    SLURM_NTASKS="2",
-    SLURM_STEP_NUM_TASKS="2",
-    SLURM_TASKS_PER_NODE="2",
-    JAX_COORDINATOR_PORT=str(free_port()),
-  )
-  argv = [sys.executable, "-c", _REPORTING_TRAIN, *JOB_ARGS, f"--workdir={tmp_path}"]
-  tasks = [dict(env, SLURM_PROCID=str(i), SLURM_LOCALID=str(i), SLURM_NODEID="0") for i in (0, 1)]
-  outs = run_together([(argv, task) for task in tasks], timeout=300)
-  assert "process 0 of 2" in outs[0][0] and "process 1 of 2" in outs[1][0]
-  losses = [logged_losses(err) for _, err in outs]
-  assert [int(s) for s, _ in losses[0]] == [1, 2, 3, 4, 5]
-  assert losses[0] == losses[1]
-  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-  assert len(lines) == 6  # process 0 only: 5 train records and the final eval
-  assert "final:" in outs[0][0] and "final:" not in outs[1][0]
