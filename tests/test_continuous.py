@@ -235,10 +235,11 @@ def test_one_program_serves_every_list_and_few_steps_per_call_change_nothing():
   how = dict(beam_size=2, alpha=0.3)
   with Compilations("jit(advance)") as compiled:
     whole = pooled(model, params, **how)
-    assert compiled.count == 1
+    first = compiled.count  # 1, or 0 where this process compiled the same program before
+    assert first <= 1
     pooled(model, params, SENTENCES[2:7], **how)
     pooled(model, params, SENTENCES[:1] * 9, **how)
-  assert compiled.count == 1
+  assert compiled.count == first
   assert pooled(model, params, max_steps=2, queue_size=1, **how) == whole
 
 
