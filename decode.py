@@ -256,6 +256,8 @@ def _scored_line(pair) -> str:
 
 def decode() -> None:
   _check_search_flags()
+  if FLAGS.score_reference and not (FLAGS.reference or FLAGS.split):
+    raise UsageError("--score_reference scores given translations: give --reference or --split")
   compilation_cache.enable(FLAGS.compilation_cache)  # before anything compiles
   for path, flag in (
     (FLAGS.output, "--output"),
@@ -278,8 +280,6 @@ def decode() -> None:
   except UsageError as e:
     raise UsageError(f"--{e}") from None
   if FLAGS.score_reference:
-    if references is None:
-      raise UsageError("--score_reference scores given translations: give --reference or --split")
     with phases.measure("score"):
       pairs = translator.score_pairs(sources, references)
     write_lines(FLAGS.output, [_scored_line(pair) for pair in pairs])

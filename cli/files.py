@@ -33,7 +33,7 @@ def iter_lines(path: str | None, what: str = "--input") -> Iterator[str]:
   there (`check_lines` first, for a file)."""
   name = "stdin" if path in (None, "-") else f"{what}={path}"
   try:
-    raw = sys.stdin.buffer if name == "stdin" else open(path, "rb")  # noqa: SIM115
+    raw = sys.stdin.buffer if name == "stdin" else open(path, "rb")
     with contextlib.ExitStack() as stack:
       if raw is not sys.stdin.buffer:
         stack.enter_context(raw)
