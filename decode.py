@@ -44,7 +44,6 @@ from cli.files import (  # noqa: E402
 from configs.rules import Int, check_flag  # noqa: E402
 from core.errors import UsageError  # noqa: E402
 from data.sources import load_split  # noqa: E402
-from inference import compilation_cache  # noqa: E402
 from inference.phases import Phases  # noqa: E402
 from inference.translator import DTYPES, OPTION_RULES, Translator  # noqa: E402
 from model.search import PENALTIES  # noqa: E402
@@ -150,9 +149,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string(
     "compilation_cache",
     None,
-    "Folder of the persistent compilation cache, so a second run of the same model and "
-    "settings compiles nothing; 'off' = none (default: $JAX_COMPILATION_CACHE_DIR, else "
-    "$XDG_CACHE_HOME/attention-jax/jax or ~/.cache/attention-jax/jax).",
+    "Folder of the persistent compilation cache and of the compiled searches, so a second run "
+    "of the same model and settings compiles and traces nothing; 'off' = none (default: "
+    "$JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/attention-jax/jax or "
+    "~/.cache/attention-jax/jax).",
     **f,
   )
   flags.mark_flag_as_required("workdir", flag_values=flag_values)
@@ -258,7 +258,6 @@ def decode() -> None:
   _check_search_flags()
   if FLAGS.score_reference and not (FLAGS.reference or FLAGS.split):
     raise UsageError("--score_reference scores given translations: give --reference or --split")
-  compilation_cache.enable(FLAGS.compilation_cache)  # before anything compiles
   for path, flag in (
     (FLAGS.output, "--output"),
     (FLAGS.json, "--json"),
@@ -268,7 +267,12 @@ def decode() -> None:
   sources, references = _texts()
   phases = Phases(started=_STARTED)
   with phases.measure("restore"):
-    translator = Translator.load(FLAGS.workdir, FLAGS.checkpoint, dtype=FLAGS.dtype)
+    translator = Translator.load(
+      FLAGS.workdir,
+      FLAGS.checkpoint,
+      dtype=FLAGS.dtype,
+      compilation_cache=True if FLAGS.compilation_cache is None else FLAGS.compilation_cache,
+    )
   if FLAGS.split:
     try:
       pairs, _ = load_split(translator.config.data, FLAGS.split)

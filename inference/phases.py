@@ -8,7 +8,8 @@ programs from the persistent cache), translating and scoring, for decode.py's lo
     logging.vlog(1, "%s", phases.summary())
 
 Inside a measured phase, the time JAX reports (its public `jax.monitoring` events) as tracing,
-lowering, compiling or reading the persistent compilation cache is counted as "trace + lower" and
+lowering, compiling or reading the persistent compilation cache (or inference/program_store.py's
+folder) is counted as "trace + lower" and
 "compile or load" and taken out of that phase, so "translate" is the searching itself.
 """
 
@@ -19,11 +20,16 @@ import time
 
 import jax
 
+from inference.program_store import LOAD_EVENT
+
 _TRACE = (
   "/jax/core/compile/jaxpr_trace_duration",
   "/jax/core/compile/jaxpr_to_mlir_module_duration",
 )
-_COMPILE = "/jax/core/compile/backend_compile_duration"  # a persistent-cache hit included
+_COMPILE = (
+  "/jax/core/compile/backend_compile_duration",  # a persistent-cache hit included
+  LOAD_EVENT,  # a compiled program read back by inference/program_store.py
+)
 
 
 class Phases:
@@ -39,7 +45,7 @@ class Phases:
   def _listen(self, event: str, duration: float, **kwargs) -> None:
     if event in _TRACE:
       self._jax["trace + lower"] += duration
-    elif event == _COMPILE:
+    elif event in _COMPILE:
       self._jax["compile or load"] += duration
 
   @contextlib.contextmanager

@@ -28,6 +28,7 @@ from core.errors import UsageError
 from core.progress import Progress
 from data.tokenizer import encode_source
 from inference.compilation_cache import enable as enable_compilation_cache
+from inference.program_store import ProgramStore
 from inference.restore import Restored, load_for_inference
 from inference.scores import Scores, score
 from inference.scoring import PairScore, PairScorer
@@ -52,6 +53,7 @@ DTYPES = ("float32", "bfloat16")
 # test, beam 5: 4096 -> 512 tokens took decoding from 27.7 to 16.3 s in float32, 21.6 to 12.7 s
 # in bfloat16; docs/experiments.md, "Decoding speed").
 TOKENS_PER_BATCH = {"cpu": 512, "gpu": 4096, "tpu": 4096}
+PROGRAMS = "programs"  # the subfolder of the compilation cache where compiled searches are kept
 
 
 @dataclasses.dataclass
@@ -106,7 +108,7 @@ class Translator:
   metadata), below absl verbosity 1.
   """
 
-  def __init__(self, restored: Restored, *, dtype: str | None = None, devices=None):
+  def __init__(self, restored: Restored, *, dtype: str | None = None, devices=None, programs=None):
     if dtype is not None and dtype not in DTYPES:
       raise UsageError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
     self.restored = restored
@@ -123,7 +125,10 @@ class Translator:
     self.params = jax.device_put(restored.params, NamedSharding(mesh, PartitionSpec()))
     self._scorer = None
     self.generator = generate.Generator(
-      self.model, num_ids=self.vocab.vocab_size, ensemble=restored.ensemble
+      self.model,
+      num_ids=self.vocab.vocab_size,
+      ensemble=restored.ensemble,
+      programs=programs if len(self.devices) == 1 else None,
     )
 
   @classmethod
@@ -139,12 +144,19 @@ class Translator:
     """From a training workdir alone: `checkpoint` is 'latest', a step number, 'average:<k>'
     (the mean of the last k checkpoints' parameters) or 'ensemble:<k>' (the last k decoded
     together). `compilation_cache`: True (the per-user folder of compilation_cache.py) or a
-    folder turns on JAX's persistent compilation cache for the whole process, so that a later
-    process decoding the same model and settings compiles nothing; it takes effect only before
-    the process's first compilation."""
-    if compilation_cache:
-      enable_compilation_cache(None if compilation_cache is True else str(compilation_cache))
-    return cls(load_for_inference(workdir, checkpoint), dtype=dtype, devices=devices)
+    folder turns on JAX's persistent compilation cache for the whole process, and keeps this
+    translator's search programs in its `programs` subfolder (inference/program_store.py), so
+    that a later process decoding the same model and settings neither compiles nor traces its
+    searches; 'off' turns both off. JAX's cache takes effect only before the process's first
+    compilation."""
+    programs = None
+    if compilation_cache is not False:
+      where = enable_compilation_cache(
+        None if compilation_cache is True else str(compilation_cache)
+      )
+      programs = None if where is None else ProgramStore(where / PROGRAMS)
+    restored = load_for_inference(workdir, checkpoint)
+    return cls(restored, dtype=dtype, devices=devices, programs=programs)
 
   @property
   def step(self) -> int:

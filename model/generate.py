@@ -65,6 +65,12 @@ class Generator:
     segment: self-attention caches start at this many positions and grow, doubling (None:
       allocate `max_decode_len` at once); same output, faster for long outputs
       (`decoder_state`).
+    programs: where compiled programs come from instead of the `jax.jit` (e.g.
+      `inference.program_store.ProgramStore`, which keeps them on disk between runs): called as
+      `programs(signature, lower, device)` with a string naming everything the program depends on
+      in this model and call, a function returning its `jax.stages.Lowered`, and the one device
+      it runs on; returns the compiled program, called with (params, inputs, rng). Arguments
+      spread over several devices are decoded by the `jax.jit` as without.
   """
 
   def __init__(
@@ -75,6 +81,7 @@ class Generator:
     ensemble: bool = False,
     use_cache: bool = True,
     segment: int | None = DECODE_SEGMENT,
+    programs: Callable | None = None,
   ):
     if num_ids is not None and not EOS_ID < num_ids:
       raise ValueError(f"num_ids={num_ids!r}: must exceed the EOS id {EOS_ID}")
@@ -89,6 +96,9 @@ class Generator:
     self.num_ids = None if num_ids is None or num_ids >= model.config.vocab_size else num_ids
     self.ensemble, self.use_cache, self.segment = ensemble, use_cache, segment
     self._run = jax.jit(self._search, static_argnums=(3, 4))
+    self._lower = jax.jit(self._kept_search, static_argnums=(3, 4)).lower
+    self._programs = programs
+    self._compiled: dict[str, Callable] = {}
 
   def __call__(
     self, params, inputs, settings: SearchSettings, *, rng=None, max_decode_len=None
@@ -118,7 +128,43 @@ class Generator:
     if max_decode_len < 1:
       raise ValueError(f"max_decode_len={max_decode_len!r}: must be positive")
     rng = jax.random.key(0) if rng is None else rng
-    return self._run(params, inputs.astype(jnp.int32), rng, settings.program(), int(max_decode_len))
+    args = (params, inputs.astype(jnp.int32), rng)
+    static = (settings.program(), int(max_decode_len))
+    if self._programs is None:
+      return self._run(*args, *static)
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    devices = set().union(*(x.devices() for x in leaves if isinstance(x, jax.Array)))
+    if len(devices) > 1:  # programs come from `programs` on one device only
+      return self._run(*args, *static)
+    return self._program(args, static, leaves, tree, devices.pop() if devices else None)(*args)
+
+  def _program(self, args, static, leaves, tree, device) -> Callable:
+    """The compiled search for these arguments on `device` (None: the default one), from
+    `programs` (once per signature)."""
+    described = [(tuple(x.shape), str(x.dtype), repr(getattr(x, "sharding", None))) for x in leaves]
+    signature = "\n".join(
+      map(
+        str,
+        (
+          type(self.model).__qualname__,
+          self.model.config,
+          (self.num_ids, self.ensemble, self.use_cache, self.segment),
+          static,
+          tree,
+          described,
+        ),
+      )
+    )
+    if signature not in self._compiled:
+      self._compiled[signature] = self._programs(
+        signature, lambda: self._lower(*args, *static), device or jax.devices()[0]
+      )
+    return self._compiled[signature]
+
+  def _kept_search(self, *args):
+    """`_search` under another name, for `programs`: its programs' keys in JAX's persistent
+    compilation cache never meet the `jax.jit`'s (inference/program_store.py)."""
+    return self._search(*args)
 
   def _search(self, params, inputs, rng, settings: SearchSettings, max_decode_len: int):
     """The traced search: [batch, src_len] ids -> [batch, max_decode_len] ids ([batch, n,

@@ -276,8 +276,9 @@ def test_default_verbosity_shows_no_library_chatter(workdir):
 def test_a_second_run_compiles_nothing(workdir, tmp_path):
   """decode.py's persistent compilation cache (inference/compilation_cache.py): the second process
   on the same workdir and input loads every program from the cache folder (JAX_LOG_COMPILES names
-  each compilation and each cache hit) and writes the same translations; --compilation_cache=off
-  writes nothing there."""
+  each compilation, each cache hit and each tracing), reads its search back from the `programs`
+  subfolder without tracing it (inference/program_store.py), and writes the same translations;
+  --compilation_cache=off writes nothing there."""
   cache = tmp_path / "cache"
   env = one_device_env(JAX_LOG_COMPILES="1", JAX_COMPILATION_CACHE_DIR=str(cache))
   for name in (
@@ -294,12 +295,15 @@ def test_a_second_run_compiles_nothing(workdir, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     err = proc.stderr.decode()
+    searches.append(err.count("Finished tracing _kept_search"))
     return proc.stdout, err.count("Finished XLA compilation of"), err.count("cache hit for")
 
+  searches = []
   first, compiled, hits = logged()
   assert compiled > 0 and hits == 0 and any(cache.iterdir())
+  assert searches == [1] and len(list((cache / "programs").glob("*.program"))) == 1
   second, compiled_again, hits = logged()
-  assert second == first and hits == compiled_again > 0
+  assert second == first and hits == compiled_again > 0 and searches == [1, 0]
   off = tmp_path / "off"
   env["JAX_COMPILATION_CACHE_DIR"] = str(off)
   assert logged("--compilation_cache=off")[0] == first and not off.exists()

@@ -7,6 +7,7 @@ tests share few shapes.
 """
 
 import dataclasses
+import os
 import re
 
 import jax
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from inference.program_store import ProgramStore
 from model import batching, decoder_state, generate
 from model import cache as model_cache
 from model.build import abstract_params, build_model
@@ -471,3 +473,55 @@ def test_a_generator_owns_its_programs(tiny):
   assert generate._generator.cache_info().maxsize == 8
   with pytest.raises(ValueError, match="settings=.*expected a SearchSettings"):
     first(params, inputs, {"beam_size": 1})
+
+
+def test_programs_kept_on_disk_are_read_back_without_tracing(tiny, tmp_path, monkeypatch, caplog):
+  """A Generator given an `inference.program_store.ProgramStore` writes each compiled search to
+  its folder; a new store on that folder (a later process) reads it back, neither tracing nor
+  compiling, and decodes the same. Another shape gets its own file, a file cut short is compiled
+  again and replaced with a warning, an unwritable folder only warns, and a changed environment
+  (XLA_FLAGS here) names another file."""
+  model, params = tiny
+  inputs = padded(SOURCES)
+  settings = SearchSettings(beam_size=3, max_extra_len=EXTRA)
+  expected = np.asarray(generate.Generator(model)(params, inputs, settings))
+  store = ProgramStore(tmp_path)
+  with Compilations("jit(_kept_search)") as compiled:
+    ids = generate.Generator(model, programs=store)(params, inputs, settings)
+  np.testing.assert_array_equal(ids, expected)
+  files = list(tmp_path.glob("*.program"))
+  assert compiled.count == 1 and store.compiled == 1 and len(files) == 1
+
+  again = ProgramStore(tmp_path)
+  generator = generate.Generator(model, programs=again)
+  traced = Compilations("_kept_search", Compilations.TRACED)
+  with traced, Compilations("jit(_kept_search)") as c:
+    np.testing.assert_array_equal(generator(params, inputs, settings), expected)
+    np.testing.assert_array_equal(generator(params, inputs, settings), expected)  # kept in memory
+  assert (traced.count, c.count, again.loaded, again.compiled) == (0, 0, 1, 0)
+  short = generate.Generator(model)(params, inputs[:3], settings)
+  np.testing.assert_array_equal(generator(params, inputs[:3], settings), short)
+  assert again.compiled == 1 and len(list(tmp_path.glob("*.program"))) == 2
+
+  size = files[0].stat().st_size
+  files[0].write_bytes(files[0].read_bytes()[:100])
+  third = ProgramStore(tmp_path)
+  with caplog.at_level("WARNING"):
+    ids = generate.Generator(model, programs=third)(params, inputs, settings)
+  np.testing.assert_array_equal(ids, expected)
+  assert third.compiled == 1 and files[0].stat().st_size == size
+  assert "could not be read" in caplog.text and str(files[0]) in caplog.text
+
+  (tmp_path / "a-file").write_text("")
+  unwritable = ProgramStore(tmp_path / "a-file" / "programs")
+  with caplog.at_level("WARNING"):
+    ids = generate.Generator(model, programs=unwritable)(params, inputs, settings)
+  np.testing.assert_array_equal(ids, expected)
+  assert "are not kept in" in caplog.text and unwritable.compiled == 1
+
+  signature = "any program"
+  before = store.path(signature)
+  monkeypatch.setenv(
+    "XLA_FLAGS", os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_fast_math=false"
+  )
+  assert store.path(signature) != before

@@ -119,7 +119,8 @@ def test_the_progress_bar_shows_rate_and_eta_on_a_terminal_only():
 
 def test_the_compilation_cache_when_asked(workdirs, tmp_path):
   """`Translator.load(..., compilation_cache=folder)` turns JAX's persistent compilation cache on
-  in that folder (tests/test_decode.py checks that a second decode.py compiles nothing)."""
+  in that folder and keeps the compiled search in its `programs` subfolder (tests/test_decode.py
+  checks that a second decode.py compiles and traces nothing)."""
   folder = tmp_path / "cache"
   code = (
     "import sys; from inference import Translator; "
@@ -128,7 +129,8 @@ def test_the_compilation_cache_when_asked(workdirs, tmp_path):
   )
   proc = run_py("-c", code, workdirs["transformer"], folder)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert any(p.name.startswith("jit__search") for p in folder.iterdir())
+  assert any(p.name.startswith("jit_") for p in folder.iterdir())
+  assert len(list((folder / "programs").glob("*.program"))) == 1
 
 
 def test_nbest_with_scores_and_scoring_pairs(workdirs):

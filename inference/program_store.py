@@ -1,0 +1,182 @@
+"""Compiled decoding programs kept on disk, so that a second run of the same model and settings
+neither traces, lowers nor compiles: it reads each program back (about 0.1 s) where JAX's
+persistent compilation cache still traces and lowers the search first to find its key (about
+1.2 s a program on a 2-core CPU).
+
+    store = ProgramStore(folder)                       # inference.Translator makes one
+    generator = Generator(model, programs=store)       # model/generate.py asks it per program
+    compiled = store(signature, lambda: jitted.lower(*args))   # read back, or lowered + compiled
+
+A program's file is named by a digest of its signature (the model's hyperparameters, the search
+settings, every argument's shape, dtype and sharding; `Generator` writes it) and of what else
+decides the compiled code: the source of the `model` package (the traced functions), the JAX and
+jaxlib versions, the backend, the device kind, the CPU (its model and instruction-set flags: a
+program compiled for one CPU may not run on another), `XLA_FLAGS` and the JAX options that change
+lowering. So a changed model, code base, library or machine gets a new file, never an old program.
+Parameters are arguments, never constants, so a retrained model of the same shape reuses its
+programs. A file that cannot be read back (cut short, or from another build) is compiled again and
+replaced, with a warning; a folder that cannot be written to decodes anyway, with one warning.
+Deleting the folder at any time is safe. The time spent reading programs is reported as the JAX
+monitoring event `LOAD_EVENT` (inference/phases.py counts it as "compile or load").
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pathlib
+import pickle
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+import jax
+import jaxlib
+from absl import logging
+from jax.experimental import serialize_executable
+
+LOAD_EVENT = "/attention_jax/decode/program_load_duration"
+SUFFIX = ".program"
+_JAX_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+# JAX options that change how a traced function is lowered.
+_LOWERING_OPTIONS = (
+  "jax_enable_x64",
+  "jax_default_matmul_precision",
+  "jax_numpy_rank_promotion",
+  "jax_numpy_dtype_promotion",
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _source_digest() -> str:
+  """sha256 of the `model` package's Python files (names and contents), the code a program is
+  traced from."""
+  import model
+
+  root = pathlib.Path(model.__file__).parent
+  digest = hashlib.sha256()
+  for path in sorted(root.rglob("*.py")):
+    digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+  return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu() -> str:
+  """The host CPU's model name and instruction-set flags (Linux), else the platform's name."""
+  try:
+    text = pathlib.Path("/proc/cpuinfo").read_text()
+  except OSError:
+    import platform
+
+    return f"{platform.machine()} {platform.processor()}"
+  fields = {}
+  for line in text.splitlines():
+    name, _, value = line.partition(":")
+    fields.setdefault(name.strip(), value.strip())
+  return f"{fields.get('model name', '')} | {fields.get('flags', fields.get('Features', ''))}"
+
+
+def environment() -> str:
+  """Everything besides a program's signature that decides its compiled code (module docstring)."""
+  device = jax.devices()[0]
+  options = {name: getattr(jax.config, name, None) for name in _LOWERING_OPTIONS}
+  return "\n".join(
+    [
+      f"python {sys.version_info[:2]}, jax {jax.__version__}, jaxlib {jaxlib.__version__}",
+      f"backend {device.platform} {device.client.platform_version}, {device.device_kind}",
+      f"cpu {_cpu()}",
+      f"XLA_FLAGS {os.environ.get('XLA_FLAGS', '')}",
+      f"options {sorted(options.items())}",
+      f"model source {_source_digest()}",
+    ]
+  )
+
+
+def _compile(lower: Callable[[], jax.stages.Lowered]) -> tuple[jax.stages.Compiled, bool]:
+  """(`lower().compile()`, whether JAX's persistent cache answered). JAX's cache does not keep
+  this compilation: an executable read back from it serializes without its machine code (on
+  XLA:CPU, JAX 0.10: "Function ... not found" when the copy runs), so only a program compiled
+  here is written to the store, and none is left in JAX's cache to answer next time."""
+  hits = []
+
+  def listen(event: str, **kwargs) -> None:
+    if event == _JAX_CACHE_HIT:
+      hits.append(event)
+
+  option = "jax_persistent_cache_min_compile_time_secs"
+  previous = getattr(jax.config, option)
+  jax.monitoring.register_event_listener(listen)
+  jax.config.update(option, float("inf"))
+  try:
+    return lower().compile(), bool(hits)
+  finally:
+    jax.config.update(option, previous)
+    jax.monitoring.unregister_event_listener(listen)
+
+
+class ProgramStore:
+  """A folder of compiled programs: `store(signature, lower)` returns the program of `signature`,
+  read from the folder when there, else `lower().compile()`, written to the folder for the next
+  run. Counts: `loaded` (read back) and `compiled`."""
+
+  def __init__(self, folder):
+    self.folder = pathlib.Path(folder)
+    self.loaded = 0
+    self.compiled = 0
+    self._writable = True
+
+  def path(self, signature: str) -> pathlib.Path:
+    """The file of the program with `signature` in this environment."""
+    key = hashlib.sha256(f"{environment()}\n{signature}".encode()).hexdigest()
+    return self.folder / f"{key[:40]}{SUFFIX}"
+
+  def __call__(
+    self, signature: str, lower: Callable[[], jax.stages.Lowered], device=None
+  ) -> jax.stages.Compiled:
+    """The compiled program of `signature`. `lower` makes its `jax.stages.Lowered` when it is not
+    in the folder; `device`: the one device it runs on (default: JAX's first)."""
+    path = self.path(signature)
+    if path.exists():
+      begin = time.perf_counter()
+      try:
+        with path.open("rb") as f:
+          serialized, in_tree, out_tree = pickle.load(f)
+        compiled = serialize_executable.deserialize_and_load(
+          serialized, in_tree, out_tree, execution_devices=[device or jax.devices()[0]]
+        )
+      except Exception as e:  # a file cut short, or written by another build: compile again
+        logging.warning("Compiled program %s could not be read (%s); compiling it again", path, e)
+      else:
+        jax.monitoring.record_event_duration_secs(LOAD_EVENT, time.perf_counter() - begin)
+        self.loaded += 1
+        return compiled
+    compiled, from_jax_cache = _compile(lower)
+    self.compiled += 1
+    if not from_jax_cache:
+      self._write(path, compiled)
+    return compiled
+
+  def _write(self, path: pathlib.Path, compiled: jax.stages.Compiled) -> None:
+    """Writes `compiled` to `path` atomically (a reader sees the whole file or none); a failure
+    warns once per store and decoding goes on."""
+    if not self._writable:
+      return
+    tmp = None
+    try:
+      data = pickle.dumps(serialize_executable.serialize(compiled))
+      self.folder.mkdir(parents=True, exist_ok=True)
+      fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
+      with os.fdopen(fd, "wb") as f:
+        f.write(data)
+      os.replace(tmp, path)
+    except Exception as e:  # an unwritable folder, or a program JAX cannot serialize
+      self._writable = False
+      logging.warning(
+        "Compiled programs are not kept in %s (%s): the next run compiles them again",
+        self.folder,
+        e,
+      )
+      if tmp is not None and os.path.exists(tmp):
+        os.unlink(tmp)
