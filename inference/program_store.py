@@ -16,8 +16,10 @@ lowering. So a changed model, code base, library or machine gets a new file, nev
 Parameters are arguments, never constants, so a retrained model of the same shape reuses its
 programs. A file that cannot be read back (cut short, or from another build) is compiled again and
 replaced, with a warning; a folder that cannot be written to decodes anyway, with one warning.
-Deleting the folder at any time is safe. The time spent reading programs is reported as the JAX
-monitoring event `LOAD_EVENT` (inference/phases.py counts it as "compile or load").
+Deleting the folder at any time is safe; nothing evicts old files. The files are pickles, as JAX's
+own serialized executables are: keep the folder where only you can write. The time spent reading
+programs is reported as the JAX monitoring event `LOAD_EVENT` (inference/phases.py counts it as
+"compile or load").
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pathlib
 import pickle
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 
@@ -101,19 +104,35 @@ def _compile(lower: Callable[[], jax.stages.Lowered]) -> tuple[jax.stages.Compil
   here is written to the store, and none is left in JAX's cache to answer next time."""
   hits = []
 
-  def listen(event: str, **kwargs) -> None:
+  def listen(event: str, **kwargs) -> None:  # any thread's hit: at worst a program not kept
     if event == _JAX_CACHE_HIT:
       hits.append(event)
 
-  option = "jax_persistent_cache_min_compile_time_secs"
-  previous = getattr(jax.config, option)
   jax.monitoring.register_event_listener(listen)
-  jax.config.update(option, float("inf"))
+  _no_jax_cache_writes(+1)
   try:
     return lower().compile(), bool(hits)
   finally:
-    jax.config.update(option, previous)
+    _no_jax_cache_writes(-1)
     jax.monitoring.unregister_event_listener(listen)
+
+
+_WRITES = threading.Lock()
+_writers_off = [0, None]  # compilations in progress here, the option's value before the first
+
+
+def _no_jax_cache_writes(change: int) -> None:
+  """Counts compilations in progress here (+1 / -1, from any thread): while there are some, JAX's
+  persistent cache writes nothing (its minimum compile time is infinite); after the last, the
+  option is as it was."""
+  option = "jax_persistent_cache_min_compile_time_secs"
+  with _WRITES:
+    if change > 0 and _writers_off[0] == 0:
+      _writers_off[1] = getattr(jax.config, option)
+      jax.config.update(option, float("inf"))
+    _writers_off[0] += change
+    if _writers_off[0] == 0:
+      jax.config.update(option, _writers_off[1])
 
 
 class ProgramStore:
