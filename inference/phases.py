@@ -9,27 +9,39 @@ programs from the persistent cache), translating and scoring, for decode.py's lo
 
 Inside a measured phase, the time JAX reports (its public `jax.monitoring` events) as tracing,
 lowering, compiling or reading the persistent compilation cache (or inference/program_store.py's
-folder) is counted as "trace + lower" and
-"compile or load" and taken out of that phase, so "translate" is the searching itself.
+folder) is counted as "trace + lower" and "compile or load" and taken out of that phase, so
+"translate" is the searching itself. Events of several threads at once (a file's programs are
+fetched together, model/generate.py) count once: each phase gets the wall time during which any of
+its events ran, and where the two overlap they share it in proportion.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 import jax
 
 from inference.program_store import LOAD_EVENT
 
-_TRACE = (
-  "/jax/core/compile/jaxpr_trace_duration",
-  "/jax/core/compile/jaxpr_to_mlir_module_duration",
-)
-_COMPILE = (
-  "/jax/core/compile/backend_compile_duration",  # a persistent-cache hit included
-  LOAD_EVENT,  # a compiled program read back by inference/program_store.py
-)
+TRACE, COMPILE = "trace + lower", "compile or load"
+_KIND = {
+  "/jax/core/compile/jaxpr_trace_duration": TRACE,
+  "/jax/core/compile/jaxpr_to_mlir_module_duration": TRACE,
+  "/jax/core/compile/backend_compile_duration": COMPILE,  # a persistent-cache hit included
+  LOAD_EVENT: COMPILE,  # a compiled program read back by inference/program_store.py
+}
+
+
+def covered(intervals: list[tuple[float, float]]) -> float:
+  """Seconds covered by the union of (start, end) intervals."""
+  total, reach = 0.0, float("-inf")
+  for start, end in sorted(intervals):
+    if end > reach:
+      total += end - max(start, reach)
+      reach = end
+  return total
 
 
 class Phases:
@@ -38,15 +50,17 @@ class Phases:
 
   def __init__(self, started: float | None = None):
     self.seconds: dict[str, float] = {}
-    self._jax = {"trace + lower": 0.0, "compile or load": 0.0}
+    self._events: list[tuple[str, float, float]] = []  # (kind, start, end), from any thread
+    self._lock = threading.Lock()
     self._started = started
     self._first = None
 
   def _listen(self, event: str, duration: float, **kwargs) -> None:
-    if event in _TRACE:
-      self._jax["trace + lower"] += duration
-    elif event in _COMPILE:
-      self._jax["compile or load"] += duration
+    kind = _KIND.get(event)
+    if kind is not None:  # JAX reports an event as it ends
+      end = time.perf_counter()
+      with self._lock:
+        self._events.append((kind, end - duration, end))
 
   @contextlib.contextmanager
   def measure(self, name: str):
@@ -55,18 +69,28 @@ class Phases:
     begin = time.perf_counter()
     if self._first is None:
       self._first = begin
-    before = dict(self._jax)
+    with self._lock:
+      first_event = len(self._events)
     jax.monitoring.register_event_duration_secs_listener(self._listen)
     try:
       yield
     finally:
       jax.monitoring.unregister_event_duration_listener(self._listen)
-      spent = {k: self._jax[k] - before[k] for k in self._jax}
-      own = time.perf_counter() - begin - sum(spent.values())
-      self.seconds[name] = self.seconds.get(name, 0.0) + max(own, 0.0)
-      for key, value in spent.items():
-        if value:
-          self.seconds[key] = self.seconds.get(key, 0.0) + value
+      with self._lock:
+        events = self._events[first_event:]
+      spans = [(start, end) for _, start, end in events]
+      busy = covered(spans)
+      own = {
+        kind: covered([(s, e) for k, s, e in events if k == kind]) for kind in (TRACE, COMPILE)
+      }
+      scale = busy / sum(own.values()) if sum(own.values()) > busy > 0 else 1.0
+      self._add(name, max(time.perf_counter() - begin - busy, 0.0))
+      for kind, seconds in own.items():
+        if seconds:
+          self._add(kind, seconds * scale)
+
+  def _add(self, name: str, seconds: float) -> None:
+    self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
   def summary(self) -> str:
     """'start-up 2.10 s, restore 0.31 s, trace + lower 1.20 s, ...' (start-up first)."""
