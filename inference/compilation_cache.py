@@ -14,7 +14,9 @@ default skips those compiled in under a second), unless the environment sets
 cache is keyed by the program, the JAX version and the machine, never by the parameters (an
 argument of every program here), so a retrained model of the same shape reuses it. Nothing evicts
 old entries: deleting the folder at any time is safe. decode.py turns it on (`--compilation_cache`);
-bench.py never does, so its `compile_s` stays a real compilation.
+bench.py never does, so its `compile_s` stays a real compilation. `Translator.load` keeps its
+compiled searches in the folder's `programs` subfolder as well (inference/program_store.py), so a
+second run does not even trace them.
 """
 
 from __future__ import annotations

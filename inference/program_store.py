@@ -156,14 +156,15 @@ class ProgramStore:
   ) -> jax.stages.Compiled:
     """The compiled program of `signature`. `lower` makes its `jax.stages.Lowered` when it is not
     in the folder; `device`: the one device it runs on (default: JAX's first)."""
-    path = self.path(signature)
+    device = device or jax.devices()[0]
+    path = self.path(f"{signature}\n{device.platform} {device.device_kind}")
     if path.exists():
       begin = time.perf_counter()
       try:
         with path.open("rb") as f:
           serialized, in_tree, out_tree = pickle.load(f)
         compiled = serialize_executable.deserialize_and_load(
-          serialized, in_tree, out_tree, execution_devices=[device or jax.devices()[0]]
+          serialized, in_tree, out_tree, execution_devices=[device]
         )
       except Exception as e:  # a file cut short, or written by another build: compile again
         logging.warning("Compiled program %s could not be read (%s); compiling it again", path, e)

@@ -103,6 +103,9 @@ class Translator:
   sums: on CPUs with bfloat16 matrix units 1.3-1.6x the sentences per second of float32, the
   translations nearly all the same (docs/experiments.md, "Decoding speed").
 
+  `programs`: an `inference.program_store.ProgramStore` the searches' compiled programs come
+  from and go to (`Translator.load(..., compilation_cache=...)` makes one), on one device only.
+
   Loading changes no logger: `inference.quiet_library_logs()` hides, as the command lines do, the
   library warnings that describe expected states (Orbax's on restoring a checkpoint without
   metadata), below absl verbosity 1.
@@ -150,7 +153,7 @@ class Translator:
     searches; 'off' turns both off. JAX's cache takes effect only before the process's first
     compilation."""
     programs = None
-    if compilation_cache is not False:
+    if compilation_cache is not False and compilation_cache is not None:
       where = enable_compilation_cache(
         None if compilation_cache is True else str(compilation_cache)
       )

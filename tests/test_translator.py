@@ -176,3 +176,13 @@ def test_continuous_batching_gives_the_same_translations(workdirs):
     assert pooled.truncated == [2, 8, 14] and pooled.texts[1] == ""
   with pytest.raises(UsageError, match="batching='pool': must be one of"):
     translator.run(sentences, batching="pool")
+
+
+def test_no_compilation_cache_unless_asked(workdirs, tmp_path, monkeypatch):
+  """`compilation_cache` False or None: no program store and no folder made (not one named
+  'None' in the working directory)."""
+  monkeypatch.chdir(tmp_path)
+  for off in (False, None):
+    translator = Translator.load(workdirs["transformer"], compilation_cache=off)
+    assert translator.generator._programs is None
+  assert not any(tmp_path.iterdir())
