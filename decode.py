@@ -29,7 +29,7 @@ import sys  # noqa: E402
 if __name__ == "__main__":  # first, before JAX starts its threads: see cli/host_memory.py
   from cli.host_memory import keep_freed_memory_on_cpu
 
-  keep_freed_memory_on_cpu()
+  keep_freed_memory_on_cpu(single_arena=False)  # compiles in parallel: see its docstring
 
 from absl import flags, logging  # noqa: E402
 

@@ -62,19 +62,28 @@ def expects_cpu_backend(environ=os.environ) -> bool:
   return not any(importlib.util.find_spec(name) for name in ("jax_plugins", "libtpu"))
 
 
-def keep_freed_memory_on_cpu(environ=os.environ) -> str:
+def keep_freed_memory_on_cpu(environ=os.environ, single_arena: bool = True) -> str:
   """`keep_freed_memory()` when JAX will run on the CPU; returns KEPT when the settings were
   applied, else DEFAULT (an accelerator backend, the environment's own malloc settings, or not
   glibc)."""
-  if expects_cpu_backend(environ) and keep_freed_memory(environ):
+  if expects_cpu_backend(environ) and keep_freed_memory(environ, single_arena):
     return KEPT
   return DEFAULT
 
 
-def keep_freed_memory(environ=os.environ) -> bool:
+def keep_freed_memory(environ=os.environ, single_arena: bool = True) -> bool:
   """Applies the settings above through glibc's `mallopt`; call before JAX starts its threads
   (an existing thread keeps the arena it has). True when applied; False off glibc or when the
-  environment has its own malloc settings."""
+  environment has its own malloc settings.
+
+  `single_arena=False` leaves glibc its per-thread arenas and sets only `M_MMAP_MAX` and
+  `M_TRIM_THRESHOLD`: small allocations from several threads (XLA compiling programs in
+  parallel) do not queue on one arena's lock, and a worker thread's block is kept when it fits
+  its arena's heap (64 MB); a larger one is still mapped afresh each time. decode.py uses it:
+  a first Multi30k run 17.2 s instead of 23.7 (compiling 4.9 s instead of 9.2), second runs
+  the same (Multi30k tiny and the base shape); the training step needs the single arena (Multi30k
+  tiny, 64 x 64 tokens: 0.61 s a step with it, 0.77 s without; docs/experiments.md, "Host
+  memory")."""
   if user_settings(environ):
     return False
   name = ctypes.util.find_library("c")
@@ -86,6 +95,6 @@ def keep_freed_memory(environ=os.environ) -> bool:
     return False
   mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
   ok = True
-  for param, value in SETTINGS:
+  for param, value in SETTINGS if single_arena else SETTINGS[1:]:
     ok = bool(mallopt(param, value)) and ok
   return ok

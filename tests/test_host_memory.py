@@ -15,8 +15,9 @@ from tests.helpers import REPO
 # products take little time), called 5 times after its first call: prints whether the settings
 # were applied and the minor page faults per call.
 PROGRAM = """
+import sys
 from cli import host_memory
-applied = host_memory.keep_freed_memory()
+applied = host_memory.keep_freed_memory(single_arena=sys.argv[1] == "single")
 import resource
 import jax, jax.numpy as jnp
 f = jax.jit(lambda x: (jnp.tanh(jnp.exp(x) @ x.T) @ x).sum())
@@ -29,14 +30,19 @@ print(applied, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5
 """
 
 
-def _faults(env_extra: dict) -> tuple[str, float]:
+def _faults(env_extra: dict, arenas: str = "single") -> tuple[str, float]:
   env = {
     k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"
   }
   env.update(JAX_PLATFORMS="cpu", **env_extra)
   env.pop("XLA_FLAGS", None)
   out = subprocess.run(
-    [sys.executable, "-c", PROGRAM], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    [sys.executable, "-c", PROGRAM, arenas],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
   )
   assert out.returncode == 0, out.stderr[-2000:]
   applied, faults = out.stdout.split()
@@ -54,6 +60,10 @@ def test_freed_temporaries_are_reused_not_faulted_again():
   assert default_applied == "False"
   assert default > 2_000, default
   assert kept < 200, kept
+  # Per-thread arenas (decode.py's choice) are applied too, but keep only blocks that fit an
+  # arena's 64 MB heap: these 256 MB temporaries are mapped afresh on every call, as documented.
+  applied, per_thread = _faults({}, arenas="per-thread")
+  assert applied == "True" and per_thread > 2_000, per_thread
 
 
 def test_the_environment_s_own_settings_win():
