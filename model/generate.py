@@ -99,7 +99,7 @@ class Generator:
     self._run = jax.jit(self._search, static_argnums=(3, 4))
     self._lower = jax.jit(self._kept_search, static_argnums=(3, 4)).lower
     self._programs = programs
-    self._compiled: dict[str, Callable] = {}
+    self._compiled: dict[tuple, Callable | None] = {}  # by arguments' shapes and shardings
 
   def __call__(
     self, params, inputs, settings: SearchSettings, *, rng=None, max_decode_len=None
@@ -153,33 +153,37 @@ class Generator:
 
   def _program(self, args, static) -> Callable | None:
     """The compiled search for these arguments from `programs` (asked once per signature), or
-    None: no `programs`, or arguments on several devices (the `jax.jit` decodes them)."""
+    None: no `programs`, or arguments on several devices (the `jax.jit` decodes them). Per call
+    only a lookup by the arguments' shapes, dtypes and shardings; the signature string is made
+    once."""
     if self._programs is None:
       return None
     leaves, tree = jax.tree_util.tree_flatten(args)
-    devices = set().union(*(x.devices() for x in leaves if isinstance(x, jax.Array)))
-    if len(devices) > 1:
-      return None
-    described = [(tuple(x.shape), str(x.dtype), repr(getattr(x, "sharding", None))) for x in leaves]
-    signature = "\n".join(
-      map(
-        str,
-        (
-          type(self.model).__qualname__,
-          self.model.config,
-          (self.num_ids, self.ensemble, self.use_cache, self.segment),
-          static,
-          tree,
-          described,
-        ),
+    key = (static, tree, tuple((x.shape, x.dtype, getattr(x, "sharding", None)) for x in leaves))
+    if key not in self._compiled:
+      devices = set().union(*(x.devices() for x in leaves if isinstance(x, jax.Array)))
+      if len(devices) > 1:
+        self._compiled[key] = None
+        return None
+      described = [
+        (tuple(x.shape), str(x.dtype), repr(getattr(x, "sharding", None))) for x in leaves
+      ]
+      signature = "\n".join(
+        map(
+          str,
+          (
+            type(self.model).__qualname__,
+            self.model.config,
+            (self.num_ids, self.ensemble, self.use_cache, self.segment),
+            static,
+            tree,
+            described,
+          ),
+        )
       )
-    )
-    if signature not in self._compiled:
       device = devices.pop() if devices else jax.devices()[0]
-      self._compiled[signature] = self._programs(
-        signature, lambda: self._lower(*args, *static), device
-      )
-    return self._compiled[signature]
+      self._compiled[key] = self._programs(signature, lambda: self._lower(*args, *static), device)
+    return self._compiled[key]
 
   def _kept_search(self, *args):
     """`_search` under another name, for `programs`: its programs' keys in JAX's persistent
