@@ -45,6 +45,11 @@ FIELDS: dict[str, Field] = {
   "checkpoint_every_steps": Field(
     1_000, "steps between checkpoints (also one at the end)", POSITIVE
   ),
+  "init_from": Field(
+    "",
+    "fine-tune from <workdir>[:latest|:<step>|:average:<k>]: its parameters, vocabulary; '' = off",
+    Text(),
+  ),
   "stop_timeout_s": Field(
     600.0,
     "seconds after SIGTERM/SIGINT before a process still running is hung and exits; 0 = wait",
