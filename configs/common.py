@@ -183,6 +183,19 @@ FIELDS: dict[str, Field] = {
   "eval.max_decode_extra": Field(
     50, "decoding's output length limit = source tokens + this", COUNT
   ),
+  "early_stopping.patience": Field(
+    0, "evaluations in a row without a gain that end the run (a final checkpoint); 0 = off", COUNT
+  ),
+  "early_stopping.metric": Field(
+    "bleu",
+    "what early stopping watches: val 'bleu' (higher) or 'loss' (lower)",
+    Choice("bleu", "loss"),
+  ),
+  "early_stopping.min_delta": Field(
+    0.0,
+    "the least gain over the best that counts (BLEU points or loss; always > 0)",
+    Float(min=0.0),
+  ),
   "checkpoint.keep": Field(5, "newest checkpoints kept", POSITIVE),
   "checkpoint.keep_best": Field(0, "also keep this many best by eval BLEU; 0 = off", COUNT),
   "checkpoint.async_save": Field(

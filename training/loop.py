@@ -1,6 +1,6 @@
 """The training loop behind train.py: data -> state (restored, new, or fine-tuned from
 config.init_from: training/finetune.py) -> steps, each followed by the periodic actions of
-training/periodic.py (heartbeat, non-finite stop, log, eval, checkpoint) and a
+training/periodic.py (heartbeat, non-finite stop, log, eval, early stopping, checkpoint) and a
 stop signal's check -> a last eval and checkpoint. Importable without flags:
 `train(config, workdir)`.
 
@@ -133,21 +133,25 @@ def _train(config, workdir: pathlib.Path, lock: WorkdirLock | None, source) -> d
     async_save=config.checkpoint.async_save,
   )
   train_iter = pipeline.train_iter()
-  step, state, _ = _resume_or_start(
+  step, state, resumed = _resume_or_start(
     config, checkpointer, parallel, train_iter, vocab.fingerprint, source
   )
+  stopping = periodic.EarlyStopping(config.early_stopping, resumed.get("early_stopping"))
   if lead and config.data.vocab_path:  # the workdir alone must decode, here or elsewhere
     tokenizer.save_in_workdir(vocab, workdir)
   last_step = config.num_train_steps
-  if step >= last_step:
+  if step >= last_step or stopping.stop:
     checkpointer.close()
-    logging.warning(
-      "%s is already at step %d (num_train_steps=%d): nothing to train; raise "
-      "num_train_steps to continue",
-      checkpointer.root / str(step),
-      step,
-      last_step,
-    )
+    if stopping.stop:
+      logging.warning("%s; raise early_stopping.patience to continue", stopping.line(step))
+    else:
+      logging.warning(
+        "%s is already at step %d (num_train_steps=%d): nothing to train; raise "
+        "num_train_steps to continue",
+        checkpointer.root / str(step),
+        step,
+        last_step,
+      )
     return {}
   rng = jax.random.fold_in(jax.random.key(config.seed), 2)
 
@@ -162,7 +166,8 @@ def _train(config, workdir: pathlib.Path, lock: WorkdirLock | None, source) -> d
   log = periodic.LogWindow(writer, progress, log_due)
   eval_due = periodic.Every(config.eval_every_steps, last_step)
   evaluation = periodic.Evaluation(config, pipeline, model, parallel, writer, eval_due)
-  meta = functools.partial(_checkpoint_meta, config, train_iter, vocab.fingerprint)
+  stopping.evaluation = evaluation
+  meta = functools.partial(_checkpoint_meta, config, train_iter, vocab.fingerprint, stopping)
   save_due = periodic.Every(config.checkpoint_every_steps, last_step)
   checkpoints = periodic.Checkpoints(checkpointer, parallel, meta, evaluation, save_due, step)
   t_start = time.time()
@@ -177,18 +182,29 @@ def _train(config, workdir: pathlib.Path, lock: WorkdirLock | None, source) -> d
       nonfinite(done)
       log(done)
       evaluation(done)
+      stopping(done)
       checkpoints(done)
+      if stopping.stop:
+        break
       if preemption.requested(step):
         periodic.stop_on_signal(preemption, checkpoints, done, progress)
         return evaluation.last
     nonfinite.at_end(done)
-    final = evaluation.run(done)
-    checkpoints.save(done, {"bleu": final.get("bleu", 0.0)}, force=True)
+    if stopping.stop:  # evaluated at this step: its checkpoint, unless the periodic one is it
+      final = evaluation.last
+      if checkpoints.saved_step != step:
+        checkpoints.save(done, {"bleu": final.get("bleu", 0.0)}, force=True)
+    else:
+      final = evaluation.run(done)
+      stopping.observe(step, final)
+      checkpoints.save(done, {"bleu": final.get("bleu", 0.0)}, force=True)
   finally:
     preemption.close()
     checkpointer.close()
     progress.close()
     writer.close()
+  if lead and stopping.stop:
+    logging.warning("%s", stopping.line(step))
   if lead:
     summary = {"step": step, "train_seconds": round(time.time() - t_start, 1), **final}
     rounded = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()}
@@ -222,12 +238,13 @@ def _resume_or_start(config, checkpointer, parallel, train_iter, vocab_fingerpri
   return step, state, meta
 
 
-def _checkpoint_meta(config, train_iter, vocab_fingerprint: str, step: int) -> dict:
+def _checkpoint_meta(config, train_iter, vocab_fingerprint: str, stopping, step: int) -> dict:
   """What a checkpoint holds beside the state: the config, the data position, the vocabulary's
-  fingerprint (training/compatibility.py checks them on resume)."""
+  fingerprint (training/compatibility.py checks them on resume), early stopping's count."""
   return {
     "config": config.to_json(),
     "data_state": train_iter.state(),
+    "early_stopping": stopping.state(),
     "seed": config.seed,
     "step": step,
     "vocab": vocab_fingerprint,
