@@ -10,7 +10,8 @@ source's vocabulary (copied into this workdir, so that it decodes alone).
 the last k checkpoints' parameters for average:k). Once this workdir has a checkpoint of its own,
 `init_from` is not read again: a restart resumes the fine-tuning. The source workdir is only read,
 without its lock. Every problem (no such checkpoint, another vocabulary, another model shape) is a
-UsageError naming `init_from`, raised before any step.
+UsageError naming `init_from`, raised by `resolve` before anything is written (the shapes from the
+checkpoint's metadata alone).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from absl import logging
 
 from core.errors import UsageError, first_line
 from data import sources, tokenizer
+from model.build import abstract_params
 from training.average import average_params, load_params
-from training.checkpoint import available_steps, checkpoint_dir, describe_workdir
+from training.checkpoint import available_steps, checkpoint_dir, describe_workdir, saved_shapes
 from training.compatibility import SHAPE_FIELDS, config_from_meta
 
 SYNTAX = "<workdir>[:latest|:<step>|:average:<k>]"
@@ -87,7 +89,17 @@ def resolve(config, workdir) -> Source | None:
     raise _error(spec, f"cannot read {folder}'s metadata ({first_line(e)})") from None
   vocab = _source_vocab(spec, src, src_config, meta.get("vocab"))
   _check_vocab(spec, config, vocab, src_config, workdir)
-  return Source(spec, src, tuple(chosen), src_config, vocab)
+  source = Source(spec, src, tuple(chosen), src_config, vocab)
+  model = config.model.copy_and_resolve_references()
+  model.vocab_size = model.vocab_size or vocab.vocab_size  # as training/loop.py fit_model_vocab
+  try:
+    theirs = saved_shapes(folder)
+  except Exception as e:  # noqa: BLE001 - damaged metadata: one line, not Orbax's traceback
+    raise _error(spec, f"cannot read {folder}'s array metadata ({first_line(e)})") from None
+  prefix = "params/"
+  theirs = {k[len(prefix) :]: v for k, v in theirs.items() if k.startswith(prefix)}
+  _check_shapes(source, config, theirs, _shapes(abstract_params(model)))
+  return source
 
 
 def _choose(spec: str, steps: list[int], choice: str) -> list[int]:
@@ -176,15 +188,17 @@ def _names(tree) -> dict[str, object]:
   return {_key(path): x for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def initial_state(source: Source, parallel, rng, config):
-  """A fresh placed train state (training/parallel.py: optimizer, step and non-finite count as a
-  new run's) holding the source's parameters; UsageError naming the first parameter whose shape
-  (or presence) differs between the source and `config`'s model."""
-  theirs, ours = _names(source.params()), _names(parallel.abstract_state.params)
+def _shapes(tree) -> dict[str, tuple[int, ...]]:
+  return {k: tuple(np.shape(x)) for k, x in _names(tree).items()}
+
+
+def _check_shapes(source: Source, config, theirs: dict, ours: dict) -> None:
+  """UsageError naming the first parameter whose shape (or presence) differs between the source
+  (`theirs`: name -> shape) and `config`'s model (`ours`)."""
   for name in sorted(ours.keys() | theirs.keys()):
     a, b = theirs.get(name), ours.get(name)
-    shape_a = "absent" if a is None else f"shape {tuple(np.shape(a))}"
-    shape_b = "absent" if b is None else f"shape {tuple(b.shape)}"
+    shape_a = "absent" if a is None else f"shape {tuple(a)}"
+    shape_b = "absent" if b is None else f"shape {tuple(b)}"
     if shape_a != shape_b:
       differs = [
         f"model.{k}: source {source.config.model.get(k)!r} != config {config.model.get(k)!r}"
@@ -196,6 +210,14 @@ def initial_state(source: Source, parallel, rng, config):
         f"parameter {name} has {shape_a} in the source model but {shape_b} in this config's "
         f"model" + (f" ({'; '.join(differs)})" if differs else ""),
       )
+
+
+def initial_state(source: Source, parallel, rng, config):
+  """A fresh placed train state (training/parallel.py: optimizer, step and non-finite count as a
+  new run's) holding the source's parameters (their shapes checked again against the state's)."""
+  params = source.params()
+  _check_shapes(source, config, _shapes(params), _shapes(parallel.abstract_state.params))
+  theirs = _names(params)
   fresh = parallel.host_state(parallel.init_state(rng))
   params = jax.tree_util.tree_map_with_path(
     lambda path, x: np.asarray(theirs[_key(path)], x.dtype), fresh.params
