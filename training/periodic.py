@@ -21,7 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
 from core.errors import RunError
 from training import distributed, evaluate
@@ -163,7 +165,7 @@ class EarlyStopping:
   whose val `config.metric` ('bleu': higher is better; 'loss': lower) did not beat the best so far
   by at least `config.min_delta` (and by more than 0); `stop` once `config.patience` of them did
   (0: never). `saved`: the `state()` a checkpoint's meta holds, so that a resumed run goes on
-  counting (a state of another metric is not taken)."""
+  counting (a state of another metric is not taken). Off (nothing counted) with patience 0."""
 
   def __init__(self, config, saved: dict | None = None, evaluation=None):
     self.metric, self.patience = config.metric, int(config.patience)
@@ -178,9 +180,11 @@ class EarlyStopping:
 
   def observe(self, step: int, metrics: dict) -> None:
     """Counts the evaluation `metrics` of `step` (once per step)."""
-    if self.metric not in metrics or step == self._seen:
+    if not self.patience or self.metric not in metrics or step == self._seen:
       return
     self._seen, value = step, float(metrics[self.metric])
+    if jax.process_count() > 1:  # each decodes its own BLEU: all take process 0's, stop together
+      value = float(multihost_utils.broadcast_one_to_all(np.float32(value)))
     if self.best is None:
       gain = None
     else:
