@@ -122,21 +122,14 @@ def _source_vocab(spec: str, src: pathlib.Path, src_config, fingerprint: str | N
   paths = [src / n for n in (tokenizer.VOCAB_MODEL_NAME, tokenizer.VOCAB_JSON_NAME)]
   if src_config.data.get("vocab_path"):
     paths.append(pathlib.Path(src_config.data.vocab_path))
-  found = []
-  for path in filter(pathlib.Path.is_file, paths):
-    try:
-      vocab = tokenizer.load_vocab(path)
-    except Exception as e:  # noqa: BLE001 - a damaged file: try the next one, name it
-      found.append(f"{path}: unreadable ({first_line(e)})")
-      continue
-    if fingerprint is None or vocab.fingerprint == fingerprint:
-      return vocab
-    found.append(f"{path}: {vocab.fingerprint}")
-  raise _error(
-    spec,
-    f"no vocabulary {fingerprint} (its checkpoints') in {src}"
-    + (f" ({'; '.join(found)})" if found else ""),
-  )
+  vocab, passed = tokenizer.load_matching(filter(pathlib.Path.is_file, paths), fingerprint)
+  if vocab is None:
+    raise _error(
+      spec,
+      f"no vocabulary {fingerprint} (its checkpoints') in {src}"
+      + (f" ({'; '.join(passed)})" if passed else ""),
+    )
+  return vocab
 
 
 def _check_vocab(spec: str, config, vocab, src_config, workdir: pathlib.Path) -> None:
