@@ -67,7 +67,6 @@ def resolve(config, workdir) -> Source | None:
     return None
   workdir = pathlib.Path(workdir).absolute()
   if available_steps(workdir):
-    logging.info("init_from=%s not read: %s resumes its own checkpoints", spec, workdir)
     return None
   if ":ensemble:" in spec:
     raise _error(spec, "an ensemble cannot start one model; use average:<k>")

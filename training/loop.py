@@ -100,6 +100,8 @@ def train(config, workdir: pathlib.Path, take_over_lock: bool = False) -> dict:
   check_config(config, "train")
   workdir = pathlib.Path(workdir)
   source = finetune.resolve(config, workdir)  # init_from: read and checked before any write
+  if config.get("init_from") and source is None:
+    logging.info("init_from=%s not read: %s resumes its own checkpoints", config.init_from, workdir)
   check_workdir(workdir)
   check_backend(config)
   lock = _lock_workdir(workdir, take_over_lock)
