@@ -97,7 +97,7 @@ def resolve(config, workdir) -> Source | None:
     raise _error(spec, f"cannot read {folder}'s array metadata ({first_line(e)})") from None
   prefix = "params/"
   theirs = {k[len(prefix) :]: v for k, v in theirs.items() if k.startswith(prefix)}
-  _check_shapes(source, config, theirs, _shapes(abstract_params(model)))
+  _check_shapes(source, model, theirs, _shapes(abstract_params(model)))
   return source
 
 
@@ -193,18 +193,18 @@ def _shapes(tree) -> dict[str, tuple[int, ...]]:
   return {k: tuple(np.shape(x)) for k, x in _names(tree).items()}
 
 
-def _check_shapes(source: Source, config, theirs: dict, ours: dict) -> None:
+def _check_shapes(source: Source, model_cfg, theirs: dict, ours: dict) -> None:
   """UsageError naming the first parameter whose shape (or presence) differs between the source
-  (`theirs`: name -> shape) and `config`'s model (`ours`)."""
+  (`theirs`: name -> shape) and the model of `model_cfg` (its vocab_size fitted; `ours`)."""
   for name in sorted(ours.keys() | theirs.keys()):
     a, b = theirs.get(name), ours.get(name)
     shape_a = "absent" if a is None else f"shape {tuple(a)}"
     shape_b = "absent" if b is None else f"shape {tuple(b)}"
     if shape_a != shape_b:
       differs = [
-        f"model.{k}: source {source.config.model.get(k)!r} != config {config.model.get(k)!r}"
+        f"model.{k}: source {source.config.model.get(k)!r} != config {model_cfg.get(k)!r}"
         for k in SHAPE_FIELDS
-        if source.config.model.get(k) != config.model.get(k)
+        if source.config.model.get(k) != model_cfg.get(k)
       ]
       raise _error(
         source.spec,
@@ -217,7 +217,7 @@ def initial_state(source: Source, parallel, rng, config):
   """A fresh placed train state (training/parallel.py: optimizer, step and non-finite count as a
   new run's) holding the source's parameters (their shapes checked again against the state's)."""
   params = source.params()
-  _check_shapes(source, config, _shapes(params), _shapes(parallel.abstract_state.params))
+  _check_shapes(source, config.model, _shapes(params), _shapes(parallel.abstract_state.params))
   theirs = _names(params)
   fresh = parallel.host_state(parallel.init_state(rng))
   params = jax.tree_util.tree_map_with_path(
