@@ -28,7 +28,7 @@ from cli import app  # noqa: E402
 from configs.rules import Int, check_flag  # noqa: E402
 from configs.validate import check_config  # noqa: E402
 from core.errors import UsageError  # noqa: E402
-from training import distributed  # noqa: E402
+from training import distributed, finetune  # noqa: E402
 from training.loop import train  # noqa: E402
 from training.workdir import check_workdir  # noqa: E402
 
@@ -76,6 +76,7 @@ def main() -> None:
     raise UsageError("--workdir is required: where checkpoints, metrics and the vocabulary go")
   workdir = pathlib.Path(f.workdir).absolute()
   check_config(config, "train")  # before the workdir is created
+  finetune.resolve(config, workdir)  # and config.init_from's source
   check_workdir(workdir)
   distributed.initialize_distributed(
     f.coordinator_address,

@@ -45,6 +45,11 @@ FIELDS: dict[str, Field] = {
   "checkpoint_every_steps": Field(
     1_000, "steps between checkpoints (also one at the end)", POSITIVE
   ),
+  "init_from": Field(
+    "",
+    "fine-tune from <workdir>[:latest|:<step>|:average:<k>]: its parameters, vocabulary; '' = off",
+    Text(),
+  ),
   "stop_timeout_s": Field(
     600.0,
     "seconds after SIGTERM/SIGINT before a process still running is hung and exits; 0 = wait",
@@ -177,6 +182,19 @@ FIELDS: dict[str, Field] = {
   ),
   "eval.max_decode_extra": Field(
     50, "decoding's output length limit = source tokens + this", COUNT
+  ),
+  "early_stopping.patience": Field(
+    0, "evaluations in a row without a gain that end the run (a final checkpoint); 0 = off", COUNT
+  ),
+  "early_stopping.metric": Field(
+    "bleu",
+    "what early stopping watches: val 'bleu' (higher) or 'loss' (lower)",
+    Choice("bleu", "loss"),
+  ),
+  "early_stopping.min_delta": Field(
+    0.0,
+    "the least gain over the best that counts (BLEU points or loss; always > 0)",
+    Float(min=0.0),
   ),
   "checkpoint.keep": Field(5, "newest checkpoints kept", POSITIVE),
   "checkpoint.keep_best": Field(0, "also keep this many best by eval BLEU; 0 = off", COUNT),

@@ -80,6 +80,14 @@ def _check_training(config) -> None:
 
 def _check_data(config) -> None:
   data = config.data
+  stopping = config.get("early_stopping")
+  if (
+    stopping and stopping.patience and stopping.metric == "bleu" and not config.eval.bleu_sentences
+  ):
+    raise UsageError(
+      "config error: early_stopping.metric='bleu' needs eval.bleu_sentences > 0 (the val "
+      "sentences BLEU is measured on); set it, or early_stopping.metric=loss"
+    )
   if data.name == "synthetic" and data.synthetic_min_len > data.synthetic_max_len:
     raise UsageError(
       f"config error: data.synthetic_min_len={data.synthetic_min_len} is larger than "
