@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import time
 from typing import Any
 
 import jax
@@ -124,6 +125,7 @@ def restore_params(folder) -> tuple[Any, dict]:
   wrote), the parameters as host numpy arrays: Orbax restores the `params` subtree of the state
   only (a partial restore), reading none of the optimizer's arrays."""
   folder = pathlib.Path(folder)
+  begin = time.perf_counter()
   with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
     saved = checkpointer.metadata(folder / "state")
   saved = getattr(saved, "item_metadata", saved)
@@ -140,7 +142,18 @@ def restore_params(folder) -> tuple[Any, dict]:
         meta=ocp.args.JsonRestore(),
       ),
     )
-  return restored["state"]["params"], restored["meta"]
+  params = restored["state"]["params"]
+  arrays = jax.tree_util.tree_leaves(params)
+  logging.vlog(
+    1,
+    "Read %d parameter arrays of %s (%s values, %.1f MB; no optimizer state) in %.2f s",
+    len(arrays),
+    folder,
+    f"{sum(x.size for x in arrays):,}",
+    sum(x.nbytes for x in arrays) / 1e6,
+    time.perf_counter() - begin,
+  )
+  return params, restored["meta"]
 
 
 def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):
