@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from core.cpu import native_dtype
 from tests.helpers import REPO, one_device_env, run_in_process, run_py
 
 EXTRA = 3  # --max_extra_len of the runs here (conftest's decode_workdir: model.max_len 8)
@@ -263,6 +264,8 @@ def test_default_verbosity_shows_no_library_chatter(workdir):
   quiet = decode_py(workdir, "--beam_size=1", stdin="w1 w2\n").stderr
   lines = [line for line in quiet.splitlines() if line.strip()]
   assert lines and all(("decode.py:" in line) for line in lines), quiet[-2000:]
+  dtype, why = native_dtype("cpu")  # --dtype=auto: the line says which and why
+  assert f"dtype {dtype} ({why}) on 1 cpu device(s)" in quiet, quiet[-2000:]
   detail = decode_py(workdir, "--beam_size=1", "--verbosity=1", stdin="w1 w2\n").stderr
   lines = [line for line in detail.splitlines() if line.strip()]
   where = [re.match(r"[IWE]\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] ", line) for line in lines]
