@@ -42,3 +42,17 @@ def test_accelerators_get_bfloat16_and_other_platforms_float32():
 
 def test_this_hosts_flags_decide_by_default():
   assert native_dtype("cpu") == native_dtype("cpu", cpu_flags())
+
+
+def test_training_resolves_model_dtype_auto_by_the_backend():
+  """model.dtype=auto passes the config's checks and becomes, in the config (as checkpoints
+  record it), the backend's choice."""
+  import jax
+
+  from configs.validate import check_backend, check_config
+  from tests.helpers import tiny_config
+
+  config = tiny_config(num_devices=1, **{"model.dtype": "auto"})
+  check_config(config, "train")
+  check_backend(config)
+  assert config.model.dtype == native_dtype(jax.default_backend())[0]
