@@ -111,7 +111,7 @@ class Translator:
 
   Loading changes no logger: `inference.quiet_library_logs()` hides, as the command lines do, the
   library warnings that describe expected states (Orbax's on restoring a checkpoint without
-  metadata), below absl verbosity 1.
+  metadata), below absl verbosity 2.
   """
 
   def __init__(
