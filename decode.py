@@ -92,9 +92,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string("json", None, "Write scores and speed to this JSON file.", **f)
   flags.DEFINE_enum(
     "dtype",
-    None,
+    "auto",
     list(DTYPES),
-    "Computation dtype (default: the training config's model.dtype).",
+    "Computation dtype; auto: bfloat16 where the devices multiply it natively (GPUs, TPUs, CPUs "
+    "with AMX or AVX512-BF16), else float32 (core/cpu.py).",
     **f,
   )
   flags.DEFINE_integer(

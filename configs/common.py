@@ -93,8 +93,8 @@ FIELDS: dict[str, Field] = {
   ),
   "model.dtype": Field(
     "float32",
-    "computation dtype; parameters and optimizer state stay float32",
-    Choice("float32", "bfloat16", "float16"),
+    "computation dtype (params, Adam state float32); auto: bfloat16 where native (core/cpu.py)",
+    Choice("float32", "bfloat16", "float16", "auto"),
   ),
   "model.remat": Field(
     False, "recompute each layer's activations in the backward pass (less memory)", Bool()

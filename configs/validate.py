@@ -16,9 +16,11 @@ data-parallel split in training/parallel.py, the vocabulary's size in training/l
 from __future__ import annotations
 
 import jax
+from absl import logging
 
 from configs.common import FIELDS
 from configs.rules import RuleError
+from core.cpu import native_dtype
 from core.errors import UsageError
 from data import multi30k
 from model.build import hyperparameters
@@ -64,6 +66,8 @@ def _check_model(config) -> None:
   checks, run now on its config rather than after the data pipeline has run."""
   model_cfg = config.model.to_dict()
   model_cfg["vocab_size"] = max(int(model_cfg["vocab_size"]), NUM_SPECIAL + 1)  # 0 = fit later
+  if model_cfg.get("dtype") == "auto":  # resolved by check_backend, which sees the devices
+    model_cfg["dtype"] = "float32"
   try:
     hyperparameters(model_cfg)
   except ValueError as e:
@@ -135,8 +139,13 @@ def _check_cudnn_length(config, training: bool, data_max_len) -> None:
 
 
 def check_backend(config) -> None:
-  """What the config asks of JAX's backend: model.attention_impl='cudnn' needs an NVIDIA GPU.
-  Starts the backend: call it after `training.distributed.initialize_distributed`."""
+  """What the config asks of JAX's backend: model.attention_impl='cudnn' needs an NVIDIA GPU;
+  model.dtype='auto' becomes, in the config itself, the dtype the backend's devices multiply
+  fastest (core/cpu.py), so that checkpoints and logs name the dtype used. Starts the backend:
+  call it after `training.distributed.initialize_distributed`."""
+  if config.model.get("dtype") == "auto":
+    config.model.dtype, why = native_dtype(jax.default_backend())
+    logging.info("model.dtype=%s (%s)", config.model.dtype, why)
   if not uses_cudnn(config):
     return
   backend = jax.default_backend()

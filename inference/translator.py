@@ -24,6 +24,7 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from configs.rules import Choice, Int, RuleError
+from core.cpu import native_dtype
 from core.errors import UsageError
 from core.progress import Progress
 from data.tokenizer import encode_source
@@ -47,7 +48,7 @@ OPTION_RULES = {
   "batching": Choice("length", "continuous"),
   "pool_size": Int(min=1),
 }
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16")  # auto: core/cpu.py's choice for the devices
 # Padded source tokens per batch by default, per platform. On CPUs small batches win: a batch
 # runs until its slowest sentence ends, and a larger one gains little per step there (Multi30k
 # test, beam 5: 4096 -> 512 tokens took decoding from 27.7 to 16.3 s in float32, 21.6 to 12.7 s
@@ -101,28 +102,35 @@ class Translator:
   local device of an accelerator (batches split over them), or one CPU device (several CPU
   devices share the same cores). `dtype='bfloat16'` decodes with bfloat16 matrices and float32
   sums: on CPUs with bfloat16 matrix units 1.3-1.6x the sentences per second of float32, the
-  translations nearly all the same (docs/experiments.md, "Decoding speed").
+  translations nearly all the same (docs/experiments.md, "Decoding speed"); on CPUs without them
+  slower than float32. `dtype='auto'` (the default) chooses by the devices (core/cpu.py), None
+  takes the training config's model.dtype; `dtype_reason` says why the dtype is what it is.
 
   `programs`: an `inference.program_store.ProgramStore` the searches' compiled programs come
   from and go to (`Translator.load(..., compilation_cache=...)` makes one), on one device only.
 
   Loading changes no logger: `inference.quiet_library_logs()` hides, as the command lines do, the
   library warnings that describe expected states (Orbax's on restoring a checkpoint without
-  metadata), below absl verbosity 1.
+  metadata), below absl verbosity 2.
   """
 
-  def __init__(self, restored: Restored, *, dtype: str | None = None, devices=None, programs=None):
+  def __init__(
+    self, restored: Restored, *, dtype: str | None = "auto", devices=None, programs=None
+  ):
     if dtype is not None and dtype not in DTYPES:
       raise UsageError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
     self.restored = restored
     self.config = restored.config
     self.vocab = restored.vocab
+    self.devices = list(devices) if devices is not None else _default_devices()
     model_cfg = self.config.model.copy_and_resolve_references()
+    self.dtype_reason = "as asked" if dtype is not None else "the training config's model.dtype"
+    if dtype == "auto":
+      dtype, self.dtype_reason = native_dtype(self.devices[0].platform)
     if dtype is not None:
       model_cfg.dtype = dtype
     self.dtype = model_cfg.dtype
     self.model = build_model(model_cfg)
-    self.devices = list(devices) if devices is not None else _default_devices()
     mesh = Mesh(np.asarray(self.devices), ("batch",))
     self._rows = NamedSharding(mesh, PartitionSpec("batch"))
     self.params = jax.device_put(restored.params, NamedSharding(mesh, PartitionSpec()))
@@ -140,7 +148,7 @@ class Translator:
     workdir,
     checkpoint: str = "latest",
     *,
-    dtype: str | None = None,
+    dtype: str | None = "auto",
     devices=None,
     compilation_cache: bool | str = False,
   ):
@@ -382,8 +390,8 @@ class Translator:
       else f"checkpoint step {self.step}"
     )
     return (
-      f"{self.config.model.type}, {which}, {settings.describe()}, dtype {self.dtype} on "
-      f"{len(self.devices)} {self.devices[0].platform} device(s)"
+      f"{self.config.model.type}, {which}, {settings.describe()}, dtype {self.dtype} "
+      f"({self.dtype_reason}) on {len(self.devices)} {self.devices[0].platform} device(s)"
     )
 
   @staticmethod

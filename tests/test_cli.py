@@ -113,8 +113,8 @@ def test_a_config_file_that_cannot_be_loaded_is_one_line_and_creates_nothing(tmp
 
 def test_quiet_library_logs_hides_only_the_expected_library_warnings(caplog, monkeypatch):
   """`quiet_library_logs()` (what the command lines install, and Python users may call): Orbax's
-  missing-metadata and unscored-save warnings are dropped from absl's logger below verbosity 1,
-  other warnings and --verbosity=1 keep them. The library never calls it (tests/test_restore.py
+  missing-metadata and unscored-save warnings are dropped from absl's logger below verbosity 2,
+  other warnings and --verbosity=2 keep them. The library never calls it (tests/test_restore.py
   loads a Translator)."""
   absl_logger = std_logging.getLogger("absl")
   monkeypatch.setattr(absl_logger, "filters", list(absl_logger.filters))  # undone after the test
@@ -126,8 +126,11 @@ def test_quiet_library_logs_hides_only_the_expected_library_warnings(caplog, mon
     absl_logging.warning("Metadata file does not exist: /w/checkpoints/3/state")
     absl_logging.warning("Requested `tracked_metric`; did not provide metrics.")
     absl_logging.warning("a warning that matters")
-    # --verbosity=1, without touching absl's logger level (other tests' caplog relies on it)
+    # --verbosity=1 still hides them
     monkeypatch.setattr(absl_logging, "get_verbosity", lambda: 1)
+    absl_logging.warning("Metadata file does not exist: hidden")
+    # --verbosity=2, without touching absl's logger level (other tests' caplog relies on it)
+    monkeypatch.setattr(absl_logging, "get_verbosity", lambda: 2)
     absl_logging.warning("Metadata file does not exist: shown")
   messages = [r.getMessage() for r in caplog.records]
   assert messages == ["a warning that matters", "Metadata file does not exist: shown"]
@@ -136,7 +139,7 @@ def test_quiet_library_logs_hides_only_the_expected_library_warnings(caplog, mon
 def test_the_command_lines_drop_library_info_and_expected_warnings_from_any_logger(monkeypatch):
   """The filter `command_line_logs()` puts on absl's handler: a library's INFO lines and expected
   warnings are dropped whichever logger they come through (JAX's own, say), its other warnings
-  and this project's lines kept; --verbosity=1 keeps everything."""
+  and this project's lines kept, at --verbosity=1 too; --verbosity=2 keeps everything."""
 
   def record(level, message, path):
     return std_logging.LogRecord("jax", level, path, 1, message, None, None)
@@ -152,6 +155,8 @@ def test_the_command_lines_drop_library_info_and_expected_warnings_from_any_logg
   ]
   assert [chatter.filter(record(*r)) for r in kept] == [False, False, True, True]
   monkeypatch.setattr(absl_logging, "get_verbosity", lambda: 1)
+  assert [chatter.filter(record(*r)) for r in kept] == [False, False, True, True]
+  monkeypatch.setattr(absl_logging, "get_verbosity", lambda: 2)
   assert all(chatter.filter(record(*r)) for r in kept)
 
 
