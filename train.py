@@ -26,10 +26,10 @@ from absl import flags  # noqa: E402
 
 from cli import app  # noqa: E402
 from configs.rules import Int, check_flag  # noqa: E402
-from configs.validate import check_config  # noqa: E402
 from core.errors import UsageError  # noqa: E402
 from training import distributed  # noqa: E402
 from training.loop import train  # noqa: E402
+from training.validate import check_config  # noqa: E402
 from training.workdir import check_workdir  # noqa: E402
 
 

@@ -35,9 +35,9 @@ from benchmark.records import (
   time_calls,
   time_stats,
 )
-from configs import validate
 from core.errors import UsageError
 from training import parallel as par
+from training import validate
 from training.build import build_steps
 
 

@@ -118,12 +118,20 @@ def error_line(
 ) -> str:
   """The message of `error` as a command line prints it: an `ArgumentError` names the flag of its
   argument (`flag_names` maps argument names to flag names where they differ) when this command
-  line defines that flag, else it stays as the library wrote it."""
+  line defines that flag, and so does a `ValueError` whose message starts `<argument>=` (as
+  SearchSettings' do); else it stays as the library wrote it."""
+  names = flag_names or {}
   if isinstance(error, errors.ArgumentError):
-    flag = (flag_names or {}).get(error.name, error.name)
+    flag = names.get(error.name, error.name)
     if flag in flag_values:
       return error.as_flag(flag)
-  return errors.message(error)
+  text = errors.message(error)
+  if isinstance(error, ValueError):
+    name, equals, rest = text.partition("=")
+    flag = names.get(name, name)
+    if equals and name.isidentifier() and flag in flag_values:
+      return f"--{flag}={rest}"
+  return text
 
 
 def run(

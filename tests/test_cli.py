@@ -14,11 +14,11 @@ from absl import logging as absl_logging
 from cli.app import error_line
 from configs import common
 from configs.rules import Choice, Float, Int, RuleError
-from configs.validate import check_config
 from core import logs
 from core.errors import ArgumentError, RunError, UsageError, exit_status
 from core.logs import quiet_library_logs
 from tests.helpers import run_in_process, run_py, tiny_config
+from training.validate import check_config
 
 
 def test_rules_refuse_nan_infinities_wrong_types_and_out_of_range_values():

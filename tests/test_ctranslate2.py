@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from absl import flags
 
 from benchmark import ctranslate2 as peer
 from benchmark import decoding, paired, records, report
@@ -31,7 +32,7 @@ ctranslate2 = pytest.importorskip(
   reason="CTranslate2 is optional: pip install 'attention-jax[ctranslate2]' (CI installs it)",
 )
 
-PROG = "inference.ctranslate2_export"
+PROG = "cli.ctranslate2_export"
 
 
 class Exported(NamedTuple):
@@ -233,7 +234,7 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
   how = ["--beam_size=3", "--alpha=1.0", "--max_extra_len=5"]
   proc = run_py(
     "-m",
-    "inference.ctranslate2_translate",
+    "cli.ctranslate2_translate",
     f"--model={exported.out}",
     f"--input={tmp_path / 'in.txt'}",
     f"--output={tmp_path / 'ct2.txt'}",
@@ -257,12 +258,12 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
     ([f"--model={tmp_path}"], f"--model={tmp_path}: no model.bin"),
     ([f"--model={exported.out}", "--beam_size=0"], "--beam_size=0"),
     ([f"--model={exported.out}", "--alpha=nan"], "--alpha=nan"),
+    ([f"--model={exported.out}", "--length_penalty=gnmt"], "--length_penalty=gnmt: CTranslate2"),
+    ([f"--model={exported.out}", "--temperature=1"], "--temperature=1.0: sampling is"),
     ([f"--model={exported.out}", f"--output={tmp_path / 'no' / 'o.txt'}"], "does not exist"),
     ([f"--model={exported.out}", f"--reference={tmp_path / 'in.txt'}", "--input=/dev/null"], "61"),
   ]:
-    proc = run_in_process(
-      "inference.ctranslate2_translate", f"--input={tmp_path / 'in.txt'}", *args
-    )
+    proc = run_in_process("cli.ctranslate2_translate", f"--input={tmp_path / 'in.txt'}", *args)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert message in last, last
@@ -344,3 +345,37 @@ def test_bench_command_line_times_ctranslate2_alone(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   record = json.loads(record_path.read_text())
   assert record["implementation"] == "ctranslate2 int8" and record["decode_len"] == 5
+
+
+def test_translate_command_has_decode_py_search_flags_and_defaults():
+  """The CTranslate2 command line's search flags are decode.py's (cli/search_flags.py): the same
+  names and defaults, but the length penalty (fairseq, the only one CTranslate2 has) and
+  max_extra_len (decode.py's comes from the workdir's config); the settings CTranslate2 cannot
+  honour are refused naming the field."""
+  import decode
+  from cli import ctranslate2_translate as command
+  from inference.ctranslate2_translate import search_options
+  from model.search_settings import SearchSettings
+
+  ours, theirs = flags.FlagValues(), flags.FlagValues()
+  decode.define_flags(ours)
+  command.define_flags(theirs)
+  names = ("beam_size", "alpha", "length_penalty", "max_extra_len", "temperature", "top_k")
+  assert all(name in theirs for name in names)
+  pairs = {n: (ours[n].default, theirs[n].default) for n in names}
+  differ = {n: pair for n, pair in pairs.items() if pair[0] != pair[1]}
+  assert differ == {"length_penalty": ("gnmt", "fairseq"), "max_extra_len": (None, 50)}
+  assert search_options(SearchSettings(beam_size=3, alpha=1.0, length_penalty="fairseq")) == {
+    "beam_size": 3,
+    "length_penalty": 1.0,
+    "max_extra_len": 50,
+  }
+  assert search_options(SearchSettings(beam_size=1))["beam_size"] == 1  # greedy: no penalty
+  for settings, name in [
+    (SearchSettings(beam_size=2), "length_penalty"),
+    (SearchSettings(temperature=1.0), "temperature"),
+    (SearchSettings(beam_size=2, length_penalty="fairseq", num_hypotheses=2), "num_hypotheses"),
+  ]:
+    with pytest.raises(UsageError) as caught:
+      search_options(settings)
+    assert caught.value.name == name

@@ -281,7 +281,7 @@ def test_a_run_whose_lock_was_taken_stops(tmp_path):
 
 
 def test_readers_ignore_the_lock_and_it_follows_the_umask(uninterrupted, tmp_path):
-  """decode.py's loading and training.average read a workdir whose lock a run holds, and leave
+  """decode.py's loading and cli.average read a workdir whose lock a run holds, and leave
   the lock alone; the lock file, like the rest of the workdir, follows the umask."""
   _, full = uninterrupted
   work = tmp_path / "w"

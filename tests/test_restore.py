@@ -19,7 +19,7 @@ def test_average_is_elementwise_mean_and_ensemble_stacks(uninterrupted):
   _, workdir = uninterrupted
   steps = ckpt.available_steps(workdir)
   assert steps[-3:] == [4, 8, 12]
-  out = run_py("-m", "training.average", f"--workdir={workdir}", "--last=3")
+  out = run_py("-m", "cli.average", f"--workdir={workdir}", "--last=3")
   assert out.returncode == 0, out.stderr[-2000:]
   avg = load_for_inference(workdir, "average:3").params
   trees = [saved_params(workdir, s) for s in (4, 8, 12)]
@@ -33,9 +33,9 @@ def test_average_is_elementwise_mean_and_ensemble_stacks(uninterrupted):
     jax.tree_util.tree_leaves(ensemble.params), *map(jax.tree_util.tree_leaves, trees)
   ):
     np.testing.assert_array_equal(got, np.stack(xs))
-  out = run_in_process("training.average", f"--workdir={workdir}", "--last=99")
+  out = run_in_process("cli.average", f"--workdir={workdir}", "--last=99")
   last = out.stderr.strip().splitlines()[-1]
-  assert out.returncode == 2 and last.startswith("training.average: error: --last=99: only 3 ")
+  assert out.returncode == 2 and last.startswith("cli.average: error: --last=99: only 3 ")
   with pytest.raises(ValueError, match=r"^last=99: only 3 checkpoints in "):  # Python's names
     write_average(workdir, 99)
 
@@ -87,7 +87,7 @@ def test_average_needs_at_least_one_checkpoint(uninterrupted):
     ValueError, match=r"^last=0: the number of checkpoints to average must be >= 1"
   ):
     write_average(workdir, 0)
-  out = run_in_process("training.average", f"--workdir={workdir}", "--last=0")
+  out = run_in_process("cli.average", f"--workdir={workdir}", "--last=0")
   assert out.returncode == 2 and "flag --last=0: must be >= 1" in out.stderr, out.stderr[-2000:]
   assert not (pathlib.Path(workdir) / AVERAGE_DIR / "last0").exists()
 

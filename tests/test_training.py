@@ -233,8 +233,8 @@ def test_nonfinite_update_is_skipped_and_counted(reference_run):
 
 
 def test_float16_training_and_cudnn_float32_are_refused():
-  from configs.validate import check_config
   from training.build import build_steps
+  from training.validate import check_config
 
   with pytest.raises(
     ValueError,
@@ -251,9 +251,9 @@ def test_float16_training_and_cudnn_float32_are_refused():
 
 
 def test_bad_loop_settings_are_config_errors(tmp_path):
-  from configs.validate import check_config
   from core.errors import UsageError
   from training.loop import train
+  from training.validate import check_config
 
   for eps in (1.0, -0.1):
     with pytest.raises(ValueError, match=rf"optim.label_smoothing={eps} must be in \[0, 1\)"):

@@ -13,11 +13,11 @@ import functools
 
 from absl import logging
 
-from configs.validate import uses_cudnn
 from model.build import build_model
 from training import parallel as par
 from training import step as step_lib
 from training.state import init_state, make_optimizer
+from training.validate import uses_cudnn
 
 
 def build_steps(config):

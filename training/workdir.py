@@ -26,7 +26,7 @@ The lock is deleted when the run ends, also on errors and after a stop signal, a
 `release_held_locks()` when a multi-process job stops because another process was lost
 (training/distributed.py); a process killed with SIGKILL leaves it behind, for the next run to
 take over. Readers (decode.py,
-training.average) ignore it; so do processes other than 0 of a multi-host job.
+cli.average) ignore it; so do processes other than 0 of a multi-host job.
 """
 
 from __future__ import annotations

@@ -87,7 +87,8 @@ def _check_data(config) -> None:
     )
   if data.name == multi30k.NAME and not data.dir:  # fetched: the splits and languages it has
     try:
-      multi30k.check_url(data.url)
+      if data.url:
+        multi30k.check_url(data.url)
       for field in ("train_split", "eval_split"):
         multi30k.check(data[field], (data.source_lang, data.target_lang), f"data.{field}")
     except ValueError as e:
