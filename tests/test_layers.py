@@ -6,17 +6,18 @@ imports are free everywhere):
 
     core        nothing of this project: errors, progress, the logging policy (the bottom)
     model       core: math, no I/O, no flags
+    cluster     core: joining a multi-process job, finding a lost process
     data        core, model
     configs     core, model            (the fields' catalog and rules describe the library)
-    training    core, model, data, configs
-    inference   core, model, data, configs, training
-    analysis    core, model, data, configs, training, inference
-    benchmark   the same, and cli (it runs bench.py processes with their malloc policy)
-    cli         the library (every package above but benchmark): the command lines' flags and mains
+    training    core, model, cluster, data, configs
+    inference   core, model, cluster, data, configs, training
+    analysis    core, model, cluster, data, configs, training, inference
+    benchmark   the same: timing, sweeps, peers (bench.py's flags and processes are cli's)
+    cli         the library (every package above): the command lines' flags, mains and exit
     train.py, decode.py, bench.py: anything (the entry points)
 
 It is checked on each module's whole import closure, followed transitively through the
-project's modules (imports inside functions count): a library module (core ... analysis) reaches
+project's modules (imports inside functions count): a library module (core ... benchmark) reaches
 no module of cli/, however indirectly. No library module is a command line (`__main__` block):
 the `python -m cli.<name>` modules are. The rule has no cycle, and neither has the graph of
 modules.
@@ -25,21 +26,33 @@ modules.
 import ast
 import importlib
 import pathlib
+import re
 
 import pytest
 from absl import flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-LIBRARY = ("core", "model", "data", "configs", "training", "inference", "analysis")
+LIBRARY = (
+  "core",
+  "model",
+  "cluster",
+  "data",
+  "configs",
+  "training",
+  "inference",
+  "analysis",
+  "benchmark",
+)
 ALLOWED = {
   "core": set(),
   "model": {"core"},
+  "cluster": {"core"},
   "data": {"core", "model"},
   "configs": {"core", "model"},
-  "training": {"core", "model", "data", "configs"},
-  "inference": {"core", "model", "data", "configs", "training"},
-  "analysis": {"core", "model", "data", "configs", "training", "inference"},
-  "benchmark": {"core", "model", "data", "configs", "training", "inference", "cli"},
+  "training": {"core", "model", "cluster", "data", "configs"},
+  "inference": {"core", "model", "cluster", "data", "configs", "training"},
+  "analysis": {"core", "model", "cluster", "data", "configs", "training", "inference"},
+  "benchmark": {"core", "model", "cluster", "data", "configs", "training", "inference"},
   "cli": set(LIBRARY),
 }
 ENTRY_POINTS = ("train", "decode", "bench")
@@ -270,3 +283,60 @@ def test_every_command_line_defines_its_flags_in_define_flags():
     defined = flags.FlagValues()
     module.define_flags(defined)
     assert len(list(defined)) > 0, name
+
+
+def _outside_the_command_lines() -> dict[str, pathlib.Path]:
+  """Every module but cli/'s and the entry points'."""
+  return {
+    name: path
+    for name, path in _modules().items()
+    if name.split(".")[0] not in ("cli", *ENTRY_POINTS)
+  }
+
+
+def _calls(tree: ast.AST, names: tuple[str, ...]) -> list[str]:
+  """The calls in `tree` whose function's last name starts with one of `names` (`os._exit`,
+  `flags.DEFINE_string`, ...), as 'name (line n)'."""
+  found = []
+  for call in ast.walk(tree):
+    if isinstance(call, ast.Call):
+      name = getattr(call.func, "attr", None) or getattr(call.func, "id", "")
+      if name.startswith(names):
+        found.append(f"{name} (line {call.lineno})")
+  return found
+
+
+def test_only_command_lines_end_the_process_or_define_flags():
+  """`os._exit` is called in cli/ and the entry points only (the library asks core/ending.py),
+  and flags are defined there only."""
+  broken = []
+  for name, path in sorted(_outside_the_command_lines().items()):
+    tree = ast.parse(path.read_text())
+    calls = _calls(tree, ("_exit", *_DEFINING))
+    broken += [f"{name}: {c}" for c in calls if not c.startswith("check_flags ")]
+  assert not broken, "\n".join(broken)
+
+
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_]*")
+
+
+def _flags_in_errors(tree: ast.AST) -> list[str]:
+  """The `--flag` names in the text of the errors a module raises, as 'flag (line n)'."""
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Raise) and node.exc is not None:
+      for part in ast.walk(node.exc):
+        if isinstance(part, ast.Constant) and isinstance(part.value, str):
+          found += [f"{m} (line {node.lineno})" for m in _FLAG.findall(part.value)]
+  return found
+
+
+def test_the_library_names_no_flag_in_its_errors():
+  """Library errors name Python arguments; only cli/ and the entry points turn them into flags
+  (cli/app.py error_line)."""
+  broken = []
+  for name, path in sorted(_outside_the_command_lines().items()):
+    broken += [f"{name}: {flag}" for flag in _flags_in_errors(ast.parse(path.read_text()))]
+  assert not broken, "\n".join(broken)
+  caught = ast.parse("raise ValueError(f'--take_over_lock={x}: no')\nraise ValueError('a-b --c')")
+  assert _flags_in_errors(caught) == ["--take_over_lock (line 1)", "--c (line 2)"]

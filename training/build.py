@@ -23,7 +23,7 @@ from training.validate import uses_cudnn
 def build_steps(config):
   """The model and the train/eval steps wrapped for `config.parallelism`: (model, Parallel).
   train.py, bench.py and the tests all build the step here, so they time and test the same one.
-  The config is checked first by `configs.validate.check_config`."""
+  The config is checked first by `training.validate.check_config`."""
   model = build_model(config.model)
   if uses_cudnn(config) and config.model.get("attention_dropout_rate"):
     logging.warning(

@@ -129,7 +129,7 @@ def _check_cudnn_length(config, training: bool, data_max_len) -> None:
 
 def check_backend(config) -> None:
   """What the config asks of JAX's backend: model.attention_impl='cudnn' needs an NVIDIA GPU.
-  Starts the backend: call it after `training.distributed.initialize_distributed`."""
+  Starts the backend: call it after `cluster.distributed.initialize_distributed`."""
   if not uses_cudnn(config):
     return
   backend = jax.default_backend()
