@@ -78,6 +78,7 @@ def _theirs(restored, translator, texts, **options):
   return [pieces.ids(t) for t in tokens]
 
 
+@pytest.mark.slow
 def test_export_writes_our_vocabulary_start_token_and_source_eos(exported):
   restored, out = exported.restored, exported.out
   assert sorted(p.name for p in out.iterdir()) == [
@@ -95,6 +96,7 @@ def test_export_writes_our_vocabulary_start_token_and_source_eos(exported):
   assert ce.Pieces(restored.vocab).source("w3 w1 nope") == ["w3", "w1", "<unk>"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_extra_len", [50, 2])
 def test_greedy_equals_ours_token_for_token(exported, max_extra_len):
   """Greedy search on 300 sentences, with our length limit (2 extra tokens: many sentences end at
@@ -108,6 +110,7 @@ def test_greedy_equals_ours_token_for_token(exported, max_extra_len):
   assert limited > (0 if max_extra_len == 50 else 30)  # the limit was reached, and agreed on
 
 
+@pytest.mark.slow
 def test_beam_search_without_length_penalty_equals_ours(exported):
   """Beam 4 with alpha 0 (CTranslate2: length_penalty 0), some sentences ending at our length
   limit: the same translations (alpha > 0: see inference/ctranslate2_export.py's docstring)."""
@@ -120,6 +123,7 @@ def test_beam_search_without_length_penalty_equals_ours(exported):
   assert 10 < limited < len(texts) - 10  # many, not all, end at the limit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alpha", [0.6, 1.5])
 def test_beam_search_with_the_fairseq_length_penalty_equals_ours(exported, alpha):
   """With alpha > 0 CTranslate2 divides by len^alpha and stops a sentence once beam_size
@@ -156,6 +160,7 @@ def test_every_weight_is_mapped_pre_ln_and_separate_embeddings(tmp_path, pre_ln)
   assert [[index[t] for t in h] for h in theirs] == [o.tolist() for o in ours]
 
 
+@pytest.mark.slow
 def test_quantized_exports_load_and_translate(exported, tmp_path):
   """int8 and bfloat16 weights (the latter without torch: cast through ml_dtypes) are written
   smaller and translate, within our length limit."""
@@ -171,6 +176,7 @@ def test_quantized_exports_load_and_translate(exported, tmp_path):
       )
 
 
+@pytest.mark.slow
 def test_other_model_types_and_ensembles_are_refused(exported, monkeypatch, tmp_path):
   restored, workdir = exported.restored, exported.workdir
   with pytest.raises(UsageError, match="checkpoint='ensemble:2': CTranslate2 runs one model"):
@@ -203,6 +209,7 @@ def test_output_directory_is_checked_before_any_work(tmp_path, monkeypatch):
     ce.check_output(tmp_path / "new" / "model")
 
 
+@pytest.mark.slow
 def test_command_line_exports_and_refuses_bad_input_in_one_line(exported, tmp_path):
   workdir, out = exported.workdir, exported.out
   done = run_py(
@@ -225,6 +232,7 @@ def test_command_line_exports_and_refuses_bad_input_in_one_line(exported, tmp_pa
     assert message in last, last
 
 
+@pytest.mark.slow
 def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, tmp_path):
   """The export directory alone translates a file from the command line, as decode.py does
   with the same search (--length_penalty=fairseq), and scores it; bad input is one line."""

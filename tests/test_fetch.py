@@ -235,6 +235,7 @@ def test_fetch_command_ahead_of_time_and_offline(mirror, reference, tmp_path, mo
     assert words in bad.stderr and bad.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_train_fetches_multi30k_on_first_use_and_runs_its_first_steps(
   shared_data, mirror, tmp_path
 ):

@@ -147,6 +147,7 @@ def tiny():
   return model, params, apply, inputs, targets
 
 
+@pytest.mark.slow
 def test_causality(tiny):
   model, params, apply, inputs, targets = tiny
   base = apply(params, inputs, targets)
@@ -247,6 +248,7 @@ def test_parameter_counts_match_paper(config, paper):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pre_ln,dtype", [(True, "bfloat16")])
 def test_forward_backward_finite(pre_ln, dtype):
   cfg = TransformerConfig(
@@ -385,6 +387,7 @@ def test_one_layer_forward_matches_numpy_reference():
   np.testing.assert_allclose(got[ok], want[ok], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_remat_gives_same_gradients():
   inputs = jnp.asarray([[4, 5, 6, 1]])
   targets = jnp.asarray([[7, 8, 1]])

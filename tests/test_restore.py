@@ -15,6 +15,7 @@ from training import checkpoint as ckpt
 from training.average import AVERAGE_DIR, report_average, write_average
 
 
+@pytest.mark.slow
 def test_average_is_elementwise_mean_and_ensemble_stacks(uninterrupted):
   _, workdir = uninterrupted
   steps = ckpt.available_steps(workdir)
@@ -40,6 +41,7 @@ def test_average_is_elementwise_mean_and_ensemble_stacks(uninterrupted):
     write_average(workdir, 99)
 
 
+@pytest.mark.slow
 def test_vocab_path_is_copied_into_the_workdir_and_decoding_checks_it(uninterrupted, tmp_path):
   """data.vocab_path: the workdir alone decodes once the original file is gone; a vocabulary
   other than the checkpoint's is refused by name instead of decoding wrong words."""
@@ -81,6 +83,7 @@ def test_averaging_unevenly_spaced_steps_warns(caplog):
   assert "averaging steps 1000, 5000, 6000, 7000: they are not evenly spaced" in caplog.text
 
 
+@pytest.mark.slow
 def test_average_needs_at_least_one_checkpoint(uninterrupted):
   _, workdir = uninterrupted
   with pytest.raises(
@@ -92,6 +95,7 @@ def test_average_needs_at_least_one_checkpoint(uninterrupted):
   assert not (pathlib.Path(workdir) / AVERAGE_DIR / "last0").exists()
 
 
+@pytest.mark.slow
 def test_shape_mismatch_and_missing_checkpoints_are_clear(uninterrupted, tmp_path):
   config, full = uninterrupted
   work = tmp_path / "w"
@@ -107,6 +111,7 @@ def test_shape_mismatch_and_missing_checkpoints_are_clear(uninterrupted, tmp_pat
     load_for_inference(full, "7")
 
 
+@pytest.mark.slow
 def test_bad_checkpoints_are_named_as_python_arguments(uninterrupted):
   """The library names its argument as the caller wrote it (decode.py's `--checkpoint=...` lines,
   tests/test_decode.py, are the same errors as the command line prints them)."""
@@ -122,6 +127,7 @@ def test_bad_checkpoints_are_named_as_python_arguments(uninterrupted):
     assert str(raised.value).startswith(message), raised.value
 
 
+@pytest.mark.slow
 def test_loading_a_translator_changes_no_logger(uninterrupted):
   """Translator.load installs no filter on absl's logger or handler (the library changes no
   global logging state); `inference.quiet_library_logs()` is the explicit call."""
