@@ -287,6 +287,7 @@ class JobWatch:
       why = self.verdict()
       if why is not None and not self._closed.is_set():
         ending.end_process(FAILURE, why)
+        return  # called from Python, the process goes on: the verdict is given once
 
   def wait_for_verdict(self) -> None:
     """Sleeps as long as a lost process takes to be noticed (the judge may end the process)."""
