@@ -27,6 +27,7 @@ import ast
 import importlib
 import pathlib
 import re
+import tomllib
 
 import pytest
 from absl import flags
@@ -183,6 +184,16 @@ def test_the_rule_covers_every_package_and_has_no_cycle():
   assert not any("cli" in _reachable(ALLOWED, p) for p in LIBRARY)
   assert not ({"data", "configs", "training", "cli"} & (_reachable(ALLOWED, "model")))
   assert _reachable(ALLOWED, "configs") == {"configs", "model", "core"}
+
+
+def test_every_package_is_installed():
+  """pyproject.toml's package list names every package (a new one missing there is absent from
+  a non-editable install)."""
+  project = tomllib.loads((REPO / "pyproject.toml").read_text())
+  listed = {
+    name.rstrip("*") for name in project["tool"]["setuptools"]["packages"]["find"]["include"]
+  }
+  assert listed == set(_packages()), listed ^ set(_packages())
 
 
 def test_every_import_closure_follows_the_rule():
