@@ -175,7 +175,6 @@ def test_the_list_is_not_degenerate():
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["rnn", "rnn_attention", "decoder_only"])
 def test_every_model_type_translates_as_in_a_batch(kind):
   """The recurrent models' states and the decoder-only model's prefilled rows (already per row)
@@ -187,7 +186,6 @@ def test_every_model_type_translates_as_in_a_batch(kind):
   assert pooled(model, params, **how) == want
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_an_ensemble_translates_as_in_a_batch():
   """Two different models' parameters stacked (ensemble=True): each member reads its own
@@ -215,7 +213,6 @@ def test_sampling_reproduces_itself_whatever_the_pool():
   assert pooled(model, params, temperature=1.5, top_k=1) == greedy
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_sampling_draws_from_the_model_distribution():
   """The first tokens sampled for 400 copies of one sentence (each its own noise) follow the

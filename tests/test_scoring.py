@@ -113,7 +113,6 @@ def _searched_and_forced(model, params, inputs, beam, ensemble, max_len=7, num_i
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 @pytest.mark.parametrize(
   "kind, ensemble, beam",
   [(kind, False, 3) for kind in MODEL_TYPES]
@@ -221,7 +220,6 @@ def test_pair_scores_are_the_models_on_the_tokenized_pairs():
   assert all(a.log_prob > b.log_prob for a, b in zip(searched, scored))
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_order_and_batch_shapes_change_no_score_and_shapes_compile_once():
   sources, targets = _pairs(40)
