@@ -1,7 +1,7 @@
 """Every configuration field: its default, what it means, and what values it takes. Config files
 start from `base_config()` and change what differs; any field can be overridden on the command
 line (`--config.model.num_layers=2`), a field that is not here is an error, and `--show_config`
-prints the resolved config with these descriptions. `configs/validate.py` checks every value
+prints the resolved config with these descriptions. `training/validate.py` checks every value
 against its rule before any work.
 """
 
@@ -13,7 +13,6 @@ from typing import Any
 import ml_collections
 
 from configs.rules import Bool, Choice, Float, Int, Rule, Text
-from data.multi30k import DEFAULT_URL as MULTI30K_URL
 from model.build import MODEL_TYPES
 from model.special_tokens import NUM_SPECIAL
 
@@ -121,7 +120,9 @@ FIELDS: dict[str, Field] = {
     Text(),
   ),
   "data.url": Field(
-    MULTI30K_URL, "'multi30k': base URL + data/task1/raw/<split>.<lang>.gz (a mirror's)", Text()
+    "",
+    "'multi30k': base URL + data/task1/raw/<split>.<lang>.gz; '' = data/multi30k.py's",
+    Text(),
   ),
   "data.tfds_data_dir": Field("", "TFDS data_dir; '' = TFDS's default", Text()),
   "data.source_lang": Field("en", "source language (file suffix or TFDS feature)", Text()),

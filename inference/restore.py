@@ -49,7 +49,7 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
   workdir alone.
 
   checkpoint: 'latest', a step number, 'average:<k>' (mean of the last k checkpoints'
-  parameters, or the file `python -m training.average` wrote for them), or 'ensemble:<k>' (the
+  parameters, or the file `python -m cli.average` wrote for them), or 'ensemble:<k>' (the
   last k checkpoints' parameters stacked, decoded as an ensemble).
   """
   workdir = pathlib.Path(workdir).absolute()

@@ -1,4 +1,4 @@
-"""The command lines' shared behaviour (cli/, configs/rules.py, configs/validate.py): every config
+"""The command lines' shared behaviour (cli/, configs/rules.py, training/validate.py): every config
 field and number flag checked for type and range before any work, one-line errors with the exit
 status of their kind (library errors naming Python arguments printed as flags), `--show_config`,
 config files that cannot be loaded, and the logging policy (core/logs.py)."""
@@ -14,11 +14,11 @@ from absl import logging as absl_logging
 from cli.app import error_line
 from configs import common
 from configs.rules import Choice, Float, Int, RuleError
-from configs.validate import check_config
 from core import logs
 from core.errors import ArgumentError, RunError, UsageError, exit_status
 from core.logs import quiet_library_logs
 from tests.helpers import run_in_process, run_py, tiny_config
+from training.validate import check_config
 
 
 def test_rules_refuse_nan_infinities_wrong_types_and_out_of_range_values():
@@ -109,6 +109,26 @@ def test_a_config_file_that_cannot_be_loaded_is_one_line_and_creates_nothing(tmp
   )
   assert out.returncode == 2 and "flag --process_id=-1: must be >= 0" in out.stderr
   assert not workdir.exists()
+
+
+@pytest.mark.parametrize(
+  "overrides, unknown",
+  [
+    (["--config.num_train_steps=4", "--config.no_group.patience=1"], "config.no_group.patience"),
+    (["--config.no_group.patience=1", "--config.num_train_steps=4"], "config.no_group.patience"),
+    (["--config.seed=1", "--config.no_field=1", "--config.model.num_layers=1"], "config.no_field"),
+    (
+      ["--config.model.num_layers=1", "--config.model.nope=2", "--config.seed=1"],
+      "config.model.nope",
+    ),
+  ],
+)
+def test_an_unknown_config_field_is_named_as_given_wherever_it_stands(tmp_path, overrides, unknown):
+  """Valid fields before and after it, nested or top-level, a missing group or a missing field:
+  the line names the unknown one as typed."""
+  out = run_in_process("train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}", *overrides)
+  last = out.stderr.strip().splitlines()[-1]
+  assert out.returncode == 2 and f"unknown config field {unknown!r}" in last, last
 
 
 def test_quiet_library_logs_hides_only_the_expected_library_warnings(caplog, monkeypatch):

@@ -49,8 +49,8 @@ def test_training_resolves_model_dtype_auto_by_the_backend():
   record it), the backend's choice."""
   import jax
 
-  from configs.validate import check_backend, check_config
   from tests.helpers import tiny_config
+  from training.validate import check_backend, check_config
 
   config = tiny_config(num_devices=1, **{"model.dtype": "auto"})
   check_config(config, "train")

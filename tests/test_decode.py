@@ -14,6 +14,8 @@ import pytest
 from core.cpu import native_dtype
 from tests.helpers import REPO, one_device_env, run_in_process, run_py
 
+pytestmark = pytest.mark.slow  # real command-line processes or trained workdirs
+
 EXTRA = 3  # --max_extra_len of the runs here (conftest's decode_workdir: model.max_len 8)
 
 

@@ -6,12 +6,12 @@ import logging
 import ml_collections
 import pytest
 
-from configs.validate import check_config
 from core.errors import UsageError
 from tests.helpers import tiny_config, train_run
 from training import checkpoint as ckpt
 from training import evaluate
 from training.periodic import EarlyStopping
+from training.validate import check_config
 
 
 def _settings(metric="bleu", patience=2, min_delta=0.0):

@@ -21,7 +21,6 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from configs.validate import check_backend, check_config
 from core.errors import UsageError
 from core.progress import Progress
 from data import pipeline as data_pipeline
@@ -32,6 +31,7 @@ from training import parallel as par
 from training.build import build_steps
 from training.metrics import MetricsWriter
 from training.preemption import Preemption
+from training.validate import check_backend, check_config
 from training.workdir import WorkdirLock, check_workdir, check_writable_folder
 
 

@@ -25,8 +25,9 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
+from cluster import distributed
 from core.errors import RunError
-from training import distributed, evaluate
+from training import evaluate
 from training.metrics import accumulate, window_means
 
 
@@ -56,7 +57,7 @@ class Every:
 
 class Heartbeat:
   """Every step: records the step this process reached (named in the line of a process that
-  stops when another is lost, training/distributed.py), and stops the run (RunError) when an
+  stops when another is lost, cluster/distributed.py), and stops the run (RunError) when an
   asynchronous save failed or another run took the workdir's lock (`lock`: None on processes
   other than 0)."""
 

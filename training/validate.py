@@ -99,7 +99,8 @@ def _check_data(config) -> None:
     )
   if data.name == multi30k.NAME and not data.dir:  # fetched: the splits and languages it has
     try:
-      multi30k.check_url(data.url)
+      if data.url:
+        multi30k.check_url(data.url)
       for field in ("train_split", "eval_split"):
         multi30k.check(data[field], (data.source_lang, data.target_lang), f"data.{field}")
     except ValueError as e:
@@ -142,7 +143,7 @@ def check_backend(config) -> None:
   """What the config asks of JAX's backend: model.attention_impl='cudnn' needs an NVIDIA GPU;
   model.dtype='auto' becomes, in the config itself, the dtype the backend's devices multiply
   fastest (core/cpu.py), so that checkpoints and logs name the dtype used. Starts the backend:
-  call it after `training.distributed.initialize_distributed`."""
+  call it after `cluster.distributed.initialize_distributed`."""
   if config.model.get("dtype") == "auto":
     config.model.dtype, why = native_dtype(jax.default_backend())
     logging.info("model.dtype=%s (%s)", config.model.dtype, why)
