@@ -2,9 +2,9 @@
 host (numpy) so that any devices can take them, from the newest checkpoint, a given step, the mean
 of the last k checkpoints (`average:<k>`) or the last k stacked for ensemble decoding
 (`ensemble:<k>`). Reads without the workdir's lock: a running training does not block decoding.
-Of a checkpoint's state only the parameters are read (`restore_params`): Orbax is asked for that
-subtree alone, so the optimizer's moments and counters (two thirds of a training checkpoint) are
-never read.
+Of a checkpoint's state only the parameters are read (training/checkpoint.py `restore_params`):
+Orbax is asked for that subtree alone, so the optimizer's moments and counters (two thirds of a
+training checkpoint) are never read.
 
     restored = load_for_inference("runs/m30k", "average:5")
     restored.config, restored.params, restored.vocab, restored.steps
@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-import time
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 from absl import logging
 
-from core.errors import ArgumentError, UsageError, first_line
-from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_vocab
+from core.errors import ArgumentError, UsageError
+from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_matching
 from training.average import AVERAGE_DIR, average_params, report_average
-from training.checkpoint import available_steps, checkpoint_dir, describe_workdir
+from training.checkpoint import (
+  available_steps,
+  checkpoint_dir,
+  choose_steps,
+  describe_workdir,
+  restore_params,
+)
 from training.compatibility import config_from_meta
 
 
@@ -59,35 +63,10 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
       f"no checkpoint in {checkpoint_dir(workdir)}; {describe_workdir(workdir)}"
     )
   checkpoint = str(checkpoint)
-  if checkpoint == "latest":
-    chosen = [steps[-1]]
-  elif checkpoint.startswith(("average:", "ensemble:")):
-    how, _, count = checkpoint.partition(":")
-    try:
-      k = int(count)
-    except ValueError:
-      raise ArgumentError(
-        "checkpoint", checkpoint, f"expected {how}:<k> with k an integer"
-      ) from None
-    if k < 1 or k > len(steps):
-      raise ArgumentError(
-        "checkpoint",
-        checkpoint,
-        f"{len(steps)} checkpoints available (steps {', '.join(map(str, steps))})",
-      )
-    chosen = steps[-k:]
-  elif checkpoint.isdigit():
-    if int(checkpoint) not in steps:
-      raise ArgumentError(
-        "checkpoint",
-        checkpoint,
-        f"no checkpoint at step {checkpoint}; available steps: {', '.join(map(str, steps))}",
-      )
-    chosen = [int(checkpoint)]
-  else:
-    raise ArgumentError(
-      "checkpoint", checkpoint, "expected latest, a step number, average:<k> or ensemble:<k>"
-    )
+  try:
+    chosen = choose_steps(steps, checkpoint)
+  except ValueError as e:
+    raise ArgumentError("checkpoint", checkpoint, str(e)) from None
 
   ensemble = checkpoint.startswith("ensemble:")
   params = None
@@ -120,42 +99,6 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
   )
 
 
-def restore_params(folder) -> tuple[Any, dict]:
-  """(params, meta) of one checkpoint folder (a training step's, or one `training.average`
-  wrote), the parameters as host numpy arrays: Orbax restores the `params` subtree of the state
-  only (a partial restore), reading none of the optimizer's arrays."""
-  folder = pathlib.Path(folder)
-  begin = time.perf_counter()
-  with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
-    saved = checkpointer.metadata(folder / "state")
-  saved = getattr(saved, "item_metadata", saved)
-  saved = getattr(saved, "tree", saved)
-  if not isinstance(saved, dict) or "params" not in saved:  # Orbax gives no tree when damaged
-    raise OSError(f"no readable parameter metadata in {folder / 'state'}")
-  wanted = {"params": saved["params"]}
-  as_numpy = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
-  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-    restored = checkpointer.restore(
-      folder,
-      args=ocp.args.Composite(
-        state=ocp.args.PyTreeRestore(item=wanted, restore_args=as_numpy, partial_restore=True),
-        meta=ocp.args.JsonRestore(),
-      ),
-    )
-  params = restored["state"]["params"]
-  arrays = jax.tree_util.tree_leaves(params)
-  logging.vlog(
-    1,
-    "Read %d parameter arrays of %s (%s values, %.1f MB; no optimizer state) in %.2f s",
-    len(arrays),
-    folder,
-    f"{sum(x.size for x in arrays):,}",
-    sum(x.nbytes for x in arrays) / 1e6,
-    time.perf_counter() - begin,
-  )
-  return params, restored["meta"]
-
-
 def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):
   """The vocabulary the checkpoint was trained with: the workdir's vocab.model / vocab.json (train
   copies data.vocab_path there), else data.vocab_path; the one whose fingerprint the checkpoint
@@ -172,16 +115,9 @@ def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):
         else ""
       )
     )
-  found = []
-  for path in paths:
-    try:
-      vocab = load_vocab(path)
-    except Exception as e:  # noqa: BLE001 - a damaged or stale file: try the next one
-      found.append(f"{path}: unreadable ({first_line(e)})")
-      continue
-    if fingerprint is None or vocab.fingerprint == fingerprint:
-      return vocab
-    found.append(f"{path}: {vocab.fingerprint}")
+  vocab, found = load_matching(paths, fingerprint)
+  if vocab is not None:
+    return vocab
   raise UsageError(
     f"the checkpoints in {checkpoint_dir(workdir)} were trained with vocabulary "
     f"{fingerprint}, but {'; '.join(found)}: decoding with another vocabulary "

@@ -224,7 +224,7 @@ def test_ensemble_of_checkpoints(workdir, tmp_path):
   assert result["checkpoint_steps"] == [2, 4] and result["checkpoint_step"] == 4
   assert result["sentences"] == 16 and 0 <= result["bleu"] <= 100
   for bad, message in (
-    ("ensemble:3", "2 checkpoints available"),
+    ("ensemble:3", "ensemble:3 needs 1 to 2 checkpoints"),
     ("ensemble:x", "expected ensemble:<k> with k an integer"),
   ):
     proc = decode(workdir, f"--checkpoint={bad}", stdin=text, check=False)

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from inference.restore import load_for_inference, restore_params
+from inference.restore import load_for_inference
 from tests.helpers import (
   assert_trees_equal,
   run_in_process,
@@ -20,6 +20,7 @@ from tests.helpers import (
 )
 from training import checkpoint as ckpt
 from training.average import AVERAGE_DIR, report_average, write_average
+from training.checkpoint import restore_params
 
 
 @pytest.mark.slow
@@ -126,7 +127,10 @@ def test_bad_checkpoints_are_named_as_python_arguments(uninterrupted):
   for checkpoint, message in (
     ("nonsense", "checkpoint='nonsense': expected latest, a step number, average:<k> or"),
     ("average:x", "checkpoint='average:x': expected average:<k> with k an integer"),
-    ("ensemble:9", "checkpoint='ensemble:9': 3 checkpoints available (steps 4, 8, 12)"),
+    (
+      "ensemble:9",
+      "checkpoint='ensemble:9': ensemble:9 needs 1 to 3 checkpoints; available steps: 4,",
+    ),
     (7, "checkpoint='7': no checkpoint at step 7; available steps: 4, 8, 12"),
   ):
     with pytest.raises(ValueError) as raised:

@@ -19,7 +19,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from core.errors import ArgumentError
-from training.checkpoint import available_steps, checkpoint_dir, describe_workdir, restore
+from training.checkpoint import available_steps, checkpoint_dir, describe_workdir, restore_params
 from training.compatibility import config_from_meta
 
 AVERAGE_DIR = "averaged"
@@ -74,7 +74,7 @@ def write_average(workdir, last: int) -> pathlib.Path:
   chosen = steps[-last:]
   trees, meta = [], None
   for s in chosen:
-    p, meta = load_params(checkpoint_dir(workdir) / str(s))
+    p, meta = restore_params(checkpoint_dir(workdir) / str(s))
     trees.append(p)
   report_average(chosen, config_from_meta(meta).get("checkpoint_every_steps"))
   meta = dict(meta, averaged_steps=chosen)
@@ -88,9 +88,3 @@ def write_average(workdir, last: int) -> pathlib.Path:
       force=True,
     )
   return out
-
-
-def load_params(path: pathlib.Path):
-  """(params, meta) of one checkpoint folder, as host numpy arrays."""
-  state, meta = restore(path)
-  return state["params"], meta

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import time
+from typing import Any
 
 import jax
 import numpy as np
@@ -319,6 +321,60 @@ def _agree_across_processes(step: int | None, root: pathlib.Path) -> None:
       f"(by process: {steps}, -1 = none): a checkpoint is damaged for some of "
       f"them; move the damaged step folder away and re-run"
     )
+
+
+def choose_steps(steps: list[int], choice: str) -> list[int]:
+  """The checkpoints `choice` names among a workdir's `steps` (ascending): 'latest' (the newest),
+  a step number, or '<how>:<k>' (the last k; how is average or ensemble). ValueError saying what
+  is wrong otherwise (the caller names the argument)."""
+  available = f"available steps: {', '.join(map(str, steps)) or 'none'}"
+  how, _, count = choice.partition(":")
+  if choice == "latest" and steps:
+    return steps[-1:]
+  if choice.isdigit():
+    if int(choice) not in steps:
+      raise ValueError(f"no checkpoint at step {choice}; {available}")
+    return [int(choice)]
+  if how in ("average", "ensemble") and count:
+    if not count.isdigit():
+      raise ValueError(f"expected {how}:<k> with k an integer")
+    if not 1 <= int(count) <= len(steps):
+      raise ValueError(f"{how}:{count} needs 1 to {len(steps)} checkpoints; {available}")
+    return steps[-int(count) :]
+  raise ValueError("expected latest, a step number, average:<k> or ensemble:<k>")
+
+
+def restore_params(folder) -> tuple[Any, dict]:
+  """(params, meta) of one checkpoint folder (a training step's, or one `training.average`
+  wrote), the parameters as host numpy arrays: Orbax restores the `params` subtree of the state
+  only (a partial restore), reading none of the optimizer's arrays."""
+  folder = pathlib.Path(folder)
+  begin = time.perf_counter()
+  saved = _state_metadata(folder)
+  if not isinstance(saved, dict) or "params" not in saved:  # Orbax gives no tree when damaged
+    raise OSError(f"no readable parameter metadata in {folder / 'state'}")
+  wanted = {"params": saved["params"]}
+  as_numpy = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
+  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+    restored = checkpointer.restore(
+      folder,
+      args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(item=wanted, restore_args=as_numpy, partial_restore=True),
+        meta=ocp.args.JsonRestore(),
+      ),
+    )
+  params = restored["state"]["params"]
+  arrays = jax.tree_util.tree_leaves(params)
+  logging.vlog(
+    1,
+    "Read %d parameter arrays of %s (%s values, %.1f MB; no optimizer state) in %.2f s",
+    len(arrays),
+    folder,
+    f"{sum(x.size for x in arrays):,}",
+    sum(x.nbytes for x in arrays) / 1e6,
+    time.perf_counter() - begin,
+  )
+  return params, restored["meta"]
 
 
 def restore(path: pathlib.Path, abstract_state=None):

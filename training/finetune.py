@@ -29,8 +29,15 @@ from absl import logging
 from core.errors import UsageError, first_line
 from data import sources, tokenizer
 from model.build import abstract_params
-from training.average import average_params, load_params
-from training.checkpoint import available_steps, checkpoint_dir, describe_workdir, saved_shapes
+from training.average import average_params
+from training.checkpoint import (
+  available_steps,
+  checkpoint_dir,
+  choose_steps,
+  describe_workdir,
+  restore_params,
+  saved_shapes,
+)
 from training.compatibility import SHAPE_FIELDS, config_from_meta
 
 SYNTAX = "<workdir>[:latest|:<step>|:average:<k>]"
@@ -50,7 +57,7 @@ class Source:
 
   def params(self):
     """The parameters as host numpy arrays (the mean of `steps` when several)."""
-    trees = [load_params(checkpoint_dir(self.workdir) / str(s))[0] for s in self.steps]
+    trees = [restore_params(checkpoint_dir(self.workdir) / str(s))[0] for s in self.steps]
     return trees[0] if len(trees) == 1 else average_params(trees)
 
 
@@ -79,7 +86,10 @@ def resolve(config, workdir) -> Source | None:
     raise _error(
       spec, f"no checkpoint in {checkpoint_dir(src)} (expected {SYNTAX}); {describe_workdir(src)}"
     )
-  chosen = _choose(spec, steps, choice or "latest")
+  try:
+    chosen = choose_steps(steps, choice or "latest")
+  except ValueError as e:
+    raise _error(spec, str(e)) from None
   folder = checkpoint_dir(src) / str(chosen[-1])
   try:
     meta = json.loads((folder / "meta" / "metadata").read_text())
@@ -99,20 +109,6 @@ def resolve(config, workdir) -> Source | None:
   theirs = {k[len(prefix) :]: v for k, v in theirs.items() if k.startswith(prefix)}
   _check_shapes(source, model, theirs, _shapes(abstract_params(model)))
   return source
-
-
-def _choose(spec: str, steps: list[int], choice: str) -> list[int]:
-  available = f"available steps: {', '.join(map(str, steps))}"
-  if choice == "latest":
-    return [steps[-1]]
-  if choice.isdigit():
-    if int(choice) not in steps:
-      raise _error(spec, f"no checkpoint at step {choice}; {available}")
-    return [int(choice)]
-  k = int(choice.partition(":")[2])
-  if not 1 <= k <= len(steps):
-    raise _error(spec, f"average:{k} needs 1 to {len(steps)} checkpoints; {available}")
-  return steps[-k:]
 
 
 def _source_vocab(spec: str, src: pathlib.Path, src_config, fingerprint: str | None):
