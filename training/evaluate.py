@@ -41,7 +41,7 @@ def translation_metrics(
   tokens_per_batch: int = 4096,
 ) -> dict:
   """BLEU (sacreBLEU, cased, on detokenized text) and exact match of translations of `pairs`."""
-  from model.generate import translate_all
+  from inference.generator import translate_all
 
   if not pairs:
     return {}
