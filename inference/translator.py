@@ -26,8 +26,8 @@ from configs.rules import Choice, Int, RuleError
 from core.errors import UsageError
 from core.progress import Progress
 from data.tokenizer import encode_source
-from inference import continuous
 from inference.attention import attention_weights
+from inference.continuous import PoolPrograms, decode_continuous
 from inference.generator import Generator
 from inference.loading import place, restore
 from inference.metrics import Metrics, corpus_metrics
@@ -112,7 +112,7 @@ class Translator:
     self.model, self.dtype = self.loaded.model, self.loaded.dtype
     self.devices, self.params = self.loaded.devices, self.loaded.params
     self._scorer = None
-    self._pools = continuous.PoolPrograms()
+    self._pools = PoolPrograms()
     self.generator = Generator(
       self.model,
       num_ids=self.vocab.vocab_size,
@@ -256,7 +256,7 @@ class Translator:
     """The best translation of each of `ids` through a pool of decoding rows (continuous
     batching), in input order: its ids, or with `scores` its `model.generate.NBest` of one."""
     outputs: list = [None] * len(ids)
-    found = continuous.decode_continuous(
+    found = decode_continuous(
       self.model,
       self.params,
       ids,

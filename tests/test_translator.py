@@ -179,7 +179,7 @@ def test_nbest_with_scores_and_scoring_pairs(workdirs):
 
 
 def test_continuous_batching_gives_the_same_translations(workdirs):
-  """batching='continuous' (a pool of rows, model/continuous.py) translates a list of mixed
+  """batching='continuous' (a pool of rows, inference/continuous.py) translates a list of mixed
   lengths, with empty and over-long lines, as length batches do (float32)."""
   translator = Translator.load(workdirs["transformer"])
   long = " ".join(f"w{i % 30}" for i in range(40))
