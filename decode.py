@@ -21,7 +21,6 @@ import time
 _STARTED = time.perf_counter()  # the run's start-up: imports until decode() begins
 
 import contextlib  # noqa: E402
-import dataclasses  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
 import sys  # noqa: E402
@@ -41,13 +40,13 @@ from cli.files import (  # noqa: E402
   read_aligned,
   write_lines,
 )
+from cli.search_flags import define_search_flags, search_fields  # noqa: E402
 from configs.rules import Int, check_flag  # noqa: E402
 from core.errors import UsageError  # noqa: E402
 from data.sources import load_split  # noqa: E402
 from inference.phases import Phases  # noqa: E402
 from inference.translator import DTYPES, OPTION_RULES, Translator  # noqa: E402
-from model.search import PENALTIES  # noqa: E402
-from model.search_settings import FIELDS, SearchSettings  # noqa: E402
+from model.search_settings import SearchSettings  # noqa: E402
 from model.special_tokens import EOS_ID  # noqa: E402
 
 SEARCH_DEFAULTS = {"max_extra_len": None}  # None: the training config's eval.max_decode_extra
@@ -68,19 +67,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     "references; replaces --input.",
     **f,
   )
-  for field in dataclasses.fields(SearchSettings):
-    if field.name == "num_hypotheses":  # --nbest below
-      continue
-    default = SEARCH_DEFAULTS.get(field.name, field.default)
-    help_text = field.metadata["help"] + (
-      " (default: config.eval.max_decode_extra)" if field.name == "max_extra_len" else ""
-    )
-    if field.name == "length_penalty":
-      flags.DEFINE_enum(field.name, default, list(PENALTIES), help_text, **f)
-    elif field.type in ("int", int):
-      flags.DEFINE_integer(field.name, default, help_text, **f)
-    else:
-      flags.DEFINE_float(field.name, default, help_text, **f)
+  define_search_flags(  # --nbest below is num_hypotheses
+    flag_values, SEARCH_DEFAULTS, {"max_extra_len": "(default: config.eval.max_decode_extra)"}
+  )
   flags.DEFINE_string(
     "checkpoint",
     "latest",
@@ -92,9 +81,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string("json", None, "Write scores and speed to this JSON file.", **f)
   flags.DEFINE_enum(
     "dtype",
-    None,
+    "auto",
     list(DTYPES),
-    "Computation dtype (default: the training config's model.dtype).",
+    "Computation dtype; auto: bfloat16 where the devices multiply it natively (GPUs, TPUs, CPUs "
+    "with AMX or AVX512-BF16), else float32 (core/cpu.py).",
     **f,
   )
   flags.DEFINE_integer(
@@ -168,18 +158,13 @@ FLAGS = flags.FLAGS
 
 def _search_fields() -> dict:
   """The search settings the flags give (max_extra_len None: the config's default)."""
-  fields = {name: getattr(FLAGS, name) for name in FIELDS if name != "num_hypotheses"}
-  fields["num_hypotheses"] = max(FLAGS.nbest, 1)
-  return {name: value for name, value in fields.items() if value is not None}
+  return search_fields(FLAGS, num_hypotheses=max(FLAGS.nbest, 1))
 
 
 def _check_search_flags() -> None:
-  """UsageError naming the flag when the search flags do not make valid settings (before any
-  file is read or model loaded)."""
-  try:
-    SearchSettings(**_search_fields())
-  except ValueError as e:
-    raise UsageError(f"--{e}".replace("--num_hypotheses=", "--nbest=")) from None
+  """ValueError naming the field (printed as its flag) when the search flags do not make valid
+  settings, before any file is read or model loaded."""
+  SearchSettings(**_search_fields())
 
 
 def _texts() -> tuple[list[str] | None, list[str] | None]:
@@ -279,10 +264,7 @@ def decode() -> None:
     except (ValueError, FileNotFoundError) as e:
       raise UsageError(f"--split={FLAGS.split}: {e}") from None
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
-  try:
-    settings = translator.settings(**_search_fields())
-  except UsageError as e:
-    raise UsageError(f"--{e}") from None
+  settings = translator.settings(**_search_fields())
   if FLAGS.score_reference:
     with phases.measure("score"):
       pairs = translator.score_pairs(sources, references)
@@ -391,4 +373,4 @@ def decode() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(decode, prog="decode.py")
+  app.run(decode, prog="decode.py", flag_names={"num_hypotheses": "nbest"})

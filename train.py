@@ -24,12 +24,13 @@ if __name__ == "__main__":  # first, before JAX starts its threads: see cli/host
 
 from absl import flags  # noqa: E402
 
-from cli import app  # noqa: E402
+from cli import app, coordination_service  # noqa: E402
+from cluster import distributed  # noqa: E402
 from configs.rules import Int, check_flag  # noqa: E402
-from configs.validate import check_config  # noqa: E402
 from core.errors import UsageError  # noqa: E402
-from training import distributed  # noqa: E402
+from training import finetune  # noqa: E402
 from training.loop import train  # noqa: E402
+from training.validate import check_config  # noqa: E402
 from training.workdir import check_workdir  # noqa: E402
 
 
@@ -76,6 +77,7 @@ def main() -> None:
     raise UsageError("--workdir is required: where checkpoints, metrics and the vocabulary go")
   workdir = pathlib.Path(f.workdir).absolute()
   check_config(config, "train")  # before the workdir is created
+  finetune.resolve(config, workdir)  # and config.init_from's source
   check_workdir(workdir)
   distributed.initialize_distributed(
     f.coordinator_address,
@@ -83,7 +85,7 @@ def main() -> None:
     f.process_id,
     f.distributed_timeout,
     f.heartbeat_timeout,
-    prog="train.py",
+    service_command=coordination_service.command(),
   )
   try:
     train(config, workdir, take_over_lock=f.take_over_lock)
@@ -95,4 +97,8 @@ def main() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main, prog="train.py")
+  app.run(
+    main,
+    prog="train.py",
+    flag_names={"timeout_s": "distributed_timeout", "heartbeat_s": "heartbeat_timeout"},
+  )

@@ -145,9 +145,9 @@ def decode_runner(config, options: Options, flax: bool = False) -> Runner:
   params = None
   if flax:
     if not use_cache:
-      raise UsageError("--flax_wmt decodes only with its cache (--decode_cache=true)")
+      raise UsageError("flax examples/wmt decodes only with its cache (decode_cache=True)")
     if beam == 1:
-      raise UsageError("--flax_wmt has only beam search: set config.bench.beam_size >= 2")
+      raise UsageError("flax examples/wmt has only beam search: set config.bench.beam_size >= 2")
     flax_decode, flax_params = flax_wmt.decode_call(
       flax_wmt.load(options.flax_wmt), config, inputs, decode_len, beam
     )

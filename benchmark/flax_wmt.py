@@ -34,7 +34,7 @@ import numpy as np
 import optax
 from flax import jax_utils
 
-from core.errors import UsageError
+from core.errors import ArgumentError, UsageError
 from training import parallel as par
 
 # flax examples/wmt's own modules, imported by these top-level names from inside its directory.
@@ -52,8 +52,8 @@ def load(wmt_dir: str) -> types.SimpleNamespace:
   path = pathlib.Path(wmt_dir).resolve()
   missing = [f"{m}.py" for m in ("train", "models", "decode") if not (path / f"{m}.py").is_file()]
   if missing:
-    raise UsageError(
-      f"--flax_wmt={wmt_dir}: not a flax examples/wmt directory (no {', '.join(missing)})"
+    raise ArgumentError(
+      "wmt_dir", wmt_dir, f"not a flax examples/wmt directory (no {', '.join(missing)})"
     )
   saved = {name: sys.modules.pop(name) for name in _THEIR_MODULES if name in sys.modules}
   standins = []
@@ -71,7 +71,7 @@ def load(wmt_dir: str) -> types.SimpleNamespace:
       train=train, models=sys.modules["models"], decode=sys.modules["decode"]
     )
   except ImportError as e:
-    raise UsageError(f"--flax_wmt={wmt_dir}: importing its train.py failed: {e}") from e
+    raise ArgumentError("wmt_dir", wmt_dir, f"importing its train.py failed: {e}") from e
   finally:
     sys.path.remove(str(path))
     for name in _THEIR_MODULES:
@@ -84,9 +84,7 @@ def load(wmt_dir: str) -> types.SimpleNamespace:
 def model_config(wmt, model_cfg, *, decode: bool = False, deterministic: bool = False):
   """flax's TransformerConfig for our `config.model` (transformer, shared embeddings only)."""
   if model_cfg.type != "transformer":
-    raise UsageError(
-      f"--flax_wmt: model.type={model_cfg.type!r}; flax examples/wmt has only the transformer"
-    )
+    raise UsageError(f"model.type={model_cfg.type!r}: flax examples/wmt has only the transformer")
   return wmt.models.TransformerConfig(
     vocab_size=int(model_cfg.vocab_size),
     output_vocab_size=int(model_cfg.vocab_size),
@@ -111,14 +109,14 @@ def pmap_devices(config, rows: int) -> list:
   0), as training.parallel picks ours, so both implementations get the same devices. `rows`
   (bench.batch_size) must divide over them."""
   if jax.process_count() > 1:
-    raise UsageError(f"--flax_wmt runs on one process; this job has {jax.process_count()}")
+    raise UsageError(f"flax examples/wmt runs on one process; this job has {jax.process_count()}")
   try:
     devices = par.local_devices(config)
   except ValueError as e:
-    raise UsageError(f"--flax_wmt: {e}") from None
+    raise UsageError(f"flax examples/wmt: {e}") from None
   if rows % len(devices):
     raise UsageError(
-      f"--flax_wmt: bench.batch_size={rows} is not divisible by the "
+      f"flax examples/wmt: bench.batch_size={rows} is not divisible by the "
       f"{len(devices)} devices flax's pmap splits it over (num_devices="
       f"{config.get('num_devices', 0)}, 0 = all)"
     )
@@ -132,7 +130,7 @@ def train_call(wmt, config, batch: dict, devices: list):
   rows, length = batch["inputs"].shape
   if rows % len(devices):
     raise UsageError(
-      f"--flax_wmt: bench.batch_size={rows} is not divisible by the "
+      f"flax examples/wmt: bench.batch_size={rows} is not divisible by the "
       f"{len(devices)} devices flax's pmap splits it over"
     )
   train_cfg = model_config(wmt, config.model)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from core.errors import UsageError
+from core.errors import ArgumentError
 from training import flops
 
 # Dense (no sparsity) peak FLOP/s per device from the vendors' datasheets: NVIDIA H100 Tensor
@@ -104,8 +104,8 @@ def resolve_peak(
     except ValueError:
       given = math.nan
     if not (math.isfinite(given) and given > 0):
-      raise UsageError(
-        f"--peak={peak!r}: expected auto, measured or a positive number of FLOP/s per device"
+      raise ArgumentError(
+        "peak", peak, "expected auto, measured or a positive number of FLOP/s per device"
       )
     return given, "given"
   if choice == "auto":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from core.errors import UsageError
+from core.errors import ArgumentError
 from core.progress import fmt
 
 # What a field of the printed record is measured over, where that is easy to mistake.
@@ -87,9 +87,9 @@ def print_table(columns: list[str], records: list[dict]) -> None:
 
 
 def write_json(path: str | pathlib.Path, data) -> None:
-  """Writes `data` as indented JSON to `path` (--json), making its folder."""
+  """Writes `data` as indented JSON to `path`, making its folder."""
   path = pathlib.Path(path)
   try:
     path.write_text(json.dumps(data, indent=2) + "\n")
   except OSError as e:
-    raise UsageError(f"--json={path}: cannot write: {e.strerror or e}") from None
+    raise ArgumentError("path", path, f"cannot write: {e.strerror or e}") from None

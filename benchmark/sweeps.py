@@ -1,8 +1,8 @@
 """One benchmark repeated over device counts (pmap and mesh), sequence lengths or batch sizes:
 the sweep's points, every one's config checked before the first runs, their records (a sweep that
 fails part-way still writes the points done, and the error, to its JSON) and their plot; and the
-plot of several saved sweeps together (--plot_from). On a CPU, bench.py --sweep=devices simulates
-8 devices (they share the host's cores).
+plot of several saved sweeps together. On a CPU, bench.py simulates 8 devices for a devices sweep
+(they share the host's cores).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from matplotlib.ticker import ScalarFormatter
 
 from benchmark.report import print_sweep, write_json
 from benchmark.timing import check_config
-from core.errors import UsageError
+from core.errors import ArgumentError
 
 SWEEP_DEFAULTS = {
   "devices": [1, 2, 4, 8],
@@ -37,9 +37,9 @@ def sweep_configs(
   try:
     numbers = [int(v) for v in values] if values else list(SWEEP_DEFAULTS[kind])
   except ValueError:
-    raise UsageError(f"--sweep_values={','.join(values)}: expected integers") from None
+    raise ArgumentError("values", ",".join(values), "expected integers") from None
   if not numbers or any(v < 1 for v in numbers):
-    raise UsageError(f"--sweep_values: expected positive integers, got {numbers}")
+    raise ArgumentError("values", ",".join(map(str, numbers)), "expected positive integers")
   points = []
 
   def with_(**fields):
@@ -52,21 +52,22 @@ def sweep_configs(
     too_many = [n for n in numbers if n > available]
     if too_many:
       if values:
-        raise UsageError(
-          f"--sweep=devices: {too_many} device(s) asked for, this process has {available}"
-        )
-      logging.warning("--sweep=devices: skipping %s (only %d devices)", too_many, available)
+        asked = f"{too_many} device(s) asked for, this process has {available}"
+        raise ArgumentError("values", ",".join(values), asked)
+      logging.warning("devices sweep: skipping %s (only %d devices)", too_many, available)
       numbers = [n for n in numbers if n <= available]
     for parallelism in modes:
       if parallelism not in ("pmap", "mesh"):
-        raise UsageError(f"--sweep_parallelism: {parallelism!r} is not pmap or mesh")
+        raise ArgumentError("modes", ",".join(modes), f"{parallelism!r} is not pmap or mesh")
     for parallelism in modes:
       for n in numbers:
         points.append((n, parallelism, with_(parallelism=parallelism, num_devices=n)))
   elif kind == "seq_len":
     limit = int(config.model.max_len)
     if values and max(numbers) > limit:
-      raise UsageError(f"--sweep=seq_len: {max(numbers)} is longer than model.max_len={limit}")
+      raise ArgumentError(
+        "values", ",".join(values), f"{max(numbers)} is longer than model.max_len={limit}"
+      )
     numbers = [n for n in numbers if n <= limit]
     points = [(n, config.parallelism, with_(**{"bench.seq_len": n})) for n in numbers]
   else:
@@ -85,9 +86,11 @@ def sweep_configs(
       bad.setdefault(str(e), []).append(where)
   if bad:
     count = sum(map(len, bad.values()))
-    raise UsageError(
-      f"--sweep={kind}: {count} of {len(points)} points cannot run (none was run): "
-      + "; ".join(f"{', '.join(where)}: {e}" for e, where in bad.items())
+    raise ArgumentError(
+      "kind",
+      kind,
+      f"{count} of {len(points)} points cannot run (none was run): "
+      + "; ".join(f"{', '.join(where)}: {e}" for e, where in bad.items()),
     )
   return points
 
@@ -117,7 +120,7 @@ def run_points(points, one, kind: str, mode: str, json_path: str | None) -> list
         },
       )
       logging.error(
-        "--sweep=%s failed at %s=%s (%s); the %d point(s) done are in %s",
+        "the %s sweep failed at %s=%s (%s); the %d point(s) done are in %s",
         kind,
         kind,
         value,
@@ -139,14 +142,14 @@ def run_sweep(
   json_path: str | None = None,
   plot: str | None = None,
 ) -> None:
-  """--sweep=<kind>: runs `one(config)` (one benchmark's record) at every point, prints their
+  """The sweep `kind`: runs `one(config)` (one benchmark's record) at every point, prints their
   table, plots them to `plot` (default: `json_path` with .png, else bench_<kind>.png) and writes
   the sweep to `json_path`. `values`, `modes`: as `sweep_configs` takes them."""
   if kind == "devices" and mode != "train":
-    raise UsageError("--sweep=devices needs --mode=train (decoding runs on one device)")
+    raise ArgumentError("kind", kind, "needs mode 'train' (decoding runs on one device)")
   points = sweep_configs(config, kind, values, modes, mode)
   if not points:
-    raise UsageError(f"--sweep={kind}: no point to run")
+    raise ArgumentError("kind", kind, "no point to run")
   if kind == "devices" and jax.default_backend() == "cpu":
     logging.warning(
       "simulated CPU devices share this host's %d cores: expect no speed-up, and "
@@ -215,20 +218,21 @@ def plot_sweep(
 
 
 def plot_saved_sweeps(paths: list[str], plot: str) -> None:
-  """--plot_from: one plot of several saved sweeps of the same kind (e.g. --sweep=seq_len of two
-  model types), one line per config file."""
+  """One plot of several saved sweeps (JSON files at `paths`) of the same kind (e.g. the seq_len
+  sweeps of two model types), one line per config file."""
   sweeps = []
   for path in paths:
     try:
       data = json.loads(pathlib.Path(path).read_text())
     except (OSError, ValueError) as e:
-      raise UsageError(f"--plot_from={path}: cannot read a sweep JSON: {e}") from None
+      raise ArgumentError("paths", path, f"cannot read a sweep JSON: {e}") from None
     if not isinstance(data, dict) or "sweep" not in data or not data.get("points"):
-      raise UsageError(f"--plot_from={path}: not a --sweep JSON (no 'sweep' and 'points')")
+      raise ArgumentError("paths", path, "not a sweep JSON (no 'sweep' and 'points')")
     sweeps.append(data)
   kinds = {d["sweep"] for d in sweeps}
   if len(kinds) != 1:
-    raise UsageError(f"--plot_from: the files sweep different things: {sorted(kinds)}")
+    differ = f"the files sweep different things: {sorted(kinds)}"
+    raise ArgumentError("paths", ",".join(paths), differ)
   records = []
   for d in sweeps:
     name = pathlib.Path(d.get("config") or "config").stem

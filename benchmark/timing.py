@@ -35,9 +35,9 @@ from benchmark.records import (
   time_calls,
   time_stats,
 )
-from configs import validate
 from core.errors import UsageError
 from training import parallel as par
+from training import validate
 from training.build import build_steps
 
 
@@ -57,7 +57,7 @@ def synthetic_batch(rng, rows: int, length: int, vocab: int) -> dict:
 
 def check_config(config, mode: str) -> None:
   """Every check of one benchmark's `config` that needs no compiled work, so that a sweep can
-  check all its points before running any: configs/validate.py's for `bench_<mode>` and the
+  check all its points before running any: training/validate.py's for `bench_<mode>` and the
   backend, then what is bench's own (bench.batch_size over the data-parallel devices ×
   optim.grad_accum_steps, when training). mode: 'train' or 'decode'. Raises UsageError,
   or ValueError (training.parallel: a mesh that does not fit the devices)."""

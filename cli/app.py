@@ -13,7 +13,8 @@ no flag (two command lines' `--workdir` or `--json` would clash in one process, 
 
 `run` parses the flags with absl (a mistyped `--config.<field>=...` override, or a config file
 that cannot be loaded, is one line naming it), prints the resolved config and exits for
-`--show_config`, installs the command lines' logging policy (core/logs.py), calls `main()` and
+`--show_config`, installs the command lines' logging policy (core/logs.py) and their way to end
+the process at once (cli/exit.py, for core/ending.py), calls `main()` and
 turns the errors a user can act on (`core/errors.py`) into one line `<prog>: error: <message>`
 with the exit status of their kind: 2 for bad usage or input, 1 for a failure while running. The
 library names its arguments as Python does (`checkpoint='x': ...`); an `ArgumentError` whose
@@ -32,8 +33,9 @@ from collections.abc import Callable
 from absl import app, flags
 from ml_collections import config_flags
 
+from cli.exit import ending_line
 from configs.common import describe
-from core import errors, logs
+from core import ending, errors, logs
 
 
 def fail(prog: str, text: str, status: int) -> None:
@@ -103,7 +105,11 @@ def _unknown_field(argv: list[str], e: Exception) -> str:
   names = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text)
   missing = names[0] if names else text
   hint = re.search(r'Did you mean "([^"]+)"', text)
-  named = [o for o in overrides if o.split(".")[-1] == missing] or overrides
+  # The override naming the missing field: its last part (`model.nope`), else any part (a missing
+  # group, `early_stopping.patience`); never another override, valid, given before it.
+  named = [o for o in overrides if o.split(".")[-1] == missing] or [
+    o for o in overrides if missing in o.split(".")[1:]
+  ]
   return (
     f"unknown config field {named[0] if named else missing!r}"
     + (f" (did you mean {hint.group(1)!r}?)" if hint else "")
@@ -118,12 +124,20 @@ def error_line(
 ) -> str:
   """The message of `error` as a command line prints it: an `ArgumentError` names the flag of its
   argument (`flag_names` maps argument names to flag names where they differ) when this command
-  line defines that flag, else it stays as the library wrote it."""
+  line defines that flag, and so does a `ValueError` whose message starts `<argument>=` (as
+  SearchSettings' do); else it stays as the library wrote it."""
+  names = flag_names or {}
   if isinstance(error, errors.ArgumentError):
-    flag = (flag_names or {}).get(error.name, error.name)
+    flag = names.get(error.name, error.name)
     if flag in flag_values:
       return error.as_flag(flag)
-  return errors.message(error)
+  text = errors.message(error)
+  if isinstance(error, ValueError):
+    name, equals, rest = text.partition("=")
+    flag = names.get(name, name)
+    if equals and name.isidentifier() and flag in flag_values:
+      return f"--{flag}={rest}"
+  return text
 
 
 def run(
@@ -145,7 +159,11 @@ def run(
       if "show_config" in flags.FLAGS and flags.FLAGS.show_config:
         print("\n".join(describe(load_config(config))))
         return
-      main()
+      previous = ending.install(ending_line(prog))  # a lost process, a hung stop: core/ending.py
+      try:
+        main()
+      finally:
+        ending.install(previous)
     except Exception as e:  # noqa: BLE001 - sorted into expected (one line) and bugs (traceback)
       status = errors.exit_status(e)
       if status is None or os.environ.get(errors.TRACEBACK_ENV):

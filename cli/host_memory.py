@@ -1,15 +1,12 @@
 """Keeps freed host memory in the process, so XLA:CPU does not page-fault its buffers every step.
 
-XLA:CPU allocates each execution's temporaries with `malloc` from its worker threads: for the
-Multi30k Transformer-tiny step (64 x 64 tokens, vocabulary 8000) one 936 MB block per step.
-glibc serves a block that large to a worker thread with a fresh `mmap` whatever its
-`M_MMAP_THRESHOLD`, and returns it with `munmap` when freed, so every step the kernel maps,
-zeroes and page-faults ~230k pages again: a third of that step's CPU time went to the kernel.
-`keep_freed_memory()` makes glibc serve every thread from the main heap (`M_ARENA_MAX` 1),
-never `mmap` (`M_MMAP_MAX` 0) and keep up to 2 GiB of freed memory (`M_TRIM_THRESHOLD`), so
-the same pages are reused step after step. Measured with `bench.py` on 2 cores of an AMD EPYC
-(docs/experiments.md, "Host memory"): the tiny en->de step 0.98-1.00 s -> 0.67-0.71 s, the tiny
-benchmark 0.46-0.48 -> 0.35-0.42 s; the numbers computed do not change.
+XLA:CPU allocates each execution's temporaries with `malloc` from its worker threads, a large
+block per step. glibc serves a block that large to a worker thread with a fresh `mmap` whatever
+its `M_MMAP_THRESHOLD`, and returns it with `munmap` when freed, so every step the kernel maps,
+zeroes and page-faults those pages again. `keep_freed_memory()` makes glibc serve every thread
+from the main heap (`M_ARENA_MAX` 1), never `mmap` (`M_MMAP_MAX` 0) and keep up to 2 GiB of
+freed memory (`M_TRIM_THRESHOLD`), so the same pages are reused step after step; the numbers
+computed do not change. What it saves is measured in docs/experiments.md, "Host memory".
 
 The cost: the process keeps its peak host memory until it exits, as jemalloc or tcmalloc would.
 train.py, decode.py and bench.py call `keep_freed_memory_on_cpu()` first thing, in an
@@ -79,11 +76,9 @@ def keep_freed_memory(environ=os.environ, single_arena: bool = True) -> bool:
   `single_arena=False` leaves glibc its per-thread arenas and sets only `M_MMAP_MAX` and
   `M_TRIM_THRESHOLD`: small allocations from several threads (XLA compiling programs in
   parallel) do not queue on one arena's lock, and a worker thread's block is kept when it fits
-  its arena's heap (64 MB); a larger one is still mapped afresh each time. decode.py uses it:
-  a first Multi30k run 17.2 s instead of 23.7 (compiling 4.9 s instead of 9.2), second runs
-  the same (Multi30k tiny and the base shape); the training step needs the single arena (Multi30k
-  tiny, 64 x 64 tokens: 0.61 s a step with it, 0.77 s without; docs/experiments.md, "Host
-  memory")."""
+  its arena's heap (64 MB); a larger one is still mapped afresh each time. decode.py uses it
+  (it compiles in parallel); training keeps the single arena (the trade-off measured in
+  docs/experiments.md, "Host memory")."""
   if user_settings(environ):
     return False
   name = ctypes.util.find_library("c")

@@ -1,7 +1,7 @@
 """Every configuration field: its default, what it means, and what values it takes. Config files
 start from `base_config()` and change what differs; any field can be overridden on the command
 line (`--config.model.num_layers=2`), a field that is not here is an error, and `--show_config`
-prints the resolved config with these descriptions. `configs/validate.py` checks every value
+prints the resolved config with these descriptions. `training/validate.py` checks every value
 against its rule before any work.
 """
 
@@ -13,7 +13,6 @@ from typing import Any
 import ml_collections
 
 from configs.rules import Bool, Choice, Float, Int, Rule, Text
-from data.multi30k import DEFAULT_URL as MULTI30K_URL
 from model.build import MODEL_TYPES
 from model.special_tokens import NUM_SPECIAL
 
@@ -44,6 +43,11 @@ FIELDS: dict[str, Field] = {
   ),
   "checkpoint_every_steps": Field(
     1_000, "steps between checkpoints (also one at the end)", POSITIVE
+  ),
+  "init_from": Field(
+    "",
+    "fine-tune from <workdir>[:latest|:<step>|:average:<k>]: its parameters, vocabulary; '' = off",
+    Text(),
   ),
   "stop_timeout_s": Field(
     600.0,
@@ -88,8 +92,8 @@ FIELDS: dict[str, Field] = {
   ),
   "model.dtype": Field(
     "float32",
-    "computation dtype; parameters and optimizer state stay float32",
-    Choice("float32", "bfloat16", "float16"),
+    "computation dtype (params, Adam state float32); auto: bfloat16 where native (core/cpu.py)",
+    Choice("float32", "bfloat16", "float16", "auto"),
   ),
   "model.remat": Field(
     False, "recompute each layer's activations in the backward pass (less memory)", Bool()
@@ -116,7 +120,9 @@ FIELDS: dict[str, Field] = {
     Text(),
   ),
   "data.url": Field(
-    MULTI30K_URL, "'multi30k': base URL + data/task1/raw/<split>.<lang>.gz (a mirror's)", Text()
+    "",
+    "'multi30k': base URL + data/task1/raw/<split>.<lang>.gz; '' = data/multi30k.py's",
+    Text(),
   ),
   "data.tfds_data_dir": Field("", "TFDS data_dir; '' = TFDS's default", Text()),
   "data.source_lang": Field("en", "source language (file suffix or TFDS feature)", Text()),
@@ -177,6 +183,19 @@ FIELDS: dict[str, Field] = {
   ),
   "eval.max_decode_extra": Field(
     50, "decoding's output length limit = source tokens + this", COUNT
+  ),
+  "early_stopping.patience": Field(
+    0, "evaluations in a row without a gain that end the run (a final checkpoint); 0 = off", COUNT
+  ),
+  "early_stopping.metric": Field(
+    "bleu",
+    "what early stopping watches: val 'bleu' (higher) or 'loss' (lower)",
+    Choice("bleu", "loss"),
+  ),
+  "early_stopping.min_delta": Field(
+    0.0,
+    "the least gain over the best that counts (BLEU points or loss; always > 0)",
+    Float(min=0.0),
   ),
   "checkpoint.keep": Field(5, "newest checkpoints kept", POSITIVE),
   "checkpoint.keep_best": Field(0, "also keep this many best by eval BLEU; 0 = off", COUNT),

@@ -10,7 +10,7 @@ The corpus (https://github.com/multi30k/dataset, task 1: splits train, val, test
 test_2017_flickr, test_2017_mscoco, test_2018_flickr) is fetched on first use from the repository
 at a pinned commit, checked against known digests, into `~/.cache/attention-jax/multi30k`
 (`$XDG_CACHE_HOME` if set; data/multi30k.py): nothing to download by hand. Without a network,
-`python -m data.fetch multi30k` fetches it beforehand where there is one;
+`python -m cli.fetch multi30k` fetches it beforehand where there is one;
 `--config.data.url=<mirror>` fetches from a mirror, `--config.data.dir=<folder>` reads
 `<folder>/<split>.<lang>[.gz]` files already on disk. Two hours on a 2-core x86-64 CPU (1,484
 steps, 2026-11-29): test_2016_flickr 37.27 cased / 37.62 lowercased. The other Multi30k configs

@@ -5,7 +5,7 @@ on first use). Checkpoints every 1,000 steps (the paper wrote one every 10 minut
 its base steps), the last 5 kept for averaging.
 
     python train.py --config=configs/wmt14_ende_base.py --workdir=runs/base
-    python -m training.average --workdir=runs/base --last=5
+    python -m cli.average --workdir=runs/base --last=5
     python decode.py --workdir=runs/base --checkpoint=average:5 --split=test
 
 Not trained here (no GPU was lent): 63,045,632 parameters with this vocabulary; its train step

@@ -3,7 +3,7 @@
 as base.
 
     python train.py --config=configs/wmt14_ende_big.py --workdir=runs/big
-    python -m training.average --workdir=runs/big --last=20
+    python -m cli.average --workdir=runs/big --last=20
 
 Not trained here (no GPU was lent): 214,171,648 parameters with base's vocabulary.
 """

@@ -1,9 +1,10 @@
 """Which log lines a person sees: this project's lines (progress, records, warnings that concern
-the user) always; libraries' chatter (their INFO lines, such as Orbax's per-save and per-restore
-lines and JAX's probe of a TPU backend), the warnings that describe expected states (Orbax's
-missing-metadata warning on restore, its warning at every save without metrics) and the ~300
-lines of tracebacks Orbax logs for a failed save before its caller reports it, only with
-`--verbosity=1` (absl's `-v 1`) or higher, or ATTENTION_JAX_TRACEBACK=1 for the tracebacks.
+the user) always, and its detail lines (phases, shapes, programs) with `--verbosity=1` (absl's
+`-v 1`); libraries' chatter (their INFO and DEBUG lines, such as Orbax's thousands of per-array
+restore lines and JAX's compilation-cache lines) and the warnings that describe expected states
+(Orbax's missing-metadata warning on restore, its warning at every save without metrics) only with
+`--verbosity=2` or higher (`LIBRARY_VERBOSITY`); the ~300 lines of tracebacks Orbax logs for a
+failed save before its caller reports it, only with `--verbosity=1` or ATTENTION_JAX_TRACEBACK=1.
 
 Importing or using the library changes no logger: the policy is installed by a call.
 
@@ -24,7 +25,7 @@ from core.errors import TRACEBACK_ENV, first_line
 
 PROJECT_ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 
-# Library warnings that are not problems here, hidden below verbosity 1.
+# Library warnings that are not problems here, hidden below LIBRARY_VERBOSITY.
 EXPECTED_WARNINGS = (
   "Unable to initialize backend",  # JAX probing for a TPU or GPU it does not find
   "Metadata file does not exist",  # Orbax restoring a checkpoint written without one
@@ -40,8 +41,11 @@ _ORBAX_RERAISED = {
 }
 
 
-def _verbose() -> bool:
-  return absl_logging.get_verbosity() >= 1
+LIBRARY_VERBOSITY = 2  # from this absl verbosity on, libraries' chatter is shown
+
+
+def _verbose(level: int = 1) -> bool:
+  return absl_logging.get_verbosity() >= level
 
 
 def _expected(record: logging.LogRecord) -> bool:
@@ -51,10 +55,10 @@ def _expected(record: logging.LogRecord) -> bool:
 
 
 class _ExpectedWarnings(logging.Filter):
-  """Drops the EXPECTED_WARNINGS below verbosity 1."""
+  """Drops the EXPECTED_WARNINGS below LIBRARY_VERBOSITY."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return _verbose() or not _expected(record)
+    return _verbose(LIBRARY_VERBOSITY) or not _expected(record)
 
 
 class _FailedSaveTracebacks(logging.Filter):
@@ -78,12 +82,13 @@ class _FailedSaveTracebacks(logging.Filter):
 
 
 class _LibraryChatter(logging.Filter):
-  """Drops the INFO lines and expected warnings of libraries below verbosity 1, whichever logger
-  they come through (JAX logs through its own); this project's own lines pass."""
+  """Drops the INFO and DEBUG lines and expected warnings of libraries below LIBRARY_VERBOSITY,
+  whichever logger they come through (JAX logs through its own); this project's own lines pass."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     path = record.pathname
-    if _verbose() or (path.startswith(PROJECT_ROOT) and "site-packages" not in path):
+    ours = path.startswith(PROJECT_ROOT) and "site-packages" not in path
+    if ours or _verbose(LIBRARY_VERBOSITY):
       return True
     return record.levelno >= logging.WARNING and not _expected(record)
 
@@ -95,9 +100,9 @@ def _install(target: logging.Filterer, kind: type[logging.Filter]) -> None:
 
 def quiet_library_logs() -> None:
   """On absl's logger, through which JAX, Orbax and this project log: drops the expected library
-  warnings and cuts Orbax's failed-save tracebacks to one line, below verbosity 1. Idempotent;
-  what the command lines install too, for Python users who want the same (the library never
-  calls it)."""
+  warnings below LIBRARY_VERBOSITY and cuts Orbax's failed-save tracebacks to one line below
+  verbosity 1. Idempotent; what the command lines install too, for Python users who want the
+  same (the library never calls it)."""
   absl_logger = logging.getLogger("absl")
   _install(absl_logger, _ExpectedWarnings)
   _install(absl_logger, _FailedSaveTracebacks)
@@ -105,9 +110,9 @@ def quiet_library_logs() -> None:
 
 def command_line_logs() -> None:
   """The command lines' policy (cli.app.run, once absl.app runs): `quiet_library_logs()`, and on
-  absl's handler, through which every logger's records pass, the libraries' INFO lines dropped
-  below verbosity 1; keeps TensorFlow's C++ INFO and WARNING lines (TFDS imports it) off unless
-  the environment asks for them. Idempotent."""
+  absl's handler, through which every logger's records pass, the libraries' INFO and DEBUG lines
+  dropped below LIBRARY_VERBOSITY; keeps TensorFlow's C++ INFO and WARNING lines (TFDS imports
+  it) off unless the environment asks for them. Idempotent."""
   quiet_library_logs()
   _install(absl_logging.get_absl_handler(), _LibraryChatter)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -8,7 +8,7 @@ the repository at COMMIT on raw.githubusercontent.com) into `cache_folder()`,
 `$XDG_CACHE_HOME/attention-jax/multi30k` or else `~/.cache/attention-jax/multi30k`, checked
 against DIGESTS and written atomically (data/download.py); later uses read the cache, checking
 each file again, without touching the network (a cached file that does not match is discarded and
-fetched again). `python -m data.fetch multi30k` fetches every split ahead of time.
+fetched again). `python -m cli.fetch multi30k` fetches every split ahead of time.
 
 Where the digests come from:
 * train, val, test_2016_flickr (en, de): sha256 of byte-identical copies of the repository's files
@@ -120,7 +120,7 @@ def manual_way(split: str, langs: Sequence[str], folder: pathlib.Path) -> str:
   files = " and ".join(file_name(split, lang) for lang in langs)
   return (
     f"to get them by hand, put {files} from {REPOSITORY}/tree/{COMMIT}/{RAW} in {folder} (or run "
-    f"`python -m data.fetch {NAME}` where there is a network), or set data.url to a mirror, or "
+    f"`python -m cli.fetch {NAME}` where there is a network), or set data.url to a mirror, or "
     f"data.dir to a folder of <split>.<lang>[.gz] files"
   )
 

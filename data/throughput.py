@@ -1,25 +1,12 @@
-"""How fast the input pipeline produces training batches.
-
-    python -m data.throughput --name=multi30k --eval_split=val \
-        --workdir=/tmp/m30k [--nopacking]
-
-builds the pipeline (training the vocabulary and filling the token cache on the first run), then
-prints batches/s and non-padding tokens/s of the training iterator.
-"""
+"""How fast the input pipeline produces training batches: `measure_throughput` pulls batches for
+a while and counts them and their tokens (the command line: cli/throughput.py)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 
-import ml_collections
 import numpy as np
-from absl import flags
-
-from cli import app
-from configs.common import FIELDS, data_defaults
-from configs.rules import Float, Int, check_flag
-from data import pipeline
 
 
 def measure_throughput(
@@ -41,49 +28,3 @@ def measure_throughput(
     "tokens_per_s": tokens / elapsed,
     "target_tokens_per_s": target_tokens / elapsed,
   }
-
-
-def main() -> None:
-  data = ml_collections.ConfigDict({key: flags.FLAGS[key].value for key in data_defaults()})
-  config = ml_collections.ConfigDict({"seed": 0, "data": data})
-  start = time.perf_counter()
-  pipe = pipeline.build(config, flags.FLAGS.workdir, batch_multiple=flags.FLAGS.batch_multiple)
-  print(
-    f"build: {time.perf_counter() - start:.1f} s; shapes {pipe.batch_shapes}; "
-    f"stats {pipe.stats[data.train_split]}"
-  )
-  result = measure_throughput(pipe.train_iter(), flags.FLAGS.seconds)
-  print(
-    f"{result['batches']} batches: {result['batches_per_s']:.1f} batches/s, "
-    f"{result['tokens_per_s'] / 1e6:.2f} M tokens/s (source+target, non-pad), "
-    f"{result['target_tokens_per_s'] / 1e6:.2f} M target tokens/s"
-  )
-
-
-def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """This command line's flags, defined only when it runs (cli/app.py): --workdir, --seconds,
-  --batch_multiple and one flag per `config.data` field (as named and checked in
-  configs/common.py)."""
-  flags.DEFINE_string(
-    "workdir",
-    None,
-    "Holds the vocabulary and token cache.",
-    required=True,
-    flag_values=flag_values,
-  )
-  flags.DEFINE_float("seconds", 10.0, "How long to pull batches.", flag_values=flag_values)
-  flags.DEFINE_integer(
-    "batch_multiple", 1, "Row multiple of every global batch.", flag_values=flag_values
-  )
-  check_flag("seconds", Float(above=0.0), flag_values)
-  check_flag("batch_multiple", Int(min=1), flag_values)
-  define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, str: flags.DEFINE_string}
-  for key, value in data_defaults().items():
-    field = FIELDS[f"data.{key}"]
-    define[type(value)](key, value, f"config.data.{key}: {field.help}", flag_values=flag_values)
-    check_flag(key, field.rule, flag_values)
-
-
-if __name__ == "__main__":
-  define_flags()
-  app.run(main, prog="data.throughput")

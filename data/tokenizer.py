@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 from absl import logging
 
+from core.errors import first_line
 from model.special_tokens import EOS_ID, NUM_SPECIAL, PAD_ID, SEP_ID, SPECIAL_PIECES, UNK_ID
 
 SEP_PIECE = SPECIAL_PIECES[SEP_ID]
@@ -285,6 +286,23 @@ def load_vocab(path: str | os.PathLike) -> Vocab:
   raise ValueError(
     f"vocabulary file {path}: unknown suffix {path.suffix!r} (expected .model or .json)"
   )
+
+
+def load_matching(paths, fingerprint: str | None) -> tuple[Vocab | None, list[str]]:
+  """(the vocabulary of the first readable file of `paths` whose fingerprint is `fingerprint`,
+  any for None; or None) and, for each file passed over, 'path: fingerprint' or 'path: unreadable
+  (reason)': to find the vocabulary a checkpoint recorded."""
+  passed = []
+  for path in paths:
+    try:
+      vocab = load_vocab(path)
+    except Exception as e:  # noqa: BLE001 - a damaged or stale file: try the next one
+      passed.append(f"{path}: unreadable ({first_line(e)})")
+      continue
+    if fingerprint is None or vocab.fingerprint == fingerprint:
+      return vocab, passed
+    passed.append(f"{path}: {vocab.fingerprint}")
+  return None, passed
 
 
 def load_or_train_vocab(

@@ -1,9 +1,10 @@
 """A trained Transformer workdir as a CTranslate2 model directory (model.bin, config.json,
 shared_vocabulary.json, and our vocabulary file for text in and out), for serving with
-`ctranslate2.Translator` on CPUs (inference/ctranslate2_translate.py), optionally quantized.
+`ctranslate2.Translator` on CPUs (inference/ctranslate2_translate.py), optionally quantized; the
+command line is cli/ctranslate2_export.py.
 
     pip install 'attention-jax[ctranslate2]'
-    python -m inference.ctranslate2_export --workdir=runs/m30k --output=m30k_ct2 \
+    python -m cli.ctranslate2_export --workdir=runs/m30k --output=m30k_ct2 \
         [--checkpoint=latest|<step>|average:<k>] [--quantization=int8]
 
     translator = ctranslate2.Translator("m30k_ct2", compute_type="int8")
@@ -40,9 +41,8 @@ from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
-from absl import flags, logging
+from absl import logging
 
-from cli import app
 from core.errors import ArgumentError, RunError, UsageError
 from data.tokenizer import Vocab, workdir_name
 from inference.restore import load_for_inference
@@ -331,41 +331,3 @@ def translate_texts(translator, pieces: Pieces, texts: Sequence[str], **options)
   """`translate_tokens` from text to text through our vocabulary."""
   hypotheses = translate_tokens(translator, [pieces.source(t) for t in texts], **options)
   return [pieces.text(tokens) for tokens in hypotheses]
-
-
-# ----------------------------------------------------------------------------- command line
-def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """This command line's flags, defined only when it runs (cli/app.py)."""
-  flags.DEFINE_string("workdir", None, "Training workdir.", required=True, flag_values=flag_values)
-  flags.DEFINE_string(
-    "output",
-    None,
-    "The CTranslate2 model directory to write (new or empty).",
-    required=True,
-    flag_values=flag_values,
-  )
-  flags.DEFINE_string(
-    "checkpoint",
-    "latest",
-    "latest, a step number or average:<k> (the mean of the last k).",
-    flag_values=flag_values,
-  )
-  flags.DEFINE_enum(
-    "quantization",
-    None,
-    list(QUANTIZATIONS),
-    "Store the weights quantized (default float32); a Translator may still compute in "
-    "another type (its compute_type).",
-    flag_values=flag_values,
-  )
-
-
-def main() -> None:
-  f = flags.FLAGS
-  path = export(f.workdir, f.output, f.checkpoint, f.quantization)
-  print(f"wrote the CTranslate2 model {path} ({f.quantization or 'float32'} weights)")
-
-
-if __name__ == "__main__":
-  define_flags()
-  app.run(main, prog="inference.ctranslate2_export")

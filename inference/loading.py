@@ -6,7 +6,7 @@ compiled searches' store opened, its parameters placed on the devices it decodes
 
 Loading changes no logger: `inference.quiet_library_logs()` hides, as the command lines do, the
 library warnings that describe expected states (Orbax's on restoring a checkpoint without
-metadata), below absl verbosity 1.
+metadata), below absl verbosity 2.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from core.cpu import native_dtype
 from inference.compilation_cache import enable as enable_compilation_cache
 from inference.program_store import ProgramStore
 from inference.restore import Restored, load_for_inference
@@ -27,12 +28,13 @@ PROGRAMS = "programs"  # the subfolder of the compilation cache where compiled s
 
 @dataclasses.dataclass(frozen=True)
 class Loaded:
-  """A restored model on its devices: `model` built with the decoding `dtype`, `params` placed
-  on every device of `devices` (replicated), `rows` the sharding that splits a batch's rows over
-  them."""
+  """A restored model on its devices: `model` built with the decoding `dtype` (`dtype_reason`:
+  why that one), `params` placed on every device of `devices` (replicated), `rows` the sharding
+  that splits a batch's rows over them."""
 
   model: object
   dtype: str
+  dtype_reason: str
   devices: list
   params: object
   rows: NamedSharding
@@ -56,19 +58,23 @@ def restore(
   return load_for_inference(workdir, checkpoint), programs
 
 
-def place(restored: Restored, *, dtype: str | None = None, devices=None) -> Loaded:
+def place(restored: Restored, *, dtype: str | None = "auto", devices=None) -> Loaded:
   """`restored`'s model built for decoding and its parameters on `devices`: None = every local
   device of an accelerator (batches split over them), or one CPU device (several CPU devices
   share the same cores). `dtype='bfloat16'` decodes with bfloat16 matrices and float32 sums
-  (docs/experiments.md, "Decoding speed", compares it with float32); None keeps the config's
-  (`inference.translator.DTYPES` are the ones decoding offers)."""
-  model_cfg = restored.config.model.copy_and_resolve_references()
-  if dtype is not None:
-    model_cfg.dtype = dtype
+  (docs/experiments.md, "Decoding speed", compares it with float32; on CPUs without bfloat16
+  units it is slower), 'auto' chooses by the devices (core/cpu.py), None keeps the training
+  config's model.dtype (`inference.translator.DTYPES` are the ones decoding offers)."""
   if devices is None:
     devices = jax.local_devices()
     devices = devices[:1] if devices[0].platform == "cpu" else devices
+  model_cfg = restored.config.model.copy_and_resolve_references()
+  reason = "as asked" if dtype is not None else "the training config's model.dtype"
+  if dtype == "auto":
+    dtype, reason = native_dtype(devices[0].platform)
+  if dtype is not None:
+    model_cfg.dtype = dtype
   mesh = Mesh(np.asarray(list(devices)), ("batch",))
   params = jax.device_put(restored.params, NamedSharding(mesh, PartitionSpec()))
   rows = NamedSharding(mesh, PartitionSpec("batch"))
-  return Loaded(build_model(model_cfg), model_cfg.dtype, list(devices), params, rows)
+  return Loaded(build_model(model_cfg), model_cfg.dtype, reason, list(devices), params, rows)

@@ -11,8 +11,6 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 
-from sacrebleu.metrics import BLEU, CHRF
-
 from core.errors import UsageError
 
 
@@ -40,6 +38,8 @@ def corpus_metrics(hypotheses: Sequence[str], references: Sequence[str]) -> Metr
       f"corpus_metrics: {len(hypotheses)} translations but {len(references)} references; they must "
       f"match line for line"
     )
+  from sacrebleu.metrics import BLEU, CHRF  # here: decoding without references needs none
+
   values, lines = {}, []
   for key, metric in (
     ("bleu", BLEU()),

@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 import jax
 import jaxlib
+import numpy as np
 from absl import logging
 from jax.experimental import serialize_executable
 
@@ -135,6 +136,16 @@ def _no_jax_cache_writes(change: int) -> None:
       jax.config.update(option, _writers_off[1])
 
 
+def _inputs(compiled: jax.stages.Compiled) -> str:
+  """The shapes of a program's integer arguments (the batch's token ids), for the log."""
+  shapes = [
+    f"{x.dtype}[{','.join(map(str, x.shape))}]"
+    for x in jax.tree_util.tree_leaves(compiled.args_info)
+    if x.shape and jax.dtypes.issubdtype(x.dtype, np.integer)
+  ]
+  return ", ".join(shapes) or "scalar arguments"
+
+
 class ProgramStore:
   """A folder of compiled programs: `store(signature, lower)` returns the program of `signature`,
   read from the folder when there, else `lower().compile()`, written to the folder for the next
@@ -169,11 +180,21 @@ class ProgramStore:
       except Exception as e:  # a file cut short, or written by another build: compile again
         logging.warning("Compiled program %s could not be read (%s); compiling it again", path, e)
       else:
-        jax.monitoring.record_event_duration_secs(LOAD_EVENT, time.perf_counter() - begin)
+        seconds = time.perf_counter() - begin
+        jax.monitoring.record_event_duration_secs(LOAD_EVENT, seconds)
         self.loaded += 1
+        logging.vlog(1, "Program for %s read back in %.2f s", _inputs(compiled), seconds)
         return compiled
+    begin = time.perf_counter()
     compiled, from_jax_cache = _compile(lower)
     self.compiled += 1
+    logging.vlog(
+      1,
+      "Program for %s compiled in %.2f s%s",
+      _inputs(compiled),
+      time.perf_counter() - begin,
+      " (from JAX's persistent cache)" if from_jax_cache else f", kept in {self.folder}",
+    )
     if not from_jax_cache:
       self._write(path, compiled)
     return compiled

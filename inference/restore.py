@@ -2,6 +2,9 @@
 host (numpy) so that any devices can take them, from the newest checkpoint, a given step, the mean
 of the last k checkpoints (`average:<k>`) or the last k stacked for ensemble decoding
 (`ensemble:<k>`). Reads without the workdir's lock: a running training does not block decoding.
+Of a checkpoint's state only the parameters are read (`restore_params`): Orbax is asked for that
+subtree alone, so the optimizer's moments and counters (two thirds of a training checkpoint) are
+never read.
 
     restored = load_for_inference("runs/m30k", "average:5")
     restored.config, restored.params, restored.vocab, restored.steps
@@ -11,22 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import time
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 from absl import logging
 
 from core.errors import ArgumentError, UsageError, first_line
 from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_vocab
-from training.average import AVERAGE_DIR, average_params, load_params, report_average
-from training.checkpoint import (
-  available_steps,
-  checkpoint_dir,
-  describe_workdir,
-  restore,
-)
+from training.average import AVERAGE_DIR, average_params, report_average
+from training.checkpoint import available_steps, checkpoint_dir, describe_workdir
 from training.compatibility import config_from_meta
 
 
@@ -34,7 +34,7 @@ from training.compatibility import config_from_meta
 class Restored:
   """What decoding needs from a workdir: `steps` lists the checkpoints used, `step` is the newest.
   With `ensemble` the params are their trees stacked on a leading axis
-  (`model.generate.translate(..., ensemble=True)`), else one tree (their mean when several)."""
+  (`inference.generator.Generator(..., ensemble=True)`), else one tree (their mean when several)."""
 
   config: ml_collections.ConfigDict
   params: Any
@@ -49,7 +49,7 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
   workdir alone.
 
   checkpoint: 'latest', a step number, 'average:<k>' (mean of the last k checkpoints'
-  parameters, or the file `python -m training.average` wrote for them), or 'ensemble:<k>' (the
+  parameters, or the file `python -m cli.average` wrote for them), or 'ensemble:<k>' (the
   last k checkpoints' parameters stacked, decoded as an ensemble).
   """
   workdir = pathlib.Path(workdir).absolute()
@@ -93,13 +93,13 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
   params = None
   avg_file = workdir / AVERAGE_DIR / f"last{len(chosen)}"
   if not ensemble and len(chosen) > 1 and (avg_file / "state").exists():
-    state, meta = restore(avg_file)
+    averaged, meta = restore_params(avg_file)
     if meta.get("averaged_steps") == chosen:
-      params = state["params"]
+      params = averaged
   if params is None:
     trees = []
     for s in chosen:
-      p, meta = load_params(checkpoint_dir(workdir) / str(s))
+      p, meta = restore_params(checkpoint_dir(workdir) / str(s))
       trees.append(p)
     if ensemble:
       params = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees)
@@ -118,6 +118,42 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
     steps=tuple(chosen),
     ensemble=ensemble,
   )
+
+
+def restore_params(folder) -> tuple[Any, dict]:
+  """(params, meta) of one checkpoint folder (a training step's, or one `training.average`
+  wrote), the parameters as host numpy arrays: Orbax restores the `params` subtree of the state
+  only (a partial restore), reading none of the optimizer's arrays."""
+  folder = pathlib.Path(folder)
+  begin = time.perf_counter()
+  with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
+    saved = checkpointer.metadata(folder / "state")
+  saved = getattr(saved, "item_metadata", saved)
+  saved = getattr(saved, "tree", saved)
+  if not isinstance(saved, dict) or "params" not in saved:  # Orbax gives no tree when damaged
+    raise OSError(f"no readable parameter metadata in {folder / 'state'}")
+  wanted = {"params": saved["params"]}
+  as_numpy = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
+  with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+    restored = checkpointer.restore(
+      folder,
+      args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(item=wanted, restore_args=as_numpy, partial_restore=True),
+        meta=ocp.args.JsonRestore(),
+      ),
+    )
+  params = restored["state"]["params"]
+  arrays = jax.tree_util.tree_leaves(params)
+  logging.vlog(
+    1,
+    "Read %d parameter arrays of %s (%s values, %.1f MB; no optimizer state) in %.2f s",
+    len(arrays),
+    folder,
+    f"{sum(x.size for x in arrays):,}",
+    sum(x.nbytes for x in arrays) / 1e6,
+    time.perf_counter() - begin,
+  )
+  return params, restored["meta"]
 
 
 def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):

@@ -45,7 +45,7 @@ OPTION_RULES = {
   "batching": Choice("length", "continuous"),
   "pool_size": Int(min=1),
 }
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16")  # auto: core/cpu.py's choice for the devices
 # Padded source tokens per batch by default, per platform. On CPUs small batches win: a batch
 # runs until its slowest sentence ends, and a larger one gains little per step there
 # (docs/experiments.md, "Decoding speed", has the measurements).
@@ -95,7 +95,8 @@ class Translator:
   """A trained model ready to translate: its config, vocabulary and parameters on the devices.
 
   Make one with `Translator.load(workdir, checkpoint)`; inference/loading.py restores and places
-  the model (`devices`, `dtype`: `inference.loading.place`). It translates lists of sentences
+  the model (`devices`, `dtype`: `inference.loading.place`; `dtype_reason` says why the dtype is
+  what it is). It translates lists of sentences
   (`run`, `translate`; a stream is read a list at a time), and hands forced scoring to
   inference/scoring.py (`score_pairs`), metrics to inference/metrics.py (`metrics`) and
   attention to inference/attention.py (`attention`).
@@ -104,12 +105,15 @@ class Translator:
   from and go to (`Translator.load(..., compilation_cache=...)` makes one), on one device only.
   """
 
-  def __init__(self, restored: Restored, *, dtype: str | None = None, devices=None, programs=None):
+  def __init__(
+    self, restored: Restored, *, dtype: str | None = "auto", devices=None, programs=None
+  ):
     if dtype is not None and dtype not in DTYPES:
       raise UsageError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
     self.loaded = place(restored, dtype=dtype, devices=devices)
     self.restored, self.config, self.vocab = restored, restored.config, restored.vocab
     self.model, self.dtype = self.loaded.model, self.loaded.dtype
+    self.dtype_reason = self.loaded.dtype_reason
     self.devices, self.params = self.loaded.devices, self.loaded.params
     self._scorer = None
     self._pools = PoolPrograms()
@@ -126,7 +130,7 @@ class Translator:
     workdir,
     checkpoint: str = "latest",
     *,
-    dtype: str | None = None,
+    dtype: str | None = "auto",
     devices=None,
     compilation_cache: bool | str = False,
   ):
@@ -348,8 +352,8 @@ class Translator:
       else f"checkpoint step {self.step}"
     )
     return (
-      f"{self.config.model.type}, {which}, {settings.describe()}, dtype {self.dtype} on "
-      f"{len(self.devices)} {self.devices[0].platform} device(s)"
+      f"{self.config.model.type}, {which}, {settings.describe()}, dtype {self.dtype} "
+      f"({self.dtype_reason}) on {len(self.devices)} {self.devices[0].platform} device(s)"
     )
 
   @staticmethod

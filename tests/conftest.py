@@ -90,37 +90,10 @@ def model_type_workdirs(tmp_path_factory):
   }
 
 
-# `pytest -m "not slow"`: the tier for iterating. Slow: the tests of real command-line processes
-# (train.py, decode.py, bench.py runs, multi-process jobs, faults and signals) and of trained
-# workdirs (the fixtures below and above).
-SLOW_MODULES = {
-  "test_decode.py",
-  "test_faults.py",
-  "test_host_memory.py",
-  "test_multihost.py",
-  "test_preemption.py",
-  "test_process_loss.py",
-  "test_translator.py",
-}
-SLOW_FIXTURES = {"uninterrupted", "decode_workdir", "model_type_workdirs", "runs", "reference_run"}
-# ... and the few others that take 4 s or more each on 2 cores (compiling most of it).
-SLOW_TESTS = {
-  "test_a_file_compiles_one_program_per_length_bucket",
-  "test_a_separate_process_reports_its_record_or_its_error",
-  "test_bfloat16_decoding_casts_the_matrices_once_and_stays_close",
-  "test_cache_follows_reordered_hypotheses",
-  "test_causality",
-  "test_decoder_only_loss_unchanged_by_projecting_targets_only",
-  "test_ensemble_of_copies_decodes_as_the_model",
-  "test_ensemble_step_is_the_log_of_the_mean_probability",
-  "test_forward_backward_finite",
-  "test_growing_cache_changes_nothing",
-  "test_paired_result_holds_both_records_and_their_ratio",
-  "test_remat_gives_same_gradients",
-  "test_restore_on_other_topologies",
-  "test_shapes_and_finite_gradients",
-  "test_train_fetches_multi30k_on_first_use_and_runs_its_first_steps",
-}
+# `pytest -m "not slow"`: the tier for iterating. Slow tests (real command-line processes: train.py,
+# decode.py, bench.py runs, multi-process jobs, faults and signals; trained workdirs: the fixtures
+# above; or 4 s or more each on 2 cores) are marked where they are written: `@pytest.mark.slow`,
+# or a module's `pytestmark`.
 
 
 # `pytest -n 2` (pytest-xdist; pyproject.toml: --dist=loadfile --no-loadscope-reorder) hands each
@@ -148,10 +121,5 @@ LONGEST_FIRST = [
 
 
 def pytest_collection_modifyitems(items):
-  for item in items:
-    fixtures = set(getattr(item, "fixturenames", ()))
-    name = getattr(item, "originalname", item.name)
-    if item.path.name in SLOW_MODULES or SLOW_FIXTURES & fixtures or name in SLOW_TESTS:
-      item.add_marker(pytest.mark.slow)
   rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order

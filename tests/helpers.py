@@ -234,7 +234,7 @@ _ABSL_FLAGS = set(flags.FLAGS)  # absl's own (logging, app, help): kept across r
 
 def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
   """Runs `python <script> <args>` in this process: `script` (train.py, decode.py, bench.py, or
-  a `-m` module such as training.average) runs its `__main__` block, so its own flags and the
+  a `-m` module such as cli.average) runs its `__main__` block, so its own flags and the
   command-line runner (cli/app.py: parsing, one-line errors, exit status), without a new
   interpreter's seconds of imports. For the checks made before any work; the real command lines
   are run end to end in subprocesses too. Leaves the flags, the logging setup, absl's verbosity

@@ -1,4 +1,5 @@
-"""analysis/bleu_by_length.py: bucketing, per-bucket scores equal sacreBLEU on the subset, CLI."""
+"""analysis/bleu_by_length.py: bucketing, per-bucket scores equal sacreBLEU on the subset; its
+command line (cli/bleu_by_length.py)."""
 
 import json
 
@@ -6,6 +7,7 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from analysis import bleu_by_length as bbl
+from cli.files import read_lines
 from core.errors import UsageError
 from tests.helpers import run_in_process, run_py
 
@@ -33,7 +35,7 @@ def test_scores_equal_sacrebleu_on_each_subset():
 
 
 def test_mismatched_lengths_name_the_system():
-  with pytest.raises(UsageError, match="--hyp=b: 1 lines, but the source has 2"):
+  with pytest.raises(UsageError, match=r"systems\['b'\]: 1 lines, but sources has 2"):
     bbl.bleu_by_length(["x", "y"], ["x", "y"], {"a": ["x", "y"], "b": ["x"]}, [5])
 
 
@@ -43,7 +45,7 @@ def test_truncated_gz_names_the_file(tmp_path):
   cut = tmp_path / "cut.gz"
   cut.write_bytes(gzip.compress(b"a line\n" * 1000)[:-20])
   with pytest.raises(UsageError, match="cut.gz: cannot read"):
-    bbl.read_lines(str(cut))
+    read_lines(str(cut))
 
 
 def test_cli_writes_table_json_and_plot(tmp_path):
@@ -54,7 +56,7 @@ def test_cli_writes_table_json_and_plot(tmp_path):
   out_json, png = tmp_path / "o.json", tmp_path / "o.png"
   proc = run_py(
     "-m",
-    "analysis.bleu_by_length",
+    "cli.bleu_by_length",
     f"--source={src}",
     f"--reference={ref}",
     f"--hyp=m={hyp}",
@@ -68,6 +70,6 @@ def test_cli_writes_table_json_and_plot(tmp_path):
   assert json.loads(out_json.read_text())["buckets"][1]["bleu"]["m"] == pytest.approx(100.0)
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   bad = run_in_process(
-    "analysis.bleu_by_length", f"--source={src}", f"--reference={ref}", "--hyp=nofile"
+    "cli.bleu_by_length", f"--source={src}", f"--reference={ref}", "--hyp=nofile"
   )
   assert bad.returncode == 2 and "--hyp=nofile: expected NAME=FILE" in bad.stderr

@@ -11,8 +11,10 @@ import threading
 
 import pytest
 
-from benchmark import decoding, options, paired, peak, records, report, sweeps, timing
+from benchmark import decoding, paired, peak, records, report, sweeps, timing
 from benchmark.options import Options
+from cli import bench as cli_bench
+from cli import bench_processes
 from cli.host_memory import user_settings
 from configs import common, tiny
 from core.errors import RunError, UsageError
@@ -274,6 +276,7 @@ def runs(tmp_path_factory):
   pool.shutdown(wait=True)
 
 
+@pytest.mark.slow
 def test_searches_run_to_the_end_without_eos(runs):
   del runs  # started first, so the bench.py runs overlap this in-process test
   import jax
@@ -428,6 +431,7 @@ def test_paired_timing_swaps_the_order_every_round(monkeypatch):
   assert ratios == [[2.0, 2.0], [4.0, 4.0]]
 
 
+@pytest.mark.slow
 def test_paired_result_holds_both_records_and_their_ratio():
   """bench_paired on real runners (ours on both sides here: flax's example is not installed in
   the tests): both train records, the ratio of their median steps, no per-run memory peak."""
@@ -463,8 +467,6 @@ def test_paired_result_holds_both_records_and_their_ratio():
 def test_child_argv_drops_the_parents_flags():
   """--separate_processes: each child gets the command line without --paired, --rounds, --json
   and --flax_wmt, in any of absl's spellings; everything else is passed on as it was."""
-  import bench
-
   argv = [
     "--config=configs/bench_tiny.py",
     "--config.bench.seq_len=32",
@@ -486,7 +488,7 @@ def test_child_argv_drops_the_parents_flags():
     "decode",
     "--decode_cache=false",
   ]
-  assert paired.child_argv(argv, bench.parent_only_booleans()) == [
+  assert bench_processes.child_argv(argv, cli_bench.parent_only_booleans()) == [
     "--config=configs/bench_tiny.py",
     "--config.bench.seq_len=32",
     "--steps=5",
@@ -501,8 +503,6 @@ def test_paired_processes_alternate_and_give_flax_glibc_defaults(monkeypatch):
   ones; flax's child gets --flax_wmt and glibc's default malloc (MALLOC_ARENA_MAX = 8 per core,
   which makes cli/host_memory.py stand aside), ours the environment as it is; the speed-up
   is the ratio of the per-round medians, the records those of each side's median round."""
-  import bench
-
   for name in user_settings():
     monkeypatch.delenv(name)
   steps = {False: iter([1.0, 1.2, 0.9, 1.1]), True: iter([1.5, 1.2, 1.8, 1.4])}
@@ -528,8 +528,8 @@ def test_paired_processes_alternate_and_give_flax_glibc_defaults(monkeypatch):
     "--rounds=4",
     "--json=out.json",
   ]
-  result = paired.bench_paired_processes(
-    argv, bench.parent_only_booleans(), "/f/wmt", "train", 3, 4, run=run
+  result = bench_processes.bench_paired_processes(
+    argv, cli_bench.parent_only_booleans(), "/f/wmt", "train", 3, 4, run=run
   )
   assert [flax for flax, _, _ in calls] == [False, True, True, False, False, True, True, False]
   ours_argv = ["--config=configs/bench_tiny.py", "--steps=3"]
@@ -550,31 +550,32 @@ def test_paired_processes_alternate_and_give_flax_glibc_defaults(monkeypatch):
   report.print_paired(result)  # prints, with the host-memory column
 
   monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # the user's own setting: both sides keep it
-  assert paired.flax_environment()["MALLOC_ARENA_MAX"] == "2"
+  assert bench_processes.flax_environment()["MALLOC_ARENA_MAX"] == "2"
 
 
+@pytest.mark.slow
 def test_a_separate_process_reports_its_record_or_its_error(tmp_path):
   """run_child runs bench.py for real: flax's environment (without flax's example, not installed
   in the tests) gives a record with glibc's default host memory; a bad flag is one RunError that
   quotes the child's error."""
-  env = paired.flax_environment(cpu_env(1))
-  record = paired.run_child(SMALL + ["--config.num_devices=1"], env)
+  env = bench_processes.flax_environment(cpu_env(1))
+  record = bench_processes.run_child(SMALL + ["--config.num_devices=1"], env)
   assert record["host_memory"] == "process default"
   assert record["config"] == "configs/tiny.py" and record["implementation"] == "this repository"
   assert record["step_time_s"] > 0
   with pytest.raises(RunError, match="(?s)exit status.*config.model.no_such_field"):
-    paired.run_child(SMALL + ["--config.model.no_such_field=1"], env)
+    bench_processes.run_child(SMALL + ["--config.model.no_such_field=1"], env)
 
 
 def test_paired_needs_flax_and_one_plain_benchmark():
 
   with pytest.raises(UsageError, match="give --flax_wmt=<its directory>.* or --ctranslate2"):
-    options.check_flags({"paired": True})
+    cli_bench.check_flags({"paired": True})
   flax = "flax-0.12.8/examples/wmt"
   with pytest.raises(UsageError, match="drop --sweep / --trace"):
-    options.check_flags({"paired": True, "flax_wmt": flax, "sweep": "batch"})
+    cli_bench.check_flags({"paired": True, "flax_wmt": flax, "sweep": "batch"})
   with pytest.raises(UsageError, match="add --paired and --flax_wmt"):
-    options.check_flags({"separate_processes": True, "flax_wmt": flax, "sweep": "batch"})
+    cli_bench.check_flags({"separate_processes": True, "flax_wmt": flax, "sweep": "batch"})
 
 
 def test_ctranslate2_times_one_decoding_benchmark():
@@ -582,8 +583,8 @@ def test_ctranslate2_times_one_decoding_benchmark():
   compute types CTranslate2 knows; anything else is a usage error before any work."""
 
   ok = {"ctranslate2": True, "mode": "decode", "ctranslate2_compute_types": ["float32", "int8"]}
-  options.check_flags(ok)
-  options.check_flags(dict(ok, paired=True))
+  cli_bench.check_flags(ok)
+  cli_bench.check_flags(dict(ok, paired=True))
   for extra, message in [
     ({"mode": "train"}, "--ctranslate2 times decoding: add --mode=decode"),
     ({"flax_wmt": "wmt"}, "--flax_wmt and --ctranslate2 are two peers"),
@@ -595,7 +596,7 @@ def test_ctranslate2_times_one_decoding_benchmark():
     ({"ctranslate2_compute_types": []}, "--ctranslate2_compute_types=: expected"),
   ]:
     with pytest.raises(UsageError, match=message):
-      options.check_flags(dict(ok, **extra))
+      cli_bench.check_flags(dict(ok, **extra))
 
 
 def test_ctranslate2_missing_is_a_usage_error_saying_how_to_install_it(monkeypatch):
@@ -706,7 +707,7 @@ def test_datasheet_peaks_follow_the_matmul_precision():
   assert peak.datasheet_peak("NVIDIA H100 PCIe", "float32") is None  # measured instead
   assert peak.datasheet_peak("cpu", "float32") is None
   for bad in ("0", "-5e12", "nan", "fast"):
-    with pytest.raises(UsageError, match=r"--peak=.*expected auto, measured or a positive number"):
+    with pytest.raises(UsageError, match=r"peak=.*expected auto, measured or a positive number"):
       peak.resolve_peak(None, "float32", bad)
   assert peak.resolve_peak(None, "float32", "2e12") == (2e12, "given")
 
@@ -812,7 +813,7 @@ def test_plot_from_saved_sweeps(tmp_path, capsys):
   assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"
   assert "plot:" in capsys.readouterr().out
   (tmp_path / "c.json").write_text(json.dumps({"mode": "train"}))
-  with pytest.raises(UsageError, match="c.json: not a --sweep JSON"):
+  with pytest.raises(UsageError, match="c.json': not a sweep JSON"):
     sweeps.plot_saved_sweeps([str(a), str(tmp_path / "c.json")], str(tmp_path / "x.png"))
   other = dict(sweep("configs/y.py", "transformer", 0.1), sweep="batch")
   (tmp_path / "d.json").write_text(json.dumps(other))
@@ -820,6 +821,7 @@ def test_plot_from_saved_sweeps(tmp_path, capsys):
     sweeps.plot_saved_sweeps([str(a), str(tmp_path / "d.json")], str(tmp_path / "x.png"))
 
 
+@pytest.mark.slow
 def test_train_json_has_every_field(runs):
   proc, folder = runs("train")
   _ok(proc)
@@ -856,6 +858,7 @@ def test_train_json_has_every_field(runs):
   assert not [n for n in names if n.startswith("$")], "Python frames in the trace"
 
 
+@pytest.mark.slow
 def test_decode_json(runs):
   proc, folder = runs("decode")
   _ok(proc)
@@ -867,6 +870,7 @@ def test_decode_json(runs):
   assert record["out_tokens_per_s"] == pytest.approx(5 * record["sent_per_s"])
 
 
+@pytest.mark.slow
 def test_uncached_greedy_decode(runs):
   proc, folder = runs("decode_nocache")
   _ok(proc)
@@ -875,6 +879,7 @@ def test_uncached_greedy_decode(runs):
   assert record["out_tokens_per_s"] == pytest.approx(3 * record["sent_per_s"])
 
 
+@pytest.mark.slow
 def test_sweep_devices_writes_plot(runs):
   proc, folder = runs("sweep")
   _ok(proc)

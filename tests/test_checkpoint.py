@@ -29,6 +29,7 @@ from tests.helpers import (
 from training import checkpoint as ckpt
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(uninterrupted, tmp_path):
   config, full = uninterrupted
   first = tiny_config(
@@ -47,6 +48,7 @@ def test_resume_equals_uninterrupted(uninterrupted, tmp_path):
   assert_trees_equal(saved_params(full, 12), saved_params(tmp_path, 12))
 
 
+@pytest.mark.slow
 def test_restore_on_other_topologies(tmp_path, caplog):
   config = tiny_config(
     num_devices=8,
@@ -83,6 +85,7 @@ def test_restore_on_other_topologies(tmp_path, caplog):
   assert any(changed)  # step 3 trained on from step 2's parameters and saved the result
 
 
+@pytest.mark.slow
 def test_unfinished_and_corrupt_checkpoints_are_skipped(uninterrupted, tmp_path, caplog):
   _, full = uninterrupted
   work = tmp_path / "w"
@@ -99,6 +102,7 @@ def test_unfinished_and_corrupt_checkpoints_are_skipped(uninterrupted, tmp_path,
   assert "16.orbax-checkpoint-tmp-1234" in text and str(root / "12") in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "change",
   [
@@ -135,6 +139,7 @@ def test_resume_with_optimizer_settings_changed(uninterrupted, tmp_path, change,
   assert steps == list(range(1, 15)), steps  # 13 and 14 appended; nothing re-trained from 1
 
 
+@pytest.mark.slow
 def test_state_that_does_not_fit_is_an_error_naming_the_arrays(uninterrupted, tmp_path):
   config, full = uninterrupted
   target = make_parallel(config).restore_target
@@ -168,6 +173,7 @@ def test_state_that_does_not_fit_is_an_error_naming_the_arrays(uninterrupted, tm
   assert ckpt.available_steps(work) == ckpt.available_steps(full)
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_run_does_nothing(uninterrupted, tmp_path):
   config, full = uninterrupted
   work = tmp_path / "w"
@@ -232,6 +238,7 @@ def _damage(folder):
       f.write_bytes(f.read_bytes()[:50])
 
 
+@pytest.mark.slow
 def test_training_on_after_an_unreadable_checkpoint_saves_that_step_again(uninterrupted, tmp_path):
   """Step 12 is damaged: the run resumes from 8, sets 12 aside and writes a new step 12, equal to
   the uninterrupted run's (before, Orbax declined every save up to 12 and the final one raised)."""
@@ -245,6 +252,7 @@ def test_training_on_after_an_unreadable_checkpoint_saves_that_step_again(uninte
   assert_trees_equal(saved_params(work, 12), saved_params(full, 12))
 
 
+@pytest.mark.slow
 def test_no_restorable_checkpoint_is_an_error_not_a_fresh_start(uninterrupted, tmp_path):
   config, full = uninterrupted
   work = tmp_path / "w"
@@ -261,6 +269,7 @@ def test_no_restorable_checkpoint_is_an_error_not_a_fresh_start(uninterrupted, t
   assert (work / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "error",
   [MemoryError("cannot allocate"), ValueError("RESOURCE_EXHAUSTED: Out of memory allocating")],
@@ -317,6 +326,7 @@ def test_keep_best_through_training_ranks_each_checkpoint_by_its_own_eval(tmp_pa
   assert ckpt.available_steps(tmp_path) == [4, 16]
 
 
+@pytest.mark.slow
 def test_resume_with_another_vocabulary_is_refused(uninterrupted, tmp_path):
   from data import tokenizer
 

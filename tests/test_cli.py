@@ -1,4 +1,4 @@
-"""The command lines' shared behaviour (cli/, configs/rules.py, configs/validate.py): every config
+"""The command lines' shared behaviour (cli/, configs/rules.py, training/validate.py): every config
 field and number flag checked for type and range before any work, one-line errors with the exit
 status of their kind (library errors naming Python arguments printed as flags), `--show_config`,
 config files that cannot be loaded, and the logging policy (core/logs.py)."""
@@ -14,11 +14,11 @@ from absl import logging as absl_logging
 from cli.app import error_line
 from configs import common
 from configs.rules import Choice, Float, Int, RuleError
-from configs.validate import check_config
 from core import logs
 from core.errors import ArgumentError, RunError, UsageError, exit_status
 from core.logs import quiet_library_logs
 from tests.helpers import run_in_process, run_py, tiny_config
+from training.validate import check_config
 
 
 def test_rules_refuse_nan_infinities_wrong_types_and_out_of_range_values():
@@ -111,10 +111,30 @@ def test_a_config_file_that_cannot_be_loaded_is_one_line_and_creates_nothing(tmp
   assert not workdir.exists()
 
 
+@pytest.mark.parametrize(
+  "overrides, unknown",
+  [
+    (["--config.num_train_steps=4", "--config.no_group.patience=1"], "config.no_group.patience"),
+    (["--config.no_group.patience=1", "--config.num_train_steps=4"], "config.no_group.patience"),
+    (["--config.seed=1", "--config.no_field=1", "--config.model.num_layers=1"], "config.no_field"),
+    (
+      ["--config.model.num_layers=1", "--config.model.nope=2", "--config.seed=1"],
+      "config.model.nope",
+    ),
+  ],
+)
+def test_an_unknown_config_field_is_named_as_given_wherever_it_stands(tmp_path, overrides, unknown):
+  """Valid fields before and after it, nested or top-level, a missing group or a missing field:
+  the line names the unknown one as typed."""
+  out = run_in_process("train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}", *overrides)
+  last = out.stderr.strip().splitlines()[-1]
+  assert out.returncode == 2 and f"unknown config field {unknown!r}" in last, last
+
+
 def test_quiet_library_logs_hides_only_the_expected_library_warnings(caplog, monkeypatch):
   """`quiet_library_logs()` (what the command lines install, and Python users may call): Orbax's
-  missing-metadata and unscored-save warnings are dropped from absl's logger below verbosity 1,
-  other warnings and --verbosity=1 keep them. The library never calls it (tests/test_restore.py
+  missing-metadata and unscored-save warnings are dropped from absl's logger below verbosity 2,
+  other warnings and --verbosity=2 keep them. The library never calls it (tests/test_restore.py
   loads a Translator)."""
   absl_logger = std_logging.getLogger("absl")
   monkeypatch.setattr(absl_logger, "filters", list(absl_logger.filters))  # undone after the test
@@ -126,8 +146,11 @@ def test_quiet_library_logs_hides_only_the_expected_library_warnings(caplog, mon
     absl_logging.warning("Metadata file does not exist: /w/checkpoints/3/state")
     absl_logging.warning("Requested `tracked_metric`; did not provide metrics.")
     absl_logging.warning("a warning that matters")
-    # --verbosity=1, without touching absl's logger level (other tests' caplog relies on it)
+    # --verbosity=1 still hides them
     monkeypatch.setattr(absl_logging, "get_verbosity", lambda: 1)
+    absl_logging.warning("Metadata file does not exist: hidden")
+    # --verbosity=2, without touching absl's logger level (other tests' caplog relies on it)
+    monkeypatch.setattr(absl_logging, "get_verbosity", lambda: 2)
     absl_logging.warning("Metadata file does not exist: shown")
   messages = [r.getMessage() for r in caplog.records]
   assert messages == ["a warning that matters", "Metadata file does not exist: shown"]
@@ -136,7 +159,7 @@ def test_quiet_library_logs_hides_only_the_expected_library_warnings(caplog, mon
 def test_the_command_lines_drop_library_info_and_expected_warnings_from_any_logger(monkeypatch):
   """The filter `command_line_logs()` puts on absl's handler: a library's INFO lines and expected
   warnings are dropped whichever logger they come through (JAX's own, say), its other warnings
-  and this project's lines kept; --verbosity=1 keeps everything."""
+  and this project's lines kept, at --verbosity=1 too; --verbosity=2 keeps everything."""
 
   def record(level, message, path):
     return std_logging.LogRecord("jax", level, path, 1, message, None, None)
@@ -152,6 +175,8 @@ def test_the_command_lines_drop_library_info_and_expected_warnings_from_any_logg
   ]
   assert [chatter.filter(record(*r)) for r in kept] == [False, False, True, True]
   monkeypatch.setattr(absl_logging, "get_verbosity", lambda: 1)
+  assert [chatter.filter(record(*r)) for r in kept] == [False, False, True, True]
+  monkeypatch.setattr(absl_logging, "get_verbosity", lambda: 2)
   assert all(chatter.filter(record(*r)) for r in kept)
 
 

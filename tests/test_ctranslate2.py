@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from absl import flags
 
 from benchmark import ctranslate2 as peer
 from benchmark import decoding, paired, records, report
@@ -31,7 +32,7 @@ ctranslate2 = pytest.importorskip(
   reason="CTranslate2 is optional: pip install 'attention-jax[ctranslate2]' (CI installs it)",
 )
 
-PROG = "inference.ctranslate2_export"
+PROG = "cli.ctranslate2_export"
 
 
 class Exported(NamedTuple):
@@ -77,6 +78,7 @@ def _theirs(restored, translator, texts, **options):
   return [pieces.ids(t) for t in tokens]
 
 
+@pytest.mark.slow
 def test_export_writes_our_vocabulary_start_token_and_source_eos(exported):
   restored, out = exported.restored, exported.out
   assert sorted(p.name for p in out.iterdir()) == [
@@ -94,6 +96,7 @@ def test_export_writes_our_vocabulary_start_token_and_source_eos(exported):
   assert ce.Pieces(restored.vocab).source("w3 w1 nope") == ["w3", "w1", "<unk>"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_extra_len", [50, 2])
 def test_greedy_equals_ours_token_for_token(exported, max_extra_len):
   """Greedy search on 300 sentences, with our length limit (2 extra tokens: many sentences end at
@@ -107,6 +110,7 @@ def test_greedy_equals_ours_token_for_token(exported, max_extra_len):
   assert limited > (0 if max_extra_len == 50 else 30)  # the limit was reached, and agreed on
 
 
+@pytest.mark.slow
 def test_beam_search_without_length_penalty_equals_ours(exported):
   """Beam 4 with alpha 0 (CTranslate2: length_penalty 0), some sentences ending at our length
   limit: the same translations (alpha > 0: see inference/ctranslate2_export.py's docstring)."""
@@ -119,6 +123,7 @@ def test_beam_search_without_length_penalty_equals_ours(exported):
   assert 10 < limited < len(texts) - 10  # many, not all, end at the limit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alpha", [0.6, 1.5])
 def test_beam_search_with_the_fairseq_length_penalty_equals_ours(exported, alpha):
   """With alpha > 0 CTranslate2 divides by len^alpha and stops a sentence once beam_size
@@ -155,6 +160,7 @@ def test_every_weight_is_mapped_pre_ln_and_separate_embeddings(tmp_path, pre_ln)
   assert [[index[t] for t in h] for h in theirs] == [o.tolist() for o in ours]
 
 
+@pytest.mark.slow
 def test_quantized_exports_load_and_translate(exported, tmp_path):
   """int8 and bfloat16 weights (the latter without torch: cast through ml_dtypes) are written
   smaller and translate, within our length limit."""
@@ -170,6 +176,7 @@ def test_quantized_exports_load_and_translate(exported, tmp_path):
       )
 
 
+@pytest.mark.slow
 def test_other_model_types_and_ensembles_are_refused(exported, monkeypatch, tmp_path):
   restored, workdir = exported.restored, exported.workdir
   with pytest.raises(UsageError, match="checkpoint='ensemble:2': CTranslate2 runs one model"):
@@ -202,6 +209,7 @@ def test_output_directory_is_checked_before_any_work(tmp_path, monkeypatch):
     ce.check_output(tmp_path / "new" / "model")
 
 
+@pytest.mark.slow
 def test_command_line_exports_and_refuses_bad_input_in_one_line(exported, tmp_path):
   workdir, out = exported.workdir, exported.out
   done = run_py(
@@ -224,6 +232,7 @@ def test_command_line_exports_and_refuses_bad_input_in_one_line(exported, tmp_pa
     assert message in last, last
 
 
+@pytest.mark.slow
 def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, tmp_path):
   """The export directory alone translates a file from the command line, as decode.py does
   with the same search (--length_penalty=fairseq), and scores it; bad input is one line."""
@@ -233,7 +242,7 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
   how = ["--beam_size=3", "--alpha=1.0", "--max_extra_len=5"]
   proc = run_py(
     "-m",
-    "inference.ctranslate2_translate",
+    "cli.ctranslate2_translate",
     f"--model={exported.out}",
     f"--input={tmp_path / 'in.txt'}",
     f"--output={tmp_path / 'ct2.txt'}",
@@ -257,12 +266,12 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
     ([f"--model={tmp_path}"], f"--model={tmp_path}: no model.bin"),
     ([f"--model={exported.out}", "--beam_size=0"], "--beam_size=0"),
     ([f"--model={exported.out}", "--alpha=nan"], "--alpha=nan"),
+    ([f"--model={exported.out}", "--length_penalty=gnmt"], "--length_penalty=gnmt: CTranslate2"),
+    ([f"--model={exported.out}", "--temperature=1"], "--temperature=1.0: sampling is"),
     ([f"--model={exported.out}", f"--output={tmp_path / 'no' / 'o.txt'}"], "does not exist"),
     ([f"--model={exported.out}", f"--reference={tmp_path / 'in.txt'}", "--input=/dev/null"], "61"),
   ]:
-    proc = run_in_process(
-      "inference.ctranslate2_translate", f"--input={tmp_path / 'in.txt'}", *args
-    )
+    proc = run_in_process("cli.ctranslate2_translate", f"--input={tmp_path / 'in.txt'}", *args)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert message in last, last
@@ -344,3 +353,37 @@ def test_bench_command_line_times_ctranslate2_alone(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   record = json.loads(record_path.read_text())
   assert record["implementation"] == "ctranslate2 int8" and record["decode_len"] == 5
+
+
+def test_translate_command_has_decode_py_search_flags_and_defaults():
+  """The CTranslate2 command line's search flags are decode.py's (cli/search_flags.py): the same
+  names and defaults, but the length penalty (fairseq, the only one CTranslate2 has) and
+  max_extra_len (decode.py's comes from the workdir's config); the settings CTranslate2 cannot
+  honour are refused naming the field."""
+  import decode
+  from cli import ctranslate2_translate as command
+  from inference.ctranslate2_translate import search_options
+  from model.search_settings import SearchSettings
+
+  ours, theirs = flags.FlagValues(), flags.FlagValues()
+  decode.define_flags(ours)
+  command.define_flags(theirs)
+  names = ("beam_size", "alpha", "length_penalty", "max_extra_len", "temperature", "top_k")
+  assert all(name in theirs for name in names)
+  pairs = {n: (ours[n].default, theirs[n].default) for n in names}
+  differ = {n: pair for n, pair in pairs.items() if pair[0] != pair[1]}
+  assert differ == {"length_penalty": ("gnmt", "fairseq"), "max_extra_len": (None, 50)}
+  assert search_options(SearchSettings(beam_size=3, alpha=1.0, length_penalty="fairseq")) == {
+    "beam_size": 3,
+    "length_penalty": 1.0,
+    "max_extra_len": 50,
+  }
+  assert search_options(SearchSettings(beam_size=1))["beam_size"] == 1  # greedy: no penalty
+  for settings, name in [
+    (SearchSettings(beam_size=2), "length_penalty"),
+    (SearchSettings(temperature=1.0), "temperature"),
+    (SearchSettings(beam_size=2, length_penalty="fairseq", num_hypotheses=2), "num_hypotheses"),
+  ]:
+    with pytest.raises(UsageError) as caught:
+      search_options(settings)
+    assert caught.value.name == name

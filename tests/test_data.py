@@ -565,7 +565,7 @@ def test_resume_with_another_batch_plan_continues_the_epoch_at_the_same_fraction
 
 def test_throughput_counts_the_batches_and_tokens_it_pulled():
   """data/throughput.py's measure: the batches and non-padding tokens of the packed batches it
-  pulled, over the same elapsed time (how fast is bench.py's and `python -m data.throughput`'s
+  pulled, over the same elapsed time (how fast is bench.py's and `python -m cli.throughput`'s
   business, not a test's)."""
   from data.throughput import measure_throughput
 

@@ -11,7 +11,10 @@ import sys
 
 import pytest
 
+from core.cpu import native_dtype
 from tests.helpers import REPO, one_device_env, run_in_process, run_py
+
+pytestmark = pytest.mark.slow  # real command-line processes or trained workdirs
 
 EXTRA = 3  # --max_extra_len of the runs here (conftest's decode_workdir: model.max_len 8)
 
@@ -256,21 +259,32 @@ def test_bad_numbers_and_output_paths_fail_before_any_decoding(workdir, tmp_path
 
 def test_default_verbosity_shows_no_library_chatter(workdir):
   """Orbax's INFO lines and missing-metadata warning, and JAX's TPU-backend probe, stay hidden
-  from a user's decode.py; `--verbosity=1` (here in this process) brings them back. The project's
-  own lines stay."""
+  from a user's decode.py, also at `--verbosity=1`, which adds a few lines of the project's own:
+  what was read, each program fetched or compiled with its batch's shape, the time of each
+  phase; `--verbosity=2` (here in this process) brings the libraries' lines back."""
+  own = {path.name for path in REPO.rglob("*.py")}
   quiet = decode_py(workdir, "--beam_size=1", stdin="w1 w2\n").stderr
   lines = [line for line in quiet.splitlines() if line.strip()]
   assert lines and all(("decode.py:" in line) for line in lines), quiet[-2000:]
-  loud = decode(workdir, "--beam_size=1", "--verbosity=1", stdin="w1 w2\n").stderr
-  assert "orbax" in loud or "checkpoint.py" in loud, loud[-2000:]
-  assert len(loud.splitlines()) > len(lines)
+  dtype, why = native_dtype("cpu")  # --dtype=auto: the line says which and why
+  assert f"dtype {dtype} ({why}) on 1 cpu device(s)" in quiet, quiet[-2000:]
+  detail = decode_py(workdir, "--beam_size=1", "--verbosity=1", stdin="w1 w2\n").stderr
+  lines = [line for line in detail.splitlines() if line.strip()]
+  where = [re.match(r"[IWE]\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] ", line) for line in lines]
+  assert all(where) and {m.group(1) for m in where} <= own, detail[-2000:]
+  assert len(lines) <= 8, detail[-2000:]
+  assert re.search(r"Read \d+ parameter arrays of .*/checkpoints/4 \(.*no optimizer state", detail)
+  assert re.search(r"Program for int32\[\d+,\d+\] (read back|compiled) in", detail), detail
   # Each phase's seconds (inference/phases.py), at --verbosity=1 only.
   phases = re.search(
-    r"Time by phase: start-up [\d.]+ s, restore [\d.]+ s, (.*)$", loud, re.MULTILINE
+    r"Time by phase: start-up [\d.]+ s, restore [\d.]+ s, (.*)$", detail, re.MULTILINE
   )
-  assert phases and "translate" in phases.group(1), loud[-2000:]
+  assert phases and "translate" in phases.group(1), detail[-2000:]
   assert "compile or load" in phases.group(1) and "trace + lower" in phases.group(1)
   assert "Time by phase" not in quiet
+  loud = decode(workdir, "--beam_size=1", "--verbosity=2", stdin="w1 w2\n").stderr
+  assert "orbax" in loud or "checkpoint.py" in loud, loud[-2000:]
+  assert len(loud.splitlines()) > 2 * len(lines)
 
 
 def test_a_second_run_compiles_nothing(workdir, tmp_path):

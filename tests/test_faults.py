@@ -22,6 +22,8 @@ from training import checkpoint as ckpt
 from training import workdir as wd
 from training.average import write_average
 
+pytestmark = pytest.mark.slow  # real command-line processes or trained workdirs
+
 ARGS = [
   "--config=configs/tiny.py",
   "--config.model.num_layers=1",
@@ -120,7 +122,7 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_p
 
   for n in (1, 2):  # each resume took over the lock its killed predecessor left
     assert f"pid {killed_pids[n - 1]} is gone" in stderr[n], stderr[n][-3000:]
-  assert f"pid {os.getpid()}" in err and "forced by --take_over_lock" in err, err[-3000:]
+  assert f"pid {os.getpid()}" in err and "forced by take_over_lock" in err, err[-3000:]
   assert not (work / wd.LOCK_NAME).exists()
   ours, theirs = train_losses(work), train_losses(tmp_path / "reference")
   assert sorted(ours) == list(range(1, steps + 1))
@@ -195,10 +197,10 @@ def test_a_second_run_on_a_workdir_is_refused_and_the_first_unharmed(tmp_path):
   assert second.returncode == 2, err[-3000:]
   assert err.count("\n") == 1 and err.startswith("train.py: error: "), err
   assert (
-    f"{tmp_path} is in use by another run: host {socket.gethostname()}, pid {first.pid}, since "
-    in err
+    f"--workdir={tmp_path}: in use by another run: host {socket.gethostname()}, pid {first.pid}, "
+    "since " in err
   )
-  assert "--take_over_lock only if that run is dead" in err
+  assert "take_over_lock only if that run is dead" in err
   assert refused_after < 60, refused_after
   assert first.returncode == 0, first_err[-3000:]
   steps = list(train_losses(tmp_path))
@@ -262,7 +264,7 @@ def test_a_live_holders_lock_is_refused_unless_forced(tmp_path, caplog):
     assert json.loads(path.read_text())["pid"] == record["pid"]  # untouched
     caplog.clear()
     lock = wd.WorkdirLock(tmp_path, take_over=True).acquire()
-    assert "forced by --take_over_lock" in caplog.text
+    assert "forced by take_over_lock" in caplog.text
     lock.release()
 
 
@@ -281,7 +283,7 @@ def test_a_run_whose_lock_was_taken_stops(tmp_path):
 
 
 def test_readers_ignore_the_lock_and_it_follows_the_umask(uninterrupted, tmp_path):
-  """decode.py's loading and training.average read a workdir whose lock a run holds, and leave
+  """decode.py's loading and cli.average read a workdir whose lock a run holds, and leave
   the lock alone; the lock file, like the rest of the workdir, follows the umask."""
   _, full = uninterrupted
   work = tmp_path / "w"

@@ -1,4 +1,4 @@
-"""Multi30k fetched by the project (data/multi30k.py, data/download.py, `python -m data.fetch`):
+"""Multi30k fetched by the project (data/multi30k.py, data/download.py, `python -m cli.fetch`):
 against a loopback HTTP server that stands in for the official repository, serving the reference
 copy in ../shared/data/multi30k in the repository's layout (data/task1/raw/<split>.<lang>.gz),
 with faults on demand. Nothing here leaves 127.0.0.1. Without ../shared (a user's clone) the
@@ -16,10 +16,10 @@ import threading
 import pytest
 
 from configs.common import base_config
-from configs.validate import check_config
 from core.errors import UsageError
 from data import download, multi30k, sources
 from tests.helpers import SHARED, one_device_env, run_in_process, run_py
+from training.validate import check_config
 
 RAW = "/mirror/data/task1/raw/"
 FAST = dict(tries=2, backoff_s=0.0, timeout_s=10.0)
@@ -214,29 +214,28 @@ def test_every_split_has_a_digest_and_bad_names_fail_before_any_work():
 def test_fetch_command_ahead_of_time_and_offline(mirror, reference, tmp_path, monkeypatch):
   monkeypatch.setattr(download, "BACKOFF_S", 0.0)
   out = tmp_path / "m30k"
-  ok = run_in_process(
-    "data.fetch", "multi30k", f"--to={out}", "--splits=val", f"--url={mirror.url}"
-  )
+  ok = run_in_process("cli.fetch", "multi30k", f"--to={out}", "--splits=val", f"--url={mirror.url}")
   assert ok.returncode == 0, ok.stderr
   assert f"--config.data.dir={out}" in ok.stdout
   assert (out / "val.de.gz").read_bytes() == reference["val.de.gz"]
 
   url = f"http://127.0.0.1:{_closed_port()}/mirror"
-  down = run_in_process("data.fetch", "multi30k", "--splits=test_2016_flickr", f"--url={url}")
+  down = run_in_process("cli.fetch", "multi30k", "--splits=test_2016_flickr", f"--url={url}")
   assert down.returncode == 1
   last = down.stderr.strip().splitlines()[-1]
-  assert last.startswith(f"data.fetch: error: cannot download {url}/data/task1/raw/")
+  assert last.startswith(f"cli.fetch: error: cannot download {url}/data/task1/raw/")
   assert "Connection refused" in last and "data.dir" in last
   for args, words in (
     ((), "name the dataset first"),
     (("wmt14",), "unknown dataset 'wmt14'"),
     (("multi30k", "--splits=test"), "--splits='test' is not a Multi30k split"),
   ):
-    bad = run_in_process("data.fetch", *args)
-    assert bad.returncode == 2 and bad.stderr.startswith("data.fetch: error: "), bad.stderr
+    bad = run_in_process("cli.fetch", *args)
+    assert bad.returncode == 2 and bad.stderr.startswith("cli.fetch: error: "), bad.stderr
     assert words in bad.stderr and bad.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_train_fetches_multi30k_on_first_use_and_runs_its_first_steps(
   shared_data, mirror, tmp_path
 ):

@@ -193,6 +193,7 @@ def test_beam_cached_equals_uncached(tiny):
     assert out[-1] == EOS and len(out) <= len(src) + EXTRA
 
 
+@pytest.mark.slow
 def test_growing_cache_changes_nothing(tiny):
   """Self-attention buffers grown 3 positions at a time (several compiled loop segments) give
   exactly the translations of buffers allocated for the whole output, greedy and beam."""
@@ -241,6 +242,7 @@ def test_length_batches_cover_every_sentence_once():
   ]
 
 
+@pytest.mark.slow
 def test_a_file_compiles_one_program_per_length_bucket(tiny):
   """A file-like mix (300 sentences of 3..40 tokens, Multi30k's spread): two length buckets,
   several batches each, one compilation per bucket, the translations of each sentence decoded
@@ -336,6 +338,7 @@ def test_same_shapes_do_not_recompile(tiny):
   assert not np.array_equal(first, second), "parameters must be an argument, not constants"
 
 
+@pytest.mark.slow
 def test_cache_follows_reordered_hypotheses(tiny):
   """Beam search reorders the per-hypothesis cache entries and keeps the cross-attention ones
   once per sentence. After random reorders, every hypothesis's cached logits must equal the
@@ -380,6 +383,7 @@ def stack(*trees):
   return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees)
 
 
+@pytest.mark.slow
 def test_ensemble_of_copies_decodes_as_the_model(tiny, reference):
   """An ensemble of two copies of one model is that model: the same greedy and beam outputs."""
   model, params = tiny
@@ -396,6 +400,7 @@ def test_ensemble_of_copies_decodes_as_the_model(tiny, reference):
     kept.translate(model, both, inputs, ensemble=True, use_cache=False)
 
 
+@pytest.mark.slow
 def test_ensemble_step_is_the_log_of_the_mean_probability(tiny):
   """Each step of two different models' ensemble scores log((p_a + p_b) / 2), with each member
   reading its own cache: checked for three steps of forced tokens."""
@@ -421,6 +426,7 @@ def test_ensemble_step_is_the_log_of_the_mean_probability(tiny):
     decoder_state.ensemble_decoder_state(model, bad, inputs, 8)
 
 
+@pytest.mark.slow
 def test_bfloat16_decoding_casts_the_matrices_once_and_stays_close(tiny):
   """model.dtype=bfloat16 (decode.py --dtype=bfloat16): every matrix the model multiplies by is
   cast once before the search (nothing else), the key/value cache holds bfloat16 bits (uint16),

@@ -11,6 +11,8 @@ import pytest
 from cli import host_memory
 from tests.helpers import REPO
 
+pytestmark = pytest.mark.slow  # real command-line processes or trained workdirs
+
 # A jitted function with 256 MB temporaries ([8192, 8192] float32; x is narrow, so the matrix
 # products take little time), called 5 times after its first call: prints whether the settings
 # were applied and the minor page faults per call.

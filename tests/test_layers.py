@@ -1,48 +1,61 @@
 """The layers point one way: every module's imports (parsed, not run) against the rule below;
-and every command line defines its flags one way.
+every command line defines its flags one way; only command lines define flags or end the process.
 
 The rule, by top-level package (a module's imports of its own package are free; third-party
 imports are free everywhere):
 
     core        nothing of this project: errors, progress, the logging policy (the bottom)
-    model       only itself: math, no I/O, no flags
+    model       core: math, no I/O, no flags
+    cluster     core: joining a multi-process job, finding a lost process
     data        core, model
-    configs     core, model, data      (the fields' catalog and checks describe the library)
-    training    core, model, data, configs
-    inference   core, model, data, configs, training
-    analysis    core, model, data, configs, training, inference
-    benchmark   the same, and cli (it runs bench.py processes with their malloc policy)
-    cli         core, configs          (the runner, flags, files of flags, host memory)
+    configs     core, model            (the fields' catalog and rules describe the library)
+    training    core, model, cluster, data, configs
+    inference   core, model, cluster, data, configs, training
+    analysis    core, model, cluster, data, configs, training, inference
+    benchmark   the same: timing, sweeps, peers (bench.py's flags and processes are cli's)
+    cli         the library (every package above): the command lines' flags, mains and exit
     train.py, decode.py, bench.py: anything (the entry points)
 
-and a module that is also a command line (`if __name__ == "__main__":`, run as `python -m ...`)
-may import cli and configs wherever it lives (model/ has none): its flags, their rules and its
-main are the command line's. The library (every other module of model, data, configs, training,
-inference, analysis) never imports cli. The rule has no cycle, and neither has the graph of
+It is checked on each module's whole import closure, followed transitively through the
+project's modules (imports inside functions count): a library module (core ... benchmark) reaches
+no module of cli/, however indirectly. No library module is a command line (`__main__` block):
+the `python -m cli.<name>` modules are. The rule has no cycle, and neither has the graph of
 modules.
 """
 
 import ast
 import importlib
 import pathlib
+import re
+import tomllib
 
 import pytest
 from absl import flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-LIBRARY = ("core", "model", "data", "configs", "training", "inference", "analysis")
+LIBRARY = (
+  "core",
+  "model",
+  "cluster",
+  "data",
+  "configs",
+  "training",
+  "inference",
+  "analysis",
+  "benchmark",
+)
 ALLOWED = {
   "core": set(),
-  "model": set(),
+  "model": {"core"},
+  "cluster": {"core"},
   "data": {"core", "model"},
-  "configs": {"core", "model", "data"},
-  "training": {"core", "model", "data", "configs"},
-  "inference": {"core", "model", "data", "configs", "training"},
-  "analysis": {"core", "model", "data", "configs", "training", "inference"},
-  "benchmark": {"core", "model", "data", "configs", "training", "inference", "cli"},
-  "cli": {"core", "configs"},
+  "configs": {"core", "model"},
+  "training": {"core", "model", "cluster", "data", "configs"},
+  "inference": {"core", "model", "cluster", "data", "configs", "training"},
+  "analysis": {"core", "model", "cluster", "data", "configs", "training", "inference"},
+  "benchmark": {"core", "model", "cluster", "data", "configs", "training", "inference"},
+  "cli": set(LIBRARY),
 }
-COMMAND_LINE = {"cli", "configs"}  # what a module that is also a command line may import besides
 ENTRY_POINTS = ("train", "decode", "bench")
 
 
@@ -125,28 +138,93 @@ def package_graph() -> dict[str, set[str]]:
   return graph
 
 
-def test_the_rule_covers_every_package_and_has_no_cycle():
-  assert set(_packages()) == set(ALLOWED), "a new package: give it its place in ALLOWED"
-  assert _cycle(ALLOWED) is None
-  assert set(LIBRARY) <= set(ALLOWED) and not any("cli" in ALLOWED[p] for p in LIBRARY)
+def _reachable(rule: dict[str, set[str]], package: str) -> set[str]:
+  """The packages `package` may reach through the rule's arrows, itself included."""
+  seen, todo = {package}, [package]
+  while todo:
+    for nxt in rule.get(todo.pop(), ()):
+      if nxt not in seen:
+        seen.add(nxt)
+        todo.append(nxt)
+  return seen
 
 
-def test_every_import_follows_the_rule():
-  modules = _modules()
+def _closure(edges: dict[str, set[str]], module: str) -> dict[str, list[str]]:
+  """Every module `module` imports directly or through others: name -> one import path to it."""
+  paths, todo = {module: [module]}, [module]
+  while todo:
+    current = todo.pop()
+    for nxt in sorted(edges.get(current, ())):
+      if nxt not in paths:
+        paths[nxt] = paths[current] + [nxt]
+        todo.append(nxt)
+  del paths[module]
+  return paths
+
+
+def _against_the_rule(edges: dict[str, set[str]], rule: dict[str, set[str]]) -> list[str]:
+  """'a.b reaches c.d (a.b -> ... -> c.d)' for every module whose import closure leaves the
+  packages its own may reach; the entry points are free."""
   broken = []
-  for module, imported in sorted(_edges().items()):
+  for module in sorted(edges):
     source = module.split(".")[0]
     if source in ENTRY_POINTS:
       continue
-    command_line = _is_command_line(modules[module])
-    for name in sorted(imported):
-      target = name.split(".")[0]
-      if target == source or target in ALLOWED[source]:
-        continue
-      if target in COMMAND_LINE and command_line and source != "model":
-        continue
-      broken.append(f"{module} imports {name}")
+    allowed = _reachable(rule, source)
+    for target, path in sorted(_closure(edges, module).items()):
+      if target.split(".")[0] not in allowed:
+        broken.append(f"{module} reaches {target} ({' -> '.join(path)})")
+  return broken
+
+
+def test_the_rule_covers_every_package_and_has_no_cycle():
+  assert set(_packages()) == set(ALLOWED), "a new package: give it its place in ALLOWED"
+  assert _cycle(ALLOWED) is None
+  assert set(LIBRARY) <= set(ALLOWED)
+  assert not any("cli" in _reachable(ALLOWED, p) for p in LIBRARY)
+  assert not ({"data", "configs", "training", "cli"} & (_reachable(ALLOWED, "model")))
+  assert _reachable(ALLOWED, "configs") == {"configs", "model", "core"}
+
+
+def test_every_package_is_installed():
+  """pyproject.toml's package list names every package (a new one missing there is absent from
+  a non-editable install)."""
+  project = tomllib.loads((REPO / "pyproject.toml").read_text())
+  listed = {
+    name.rstrip("*") for name in project["tool"]["setuptools"]["packages"]["find"]["include"]
+  }
+  assert listed == set(_packages()), listed ^ set(_packages())
+
+
+def test_every_import_closure_follows_the_rule():
+  broken = _against_the_rule(_edges(), ALLOWED)
   assert not broken, "imports against the layers (tests/test_layers.py):\n" + "\n".join(broken)
+
+
+def test_the_closure_check_follows_imports_through_other_modules():
+  """A library module that reaches cli through another package's module is caught, with the
+  path; the same import from a command line is free."""
+  edges = {
+    "inference.restore": {"training.average"},
+    "training.average": {"cli.app"},
+    "cli.app": {"core.errors"},
+    "core.errors": set(),
+    "cli.average": {"training.average"},
+  }
+  assert _against_the_rule(edges, ALLOWED) == [
+    "inference.restore reaches cli.app (inference.restore -> training.average -> cli.app)",
+    "training.average reaches cli.app (training.average -> cli.app)",
+  ]
+
+
+def test_no_library_module_is_a_command_line():
+  """`python -m` runs the command lines of cli/; a library module has no `__main__` block."""
+  modules = _modules()
+  assert not [
+    m for m, path in modules.items() if m.split(".")[0] in LIBRARY and _is_command_line(path)
+  ]
+  command_lines = {m for m, path in modules.items() if _is_command_line(path)}
+  assert {"cli.average", "cli.fetch", "cli.ctranslate2_translate"} <= command_lines
 
 
 def test_the_modules_import_no_cycle():
@@ -205,7 +283,7 @@ def test_every_command_line_defines_its_flags_in_define_flags():
   command_lines = [
     name for name, path in _modules().items() if _is_command_line(path) and name != "model"
   ]
-  assert {"bench", "training.average", "analysis.bleu_by_length"} <= set(command_lines)
+  assert {"bench", "cli.average", "cli.bleu_by_length"} <= set(command_lines)
   for name in command_lines:
     tree = ast.parse(_modules()[name].read_text())
     assert _calls_outside_functions(tree) == [], f"{name} defines flags outside define_flags()"
@@ -216,3 +294,60 @@ def test_every_command_line_defines_its_flags_in_define_flags():
     defined = flags.FlagValues()
     module.define_flags(defined)
     assert len(list(defined)) > 0, name
+
+
+def _outside_the_command_lines() -> dict[str, pathlib.Path]:
+  """Every module but cli/'s and the entry points'."""
+  return {
+    name: path
+    for name, path in _modules().items()
+    if name.split(".")[0] not in ("cli", *ENTRY_POINTS)
+  }
+
+
+def _calls(tree: ast.AST, names: tuple[str, ...]) -> list[str]:
+  """The calls in `tree` whose function's last name starts with one of `names` (`os._exit`,
+  `flags.DEFINE_string`, ...), as 'name (line n)'."""
+  found = []
+  for call in ast.walk(tree):
+    if isinstance(call, ast.Call):
+      name = getattr(call.func, "attr", None) or getattr(call.func, "id", "")
+      if name.startswith(names):
+        found.append(f"{name} (line {call.lineno})")
+  return found
+
+
+def test_only_command_lines_end_the_process_or_define_flags():
+  """`os._exit` is called in cli/ and the entry points only (the library asks core/ending.py),
+  and flags are defined there only."""
+  broken = []
+  for name, path in sorted(_outside_the_command_lines().items()):
+    tree = ast.parse(path.read_text())
+    calls = _calls(tree, ("_exit", *_DEFINING))
+    broken += [f"{name}: {c}" for c in calls if not c.startswith("check_flags ")]
+  assert not broken, "\n".join(broken)
+
+
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_]*")
+
+
+def _flags_in_errors(tree: ast.AST) -> list[str]:
+  """The `--flag` names in the text of the errors a module raises, as 'flag (line n)'."""
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Raise) and node.exc is not None:
+      for part in ast.walk(node.exc):
+        if isinstance(part, ast.Constant) and isinstance(part.value, str):
+          found += [f"{m} (line {node.lineno})" for m in _FLAG.findall(part.value)]
+  return found
+
+
+def test_the_library_names_no_flag_in_its_errors():
+  """Library errors name Python arguments; only cli/ and the entry points turn them into flags
+  (cli/app.py error_line)."""
+  broken = []
+  for name, path in sorted(_outside_the_command_lines().items()):
+    broken += [f"{name}: {flag}" for flag in _flags_in_errors(ast.parse(path.read_text()))]
+  assert not broken, "\n".join(broken)
+  caught = ast.parse("raise ValueError(f'--take_over_lock={x}: no')\nraise ValueError('a-b --c')")
+  assert _flags_in_errors(caught) == ["--take_over_lock (line 1)", "--c (line 2)"]

@@ -147,6 +147,7 @@ def tiny():
   return model, params, apply, inputs, targets
 
 
+@pytest.mark.slow
 def test_causality(tiny):
   model, params, apply, inputs, targets = tiny
   base = apply(params, inputs, targets)
@@ -230,10 +231,10 @@ def test_cached_decoding_equals_full_decoding(tiny):
   "config,paper", [("configs/wmt14_ende_base.py", 65e6), ("configs/wmt14_ende_big.py", 213e6)]
 )
 def test_parameter_counts_match_paper(config, paper):
-  """analysis.parameters: the base model's count in a real process, the big one's in this one."""
+  """cli.parameters: the base model's count in a real process, the big one's in this one."""
   flags = (f"--config={config}",)
-  run = run_py("-m", "analysis.parameters", *flags) if "base" in config else None
-  run = run or run_in_process("analysis.parameters", *flags)
+  run = run_py("-m", "cli.parameters", *flags) if "base" in config else None
+  run = run or run_in_process("cli.parameters", *flags)
   assert run.returncode == 0, run.stderr[-2000:]
   out = run.stdout
   last = out.strip().splitlines()[-1]
@@ -247,6 +248,7 @@ def test_parameter_counts_match_paper(config, paper):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pre_ln,dtype", [(True, "bfloat16")])
 def test_forward_backward_finite(pre_ln, dtype):
   cfg = TransformerConfig(
@@ -385,6 +387,7 @@ def test_one_layer_forward_matches_numpy_reference():
   np.testing.assert_allclose(got[ok], want[ok], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_remat_gives_same_gradients():
   inputs = jnp.asarray([[4, 5, 6, 1]])
   targets = jnp.asarray([[7, 8, 1]])
@@ -457,7 +460,7 @@ def test_config_errors_are_clear():
   with pytest.raises(ValueError, match="model.type='lstm9' is unknown; valid types: transformer"):
     build_model({"type": "lstm9", "vocab_size": 10})
   out = run_in_process(
-    "analysis.parameters",
+    "cli.parameters",
     "--config=configs/tiny.py",
     "--config.model.vocab_size=50",
     "--config.model.no_such_field=3",

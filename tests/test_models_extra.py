@@ -224,6 +224,7 @@ all_models = pytest.mark.parametrize("name", list(MODELS))
 full_models = pytest.mark.parametrize("name", FULL)
 
 
+@pytest.mark.slow
 @all_models
 def test_shapes_and_finite_gradients(name):
   r = results(name)
@@ -263,6 +264,7 @@ def test_packed_rows_equal_separate_sentences(name):
       )
 
 
+@pytest.mark.slow
 @full_models
 def test_causality(name):
   """Logits at target position t see targets[:t] only."""
@@ -291,6 +293,7 @@ def test_search_through_the_cache(name):
   np.testing.assert_array_equal(np.argmax(tf, -1)[free], greedy[free])
 
 
+@pytest.mark.slow
 @full_models
 def test_growing_cache_changes_nothing(name):
   """Beam search over self-attention buffers grown 2 positions at a time (decoder-only) finds
@@ -315,6 +318,7 @@ def test_decoder_only_layout(name):
   np.testing.assert_allclose(r["logits"][1, : len(TGT[1])], r["by_hand"], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_decoder_only_loss_unchanged_by_projecting_targets_only():
   """Only the target part is projected to the vocabulary; the loss (and the logits) equal those
   of projecting every source and target position and slicing the target part afterwards."""

@@ -13,6 +13,8 @@ import pytest
 
 from tests.helpers import JOB_ARGS, REPO, cpu_env, free_port, train_losses
 
+pytestmark = pytest.mark.slow  # real command-line processes or trained workdirs
+
 
 def run_together(jobs, timeout=400):
   """Starts each (argv, env) of `jobs` at once and waits for all; their (stdout, stderr), once

@@ -14,6 +14,8 @@ from tests.helpers import REPO, tiny_config, train_run
 from training import checkpoint as ckpt
 from training.preemption import Preemption
 
+pytestmark = pytest.mark.slow  # real command-line processes or trained workdirs
+
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stop_signal_saves_and_exits_zero(tmp_path, sig):

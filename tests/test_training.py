@@ -2,9 +2,6 @@
 
 import json
 import logging
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +10,6 @@ import pytest
 
 from configs import common
 from tests.helpers import (
-  REPO,
   fixed_batches,
   make_parallel,
   run_in_process,
@@ -65,6 +61,7 @@ def reference_run():
   return batches, losses, state
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,mesh", [("pmap", None), ("mesh", (2, 2, 2))])  # (4, 1, 2): below
 def test_parallel_schemes_equal_one_device(reference_run, kind, mesh):
   batches, ref_losses, ref_state = reference_run
@@ -90,6 +87,7 @@ def test_parallel_schemes_equal_one_device(reference_run, kind, mesh):
     assert mu.addressable_shards[0].data.size * 4 == mu.size  # Adam's moments sharded like wi
 
 
+@pytest.mark.slow
 def test_dropout_on_a_mesh_equals_dropout_on_one_device(reference_run):
   """With dropout on, a data- and tensor-sharded step draws the same masks as one device
   (model/dropout.py hashes each element's global index, whatever the sharding), so the runs
@@ -117,6 +115,7 @@ def test_dropout_on_a_mesh_equals_dropout_on_one_device(reference_run):
   assert abs(no_drop[0] - ref[0]) > 1e-3, (no_drop[0], ref[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "devices,accum,parallelism", [(1, 4, "mesh"), (8, 2, "mesh"), (2, 2, "pmap")]
 )
@@ -197,6 +196,7 @@ def test_tensor_parallel_step_moves_no_activations_between_devices():
   assert "collective-permute" not in hlo and "all-to-all" not in hlo
 
 
+@pytest.mark.slow
 def test_nonfinite_update_is_skipped_and_counted(reference_run):
   batches, _, _ = reference_run
   p = make_parallel(tiny_config(num_devices=1))
@@ -233,8 +233,8 @@ def test_nonfinite_update_is_skipped_and_counted(reference_run):
 
 
 def test_float16_training_and_cudnn_float32_are_refused():
-  from configs.validate import check_config
   from training.build import build_steps
+  from training.validate import check_config
 
   with pytest.raises(
     ValueError,
@@ -251,9 +251,9 @@ def test_float16_training_and_cudnn_float32_are_refused():
 
 
 def test_bad_loop_settings_are_config_errors(tmp_path):
-  from configs.validate import check_config
   from core.errors import UsageError
   from training.loop import train
+  from training.validate import check_config
 
   for eps in (1.0, -0.1):
     with pytest.raises(ValueError, match=rf"optim.label_smoothing={eps} must be in \[0, 1\)"):
@@ -441,33 +441,3 @@ def test_mesh_axes_that_divide_no_parameter_dimension_are_reported(caplog):
   with caplog.at_level(logging.WARNING):
     build_steps(tiny_config(num_devices=8, **{"mesh.data": 1, "mesh.fsdp": 8}))
   assert "does not divide" not in caplog.text and "shards no parameter" not in caplog.text
-
-
-def test_distributed_arguments_are_checked_before_waiting():
-  """An out-of-range process id is an error naming the flags at once (it used to wait for the
-  coordinator and then report a failure to join)."""
-  from training.distributed import initialize_distributed
-
-  with pytest.raises(ValueError, match=r"--process_id=2 must be in \[0, --num_processes=2\)"):
-    initialize_distributed("127.0.0.1:1", 2, 2, timeout_s=1)
-
-
-def test_without_flags_or_a_cluster_a_run_is_one_process():
-  """No flags and no cluster environment (no SLURM, Open MPI, Kubernetes or TPU variables): JAX's
-  own detection, through its public API, finds nothing to join and the run is one process."""
-  env = {
-    k: v
-    for k, v in os.environ.items()
-    if not k.startswith(("SLURM_", "OMPI_", "PMI_", "KUBERNETES_", "TPU_", "JAX_COORDINATOR"))
-  }
-  code = (
-    "from training.distributed import initialize_distributed\n"
-    "initialize_distributed(None, None, None, timeout_s=5)\n"
-    "import jax\n"
-    "print(jax.process_count(), jax.distributed.is_initialized())\n"
-  )
-  out = subprocess.run(
-    [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-  )
-  assert out.returncode == 0, out.stderr[-2000:]
-  assert out.stdout.split() == ["1", "False"]

@@ -15,6 +15,8 @@ from inference import Translator
 from model.search_settings import SearchSettings
 from tests.helpers import MODEL_TYPES, REPO, run_in_process, run_py
 
+pytestmark = pytest.mark.slow  # real command-line processes or trained workdirs
+
 SENTENCES = ["w1 w2 w3", "", "w5 w6 w7 w8 w9", "w3 w4", "w10 w11 w12 w13 w14 w15"]
 
 

@@ -1,6 +1,6 @@
 """Checkpoint averaging (the paper evaluates the mean of the last 5 base / 20 big checkpoints).
 
-    python -m training.average --workdir=runs/base --last=5
+    python -m cli.average --workdir=runs/base --last=5      # the command line (cli/average.py)
     python decode.py --workdir=runs/base --checkpoint=average:5 ...
 
 Writes `<workdir>/averaged/last<k>`, which decode.py loads for `--checkpoint=average:<k>` (the
@@ -16,10 +16,8 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from absl import flags, logging
+from absl import logging
 
-from cli import app
-from configs.rules import Int, check_flag
 from core.errors import ArgumentError
 from training.checkpoint import available_steps, checkpoint_dir, describe_workdir, restore
 from training.compatibility import config_from_meta
@@ -96,20 +94,3 @@ def load_params(path: pathlib.Path):
   """(params, meta) of one checkpoint folder, as host numpy arrays."""
   state, meta = restore(path)
   return state["params"], meta
-
-
-def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """This command line's flags, defined only when it runs (cli/app.py)."""
-  flags.DEFINE_string("workdir", None, "Training workdir.", required=True, flag_values=flag_values)
-  flags.DEFINE_integer("last", 5, "Average the last N checkpoints.", flag_values=flag_values)
-  check_flag("last", Int(min=1), flag_values)
-
-
-def main() -> None:
-  out = write_average(flags.FLAGS.workdir, flags.FLAGS.last)
-  print(f"averaged the last {flags.FLAGS.last} checkpoints into {out}")
-
-
-if __name__ == "__main__":
-  define_flags()
-  app.run(main, prog="training.average")

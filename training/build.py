@@ -13,17 +13,17 @@ import functools
 
 from absl import logging
 
-from configs.validate import uses_cudnn
 from model.build import build_model
 from training import parallel as par
 from training import step as step_lib
 from training.state import init_state, make_optimizer
+from training.validate import uses_cudnn
 
 
 def build_steps(config):
   """The model and the train/eval steps wrapped for `config.parallelism`: (model, Parallel).
   train.py, bench.py and the tests all build the step here, so they time and test the same one.
-  The config is checked first by `configs.validate.check_config`."""
+  The config is checked first by `training.validate.check_config`."""
   model = build_model(config.model)
   if uses_cudnn(config) and config.model.get("attention_dropout_rate"):
     logging.warning(

@@ -369,6 +369,12 @@ def _state_metadata(path: pathlib.Path):
   return getattr(tree, "tree", tree)
 
 
+def saved_shapes(path) -> dict[str, tuple[int, ...]]:
+  """{'params/encoder/...': shape} of every array of the state saved in checkpoint folder `path`,
+  read from its metadata alone."""
+  return _leaf_shapes(_state_metadata(path))
+
+
 def state_differences(path, abstract_state, limit: int = 4) -> list[str]:
   """How the state saved in checkpoint folder `path` differs from `abstract_state` (arrays
   missing, extra, or of another shape); [] when it fits. Reads only the checkpoint's metadata."""

@@ -1,6 +1,7 @@
-"""The training loop behind train.py: data -> state (restored or new) -> steps, each followed by
-the periodic actions of training/periodic.py (heartbeat, non-finite stop, log, eval, checkpoint)
-and a stop signal's check -> a last eval and checkpoint. Importable without flags:
+"""The training loop behind train.py: data -> state (restored, new, or fine-tuned from
+config.init_from: training/finetune.py) -> steps, each followed by the periodic actions of
+training/periodic.py (heartbeat, non-finite stop, log, eval, early stopping, checkpoint) and a
+stop signal's check -> a last eval and checkpoint. Importable without flags:
 `train(config, workdir)`.
 
 The loop never asks which parallelism runs: `training/build.py` gives it the model and a
@@ -20,17 +21,17 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from configs.validate import check_backend, check_config
 from core.errors import UsageError
 from core.progress import Progress
 from data import pipeline as data_pipeline
 from data import tokenizer
 from training import checkpoint as ckpt
-from training import compatibility, periodic
+from training import compatibility, finetune, periodic
 from training import parallel as par
 from training.build import build_steps
 from training.metrics import MetricsWriter
 from training.preemption import Preemption
+from training.validate import check_backend, check_config
 from training.workdir import WorkdirLock, check_workdir, check_writable_folder
 
 
@@ -98,21 +99,28 @@ def train(config, workdir: pathlib.Path, take_over_lock: bool = False) -> dict:
   before anything is written until the end; `take_over_lock` takes it from a live holder."""
   check_config(config, "train")
   workdir = pathlib.Path(workdir)
+  source = finetune.resolve(config, workdir)  # init_from: read and checked before any write
+  if config.get("init_from") and source is None:
+    logging.info("init_from=%s not read: %s resumes its own checkpoints", config.init_from, workdir)
   check_workdir(workdir)
   check_backend(config)
   lock = _lock_workdir(workdir, take_over_lock)
   try:
     check_writable_folder(ckpt.checkpoint_dir(workdir), "checkpoint folder")
-    return _train(config, workdir, lock)
+    return _train(config, workdir, lock, source)
   finally:
     if lock is not None:
       lock.release()
 
 
-def _train(config, workdir: pathlib.Path, lock: WorkdirLock | None) -> dict:
+def _train(config, workdir: pathlib.Path, lock: WorkdirLock | None, source) -> dict:
   lead = jax.process_index() == 0
+  if lead and source is not None:
+    finetune.place_vocab(source, workdir)
   pipeline = _build_data(config, workdir, par.data_parallel_size(config))
   vocab = pipeline.vocab
+  if source is not None:
+    finetune.check_vocab(source, vocab)
   fit_model_vocab(config, vocab.vocab_size)
   logging.info(
     "train batch shapes %s: the step compiles at most %d time(s)",
@@ -127,19 +135,25 @@ def _train(config, workdir: pathlib.Path, lock: WorkdirLock | None) -> dict:
     async_save=config.checkpoint.async_save,
   )
   train_iter = pipeline.train_iter()
-  step, state = _resume_or_start(config, checkpointer, parallel, train_iter, vocab.fingerprint)
+  step, state, resumed = _resume_or_start(
+    config, checkpointer, parallel, train_iter, vocab.fingerprint, source
+  )
+  stopping = periodic.EarlyStopping(config.early_stopping, resumed.get("early_stopping"))
   if lead and config.data.vocab_path:  # the workdir alone must decode, here or elsewhere
     tokenizer.save_in_workdir(vocab, workdir)
   last_step = config.num_train_steps
-  if step >= last_step:
+  if step >= last_step or stopping.stop:
     checkpointer.close()
-    logging.warning(
-      "%s is already at step %d (num_train_steps=%d): nothing to train; raise "
-      "num_train_steps to continue",
-      checkpointer.root / str(step),
-      step,
-      last_step,
-    )
+    if stopping.stop:
+      logging.warning("%s; raise early_stopping.patience to continue", stopping.line(step))
+    else:
+      logging.warning(
+        "%s is already at step %d (num_train_steps=%d): nothing to train; raise "
+        "num_train_steps to continue",
+        checkpointer.root / str(step),
+        step,
+        last_step,
+      )
     return {}
   rng = jax.random.fold_in(jax.random.key(config.seed), 2)
 
@@ -154,7 +168,8 @@ def _train(config, workdir: pathlib.Path, lock: WorkdirLock | None) -> dict:
   log = periodic.LogWindow(writer, progress, log_due)
   eval_due = periodic.Every(config.eval_every_steps, last_step)
   evaluation = periodic.Evaluation(config, pipeline, model, parallel, writer, eval_due)
-  meta = functools.partial(_checkpoint_meta, config, train_iter, vocab.fingerprint)
+  stopping.evaluation = evaluation
+  meta = functools.partial(_checkpoint_meta, config, train_iter, vocab.fingerprint, stopping)
   save_due = periodic.Every(config.checkpoint_every_steps, last_step)
   checkpoints = periodic.Checkpoints(checkpointer, parallel, meta, evaluation, save_due, step)
   t_start = time.time()
@@ -169,18 +184,29 @@ def _train(config, workdir: pathlib.Path, lock: WorkdirLock | None) -> dict:
       nonfinite(done)
       log(done)
       evaluation(done)
+      stopping(done)
       checkpoints(done)
+      if stopping.stop:
+        break
       if preemption.requested(step):
         periodic.stop_on_signal(preemption, checkpoints, done, progress)
         return evaluation.last
     nonfinite.at_end(done)
-    final = evaluation.run(done)
-    checkpoints.save(done, {"bleu": final.get("bleu", 0.0)}, force=True)
+    if stopping.stop:  # evaluated at this step: its checkpoint, unless the periodic one is it
+      final = evaluation.last
+      if checkpoints.saved_step != step:
+        checkpoints.save(done, {"bleu": final.get("bleu", 0.0)}, force=True)
+    else:
+      final = evaluation.run(done)
+      stopping.observe(step, final)
+      checkpoints.save(done, {"bleu": final.get("bleu", 0.0)}, force=True)
   finally:
     preemption.close()
     checkpointer.close()
     progress.close()
     writer.close()
+  if lead and stopping.stop:
+    logging.warning("%s", stopping.line(step))
   if lead:
     summary = {"step": step, "train_seconds": round(time.time() - t_start, 1), **final}
     rounded = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()}
@@ -188,9 +214,10 @@ def _train(config, workdir: pathlib.Path, lock: WorkdirLock | None) -> dict:
   return final
 
 
-def _resume_or_start(config, checkpointer, parallel, train_iter, vocab_fingerprint: str):
-  """(step, state): the newest checkpoint's that this config may resume, `train_iter` put back
-  where that run was; or 0 and a new state."""
+def _resume_or_start(config, checkpointer, parallel, train_iter, vocab_fingerprint: str, source):
+  """(step, state, meta): the newest checkpoint's that this config may resume, `train_iter` put
+  back where that run was; or 0, a new state (with the parameters of `source`, a
+  training.finetune.Source, when given) and {}."""
   restored = checkpointer.restore_latest(
     parallel.restore_target,
     check_meta=lambda meta: compatibility.check_resumable(
@@ -201,21 +228,25 @@ def _resume_or_start(config, checkpointer, parallel, train_iter, vocab_fingerpri
     ),
   )
   if restored is None:
-    return 0, parallel.init_state(jax.random.fold_in(jax.random.key(config.seed), 1))
+    rng = jax.random.fold_in(jax.random.key(config.seed), 1)
+    if source is not None:
+      return 0, finetune.initial_state(source, parallel, rng, config), {}
+    return 0, parallel.init_state(rng), {}
   step, state, meta = restored
   state = parallel.from_restored(state)
   train_iter.restore(meta["data_state"])
   logging.info("resumed from %s at step %d", checkpointer.root / str(step), step)
   compatibility.log_changed_recipe(compatibility.config_from_meta(meta), config)
-  return step, state
+  return step, state, meta
 
 
-def _checkpoint_meta(config, train_iter, vocab_fingerprint: str, step: int) -> dict:
+def _checkpoint_meta(config, train_iter, vocab_fingerprint: str, stopping, step: int) -> dict:
   """What a checkpoint holds beside the state: the config, the data position, the vocabulary's
-  fingerprint (training/compatibility.py checks them on resume)."""
+  fingerprint (training/compatibility.py checks them on resume), early stopping's count."""
   return {
     "config": config.to_json(),
     "data_state": train_iter.state(),
+    "early_stopping": stopping.state(),
     "seed": config.seed,
     "step": step,
     "vocab": vocab_fingerprint,

@@ -1,10 +1,12 @@
 """What the training loop does after each step, as flax's clu periodic actions: every action is
 called with each finished step (`StepDone`) and decides on its own schedule whether to act.
 
-    heartbeat, nonfinite, log, evaluation, checkpoints   # built once (training/loop.py)
+    heartbeat, nonfinite, log, evaluation, stopping, checkpoints   # built once (training/loop.py)
     for each step:
       done = StepDone(step, state, batch, metrics)
-      heartbeat(done); nonfinite(done); log(done); evaluation(done); checkpoints(done)
+      heartbeat(done); nonfinite(done); log(done); evaluation(done); stopping(done)
+      checkpoints(done)
+      if stopping.stop: break                                   # early stopping
 
 The run's last step belongs to the loop, which evaluates and saves it once the steps end: the
 evaluation and checkpoint schedules skip it, the log's keeps it (its last record). Stopping on a
@@ -19,10 +21,13 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
+from cluster import distributed
 from core.errors import RunError
-from training import distributed, evaluate
+from training import evaluate
 from training.metrics import accumulate, window_means
 
 
@@ -52,7 +57,7 @@ class Every:
 
 class Heartbeat:
   """Every step: records the step this process reached (named in the line of a process that
-  stops when another is lost, training/distributed.py), and stops the run (RunError) when an
+  stops when another is lost, cluster/distributed.py), and stops the run (RunError) when an
   asynchronous save failed or another run took the workdir's lock (`lock`: None on processes
   other than 0)."""
 
@@ -154,6 +159,63 @@ class Evaluation:
     self.writer.write(done.step, "eval", metrics)
     self.step, self.last = done.step, metrics
     return metrics
+
+
+class EarlyStopping:
+  """After each evaluation (of `evaluation`, at the step it ran): counts the evaluations in a row
+  whose val `config.metric` ('bleu': higher is better; 'loss': lower) did not beat the best so far
+  by at least `config.min_delta` (and by more than 0); `stop` once `config.patience` of them did
+  (0: never). `saved`: the `state()` a checkpoint's meta holds, so that a resumed run goes on
+  counting (a state of another metric is not taken). Off (nothing counted) with patience 0."""
+
+  def __init__(self, config, saved: dict | None = None, evaluation=None):
+    self.metric, self.patience = config.metric, int(config.patience)
+    self.min_delta, self.evaluation = float(config.min_delta), evaluation
+    self.best, self.best_step, self.waited, self._seen = None, None, 0, None
+    if saved and saved.get("metric") == self.metric:
+      self.best, self.best_step, self.waited = saved["best"], saved["best_step"], saved["waited"]
+
+  def __call__(self, done: StepDone) -> None:
+    if self.evaluation is not None and self.evaluation.step == done.step:
+      self.observe(done.step, self.evaluation.last)
+
+  def observe(self, step: int, metrics: dict) -> None:
+    """Counts the evaluation `metrics` of `step` (once per step)."""
+    if not self.patience or self.metric not in metrics or step == self._seen:
+      return
+    self._seen, value = step, float(metrics[self.metric])
+    if jax.process_count() > 1:  # each decodes its own BLEU: all take process 0's, stop together
+      value = float(multihost_utils.broadcast_one_to_all(np.float32(value)))
+    if self.best is None:
+      gain = None
+    else:
+      gain = value - self.best if self.metric == "bleu" else self.best - value
+    if gain is None or (gain > 0 and gain >= self.min_delta):
+      self.best, self.best_step, self.waited = value, step, 0
+    else:
+      self.waited += 1
+
+  @property
+  def stop(self) -> bool:
+    return self.patience > 0 and self.waited >= self.patience
+
+  def state(self) -> dict:
+    return {
+      "metric": self.metric,
+      "best": self.best,
+      "best_step": self.best_step,
+      "waited": self.waited,
+    }
+
+  def line(self, step: int) -> str:
+    """The run's last line once `stop`: the metric, its best value and step."""
+    return (
+      f"early stopping at step {step}: val {self.metric} has not beaten its best"
+      + (f" by {self.min_delta:g} or more" if self.min_delta else "")
+      + f" in {self.waited} evaluations "
+      f"(early_stopping.patience={self.patience}); best {self.metric} {self.best:.4f} at step "
+      f"{self.best_step}"
+    )
 
 
 class Checkpoints:

@@ -10,7 +10,6 @@ ends a process that does not stop.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import threading
@@ -20,6 +19,8 @@ import jax
 import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
+
+from core import ending
 
 
 class Preemption:
@@ -32,9 +33,10 @@ class Preemption:
   C++ call (a collective another process never joins) would ignore both signals. A watchdog thread
   therefore hears every signal through `signal.set_wakeup_fd`, which the C-level handler writes to
   at once: if the process is still training `timeout_s` seconds after the first stop signal (at
-  most 30 s after a second one), it writes a line to stderr and exits with status 128 + signal
-  number, as the default action would. Checkpoint writes are atomic, so the last finished
-  checkpoint survives. `timeout_s=0` disables the watchdog."""
+  most 30 s after a second one), it ends the process through the command line's exit
+  (core/ending.py) with a line and status 128 + signal number, as the default action would.
+  Checkpoint writes are atomic, so the last finished checkpoint survives. `timeout_s=0` disables
+  the watchdog."""
 
   SECOND_SIGNAL_TIMEOUT_S = 30.0
 
@@ -82,8 +84,9 @@ class Preemption:
 
 
 class StopWatchdog:
-  """The thread behind `_Preemption`'s timeout: reads signal numbers from a wakeup socket and
-  ends the process with `os._exit` when a stop signal has gone unanswered for too long."""
+  """The thread behind `Preemption`'s timeout: reads signal numbers from a wakeup socket and
+  ends the process (core/ending.py: the command line's exit) when a stop signal has gone
+  unanswered for too long."""
 
   def __init__(self, timeout_s: float, second_timeout_s: float):
     self._timeout_s, self._second_timeout_s = timeout_s, second_timeout_s
@@ -108,16 +111,13 @@ class StopWatchdog:
         return
       if data is None:
         name = signal.Signals(signum).name
-        os.write(
-          2,
-          (
-            f"{name} received {deadline - started:.0f} s ago and the process "
-            f"has not stopped (stuck in a collective or a save?): exiting with status "
-            f"{128 + signum} without a new checkpoint; the last finished one is "
-            f"intact\n"
-          ).encode(),
+        ending.end_process(
+          128 + signum,
+          f"{name} received {deadline - started:.0f} s ago and the process has not stopped "
+          f"(stuck in a collective or a save?): exiting with status {128 + signum} without a new "
+          "checkpoint; the last finished one is intact",
         )
-        os._exit(128 + signum)
+        return
       for number in data:
         if number not in stops:
           continue

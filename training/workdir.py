@@ -23,10 +23,10 @@ O_EXCL file `<workdir>/lock.takeover`); in its turn a taker removes the lock onl
 the one it judged, and creates its own with O_EXCL: of two takers only one wins.
 
 The lock is deleted when the run ends, also on errors and after a stop signal, and by
-`release_held_locks()` when a multi-process job stops because another process was lost
-(training/distributed.py); a process killed with SIGKILL leaves it behind, for the next run to
-take over. Readers (decode.py,
-training.average) ignore it; so do processes other than 0 of a multi-host job.
+`release_held_locks()` when the process is ended at once (core/ending.py: a multi-process job
+stops because another process was lost, cluster/distributed.py, or a stop signal went
+unanswered); a process killed with SIGKILL leaves it behind, for the next run to take over.
+Readers (decode.py, cli.average) ignore it; so do processes other than 0 of a multi-host job.
 """
 
 from __future__ import annotations
@@ -45,23 +45,25 @@ import uuid
 
 from absl import logging
 
-from core.errors import RunError, UsageError
+from core import ending
+from core.errors import ArgumentError, RunError, UsageError
 
 LOCK_NAME = "lock"
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 4 * HEARTBEAT_S
 TAKEOVER_TURN_S = 10.0  # a takeover's turn (see WorkdirLock._take_over) older than this is void
-TAKE_OVER_FLAG = "--take_over_lock"
+TAKE_OVER = "take_over_lock"  # training.loop.train's argument (train.py's flag of that name)
 
 
 def check_workdir(workdir: pathlib.Path) -> None:
   """Creates `workdir` if needed and checks that this process can write in it."""
-  check_writable_folder(workdir, "--workdir")
+  check_writable_folder(workdir, "workdir")
 
 
 def check_writable_folder(folder: pathlib.Path, name: str) -> None:
   """Creates `folder` if needed and checks that this process can write in it; UsageError naming
-  it (`name`: how the user knows it, e.g. '--workdir') otherwise."""
+  it otherwise: an ArgumentError when `name` is the caller's argument (e.g. 'workdir'), else
+  '<name> <folder>: ...' (e.g. 'checkpoint folder')."""
   folder = pathlib.Path(folder)
   try:
     if folder.exists() and not folder.is_dir():
@@ -72,8 +74,10 @@ def check_writable_folder(folder: pathlib.Path, name: str) -> None:
     with tempfile.NamedTemporaryFile(dir=folder, prefix=".write_test-"):
       pass
   except OSError as e:
-    label = f"{name}={folder}" if name.startswith("--") else f"{name} {folder}"
-    raise UsageError(f"{label}: not writable ({e.strerror or e})") from None
+    problem = f"not writable ({e.strerror or e})"
+    if name.isidentifier():
+      raise ArgumentError(name, folder, problem) from None
+    raise UsageError(f"{name} {folder}: {problem}") from None
 
 
 # ----------------------------------------------------------------------------- the lock
@@ -251,6 +255,7 @@ class WorkdirLock:
     self._thread = threading.Thread(target=self._beat, name="workdir-lock", daemon=True)
     self._thread.start()
     _HELD.add(self)
+    ending.on_end(release_held_locks)  # a process ended at once leaves no lock behind
     return self
 
   def acquire(self) -> WorkdirLock:
@@ -265,16 +270,18 @@ class WorkdirLock:
       dead = why_dead(found[1], found[2])
       holder = describe_holder(found[1], found[2])
       if dead is None and not self.take_over:
-        raise UsageError(
-          f"{self.path.parent} is in use by another run: {holder}, lock {self.path}; wait for "
-          f"it, stop it, or use another --workdir ({TAKE_OVER_FLAG} only if that run is dead)"
+        raise ArgumentError(
+          "workdir",
+          self.path.parent,
+          f"in use by another run: {holder}, lock {self.path}; wait for it, stop it, or use "
+          f"another workdir ({TAKE_OVER} only if that run is dead)",
         )
       if self._take_over(found):
         logging.warning(
           "took over %s from %s: %s",
           self.path,
           holder,
-          dead or f"forced by {TAKE_OVER_FLAG} (make sure that run is stopped)",
+          dead or f"forced by {TAKE_OVER} (make sure that run is stopped)",
         )
         return self._start_heartbeat()
     raise UsageError(f"{self.path}: could not take the lock (other runs keep taking it)")
@@ -298,7 +305,7 @@ class WorkdirLock:
     return True
 
   def check(self) -> None:
-    """RunError once another run has taken the lock (--take_over_lock): two runs must not write
+    """RunError once another run has taken the lock (take_over_lock): two runs must not write
     in one workdir, so this one stops without a new checkpoint."""
     if self.lost:
       raise RunError(

@@ -16,15 +16,16 @@ With the flags, processes other than 0 first check that the coordinator answers 
 the connection and never answers (the wrong port, a hung coordinator), waits out its timeout and
 then aborts the process with a C++ stack trace instead of raising.
 
-A lost process. JAX's coordination service runs in a child of process 0 (training/coordinator.py),
+A lost process. JAX's coordination service runs in a child of process 0 (cluster/coordinator.py),
 so that it outlives process 0, in its recoverable mode, so that it makes no process abort. Every
 process then runs a `JobWatch`: two daemon threads that write a heartbeat key into the service's
 key-value store every second (at most `heartbeat_s` / 5) and read everyone's. A process whose
 heartbeat has not changed for `heartbeat_s` seconds (killed, crashed, out of memory, frozen, its
 host down), or that stopped on an error of its own (its `stop_after_error` wrote why), ends the
-job: every other process writes one line naming it (process id, host, pid) and the step, releases
-the workdir lock if it holds it and exits with status 1 at once (`os._exit`: neither the
-collective it may be stuck in nor JAX's shutdown barrier can hold it). The same when the service
+job: every other process ends at once through the command line's exit (core/ending.py: the
+workdir lock released, one line naming the lost process (id, host, pid) and the step, exit status
+1; neither the collective it may be stuck in nor JAX's shutdown barrier can hold it; called from
+Python, the main thread gets a KeyboardInterrupt instead). The same when the service
 itself cannot be reached for `heartbeat_s` (process 0's host is down). A collective that fails
 because a peer is gone (Gloo's "Connection reset by peer") raises in the main thread first:
 `stop_after_error` then waits for the watch to name the lost process instead of reporting it.
@@ -34,16 +35,16 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 import time
+from collections.abc import Sequence
 
 import jax
 from absl import logging
 
-from core.errors import FAILURE, RunError, UsageError, message
-from training import coordinator
-from training.workdir import release_held_locks
+from cluster import coordinator, jax_private
+from core import ending
+from core.errors import FAILURE, ArgumentError, RunError, UsageError, message
 
 # What `jax.distributed.initialize()` raises, before it starts anything, when it was given no
 # coordinator and detected no cluster environment, and when JAX has already computed in this
@@ -51,7 +52,7 @@ from training.workdir import release_held_locks
 _NO_CLUSTER = "coordinator_address should be defined"
 _TOO_LATE = "must be called before"
 
-HEARTBEAT_S = 30  # train.py --heartbeat_timeout
+HEARTBEAT_S = 30  # the default of initialize_distributed's heartbeat_s
 
 
 def _jax_heartbeat_s(heartbeat_s: int) -> int:
@@ -66,17 +67,19 @@ def initialize_distributed(
   process_id: int | None,
   timeout_s: int = 300,
   heartbeat_s: int = HEARTBEAT_S,
-  prog: str = "train.py",
+  service_command: Sequence[str] | None = None,
 ) -> None:
   """Joins the job and starts its `JobWatch`, or returns at once for a single-process run.
-  UsageError for flags that do not go together; RunError when the coordinator cannot be reached
-  within `timeout_s`. `heartbeat_s`: how long a process may show no sign of life before the
-  others stop; `prog` starts their line."""
+  UsageError for arguments that do not go together; RunError when the coordinator cannot be
+  reached within `timeout_s`. `heartbeat_s`: how long a process may show no sign of life before
+  the others stop. `service_command`: the program process 0 runs its coordination service in
+  (cluster/coordinator.py; train.py's is cli/coordination_service.py); None: JAX's own, inside
+  process 0, whose loss then aborts the others with a stack trace."""
   explicit = bool(coordinator_address) or (num_processes is not None and num_processes > 1)
   settings = dict(
     initialization_timeout=timeout_s, heartbeat_timeout_seconds=_jax_heartbeat_s(heartbeat_s)
   )
-  own_service = coordinator.service_in_own_process(2 * heartbeat_s + 10, timeout_s)
+  own_service = coordinator.service_in_own_process(2 * heartbeat_s + 10, timeout_s, service_command)
   if not explicit:
     try:
       with own_service:
@@ -89,15 +92,16 @@ def initialize_distributed(
       raise RunError(
         f"could not join the distributed job JAX detected within {timeout_s} s: {e}"
       ) from None
-    _start_watch(heartbeat_s, prog)
+    _start_watch(heartbeat_s)
     return
   if not coordinator_address or num_processes is None or process_id is None:
     raise UsageError(
-      "--coordinator_address, --num_processes and --process_id must be given "
-      f"together (got {coordinator_address!r}, {num_processes!r}, {process_id!r})"
+      "coordinator_address, num_processes and process_id must be given together (got "
+      f"coordinator_address={coordinator_address!r}, num_processes={num_processes!r}, "
+      f"process_id={process_id!r})"
     )
   if not 0 <= process_id < num_processes:
-    raise UsageError(f"--process_id={process_id} must be in [0, --num_processes={num_processes})")
+    raise ArgumentError("process_id", process_id, f"must be in [0, num_processes={num_processes})")
   host, port = _host_port(coordinator_address)
   if process_id != 0:
     # JAX aborts the whole process (no exception) when the coordinator never answers, so wait for
@@ -119,7 +123,7 @@ def initialize_distributed(
       f"could not join the distributed job at coordinator {coordinator_address!r} within "
       f"{timeout_s} s (process {process_id} of {num_processes}): {e}"
     ) from None
-  _start_watch(heartbeat_s, prog)
+  _start_watch(heartbeat_s)
 
 
 # ----------------------------------------------------------------------------- the watch
@@ -127,23 +131,17 @@ _KEY = "attention_jax"  # the key-value store's folder for the watch
 _WATCH: JobWatch | None = None
 
 
-def _start_watch(heartbeat_s: int, prog: str) -> None:
+def _start_watch(heartbeat_s: int) -> None:
   global _WATCH
   if jax.process_count() == 1:
     return
   if jax.process_index() == 0 and not coordinator.hosted_here():
     logging.warning(
       "JAX started its coordination service inside this process (this JAX differs from the one "
-      "training/coordinator.py knows): if this process dies, the others abort with a stack trace"
+      "cluster/jax_private.py knows): if this process dies, the others abort with a stack trace"
     )
-  from jax._src import distributed as jax_distributed  # the client: no public accessor
-
   _WATCH = JobWatch(
-    jax_distributed.global_state.client,
-    jax.process_index(),
-    jax.process_count(),
-    heartbeat_s,
-    prog,
+    jax_private.distributed_client(), jax.process_index(), jax.process_count(), heartbeat_s
   )
 
 
@@ -186,10 +184,10 @@ def finish() -> None:
 class JobWatch:
   """The heartbeat and the judge of one process (see the module's docstring)."""
 
-  def __init__(self, client, process_id: int, num_processes: int, heartbeat_s: float, prog: str):
+  def __init__(self, client, process_id: int, num_processes: int, heartbeat_s: float):
     self.process_id, self.num_processes = process_id, num_processes
     self.step: int | None = None
-    self._client, self._timeout, self._prog = client, float(heartbeat_s), prog
+    self._client, self._timeout = client, float(heartbeat_s)
     self._period = min(1.0, heartbeat_s / 5)
     self._lock = threading.Lock()
     self._closed = threading.Event()
@@ -265,8 +263,8 @@ class JobWatch:
           )
       if now - self._last_contact > self._timeout:
         return (
-          f"lost contact with the job's coordination service ({self._who(0)}, "
-          f"--coordinator_address) for {self._timeout:.0f} s, {self._at()}: process 0's host is "
+          f"lost contact with the job's coordination service ({self._who(0)}, the coordinator's "
+          f"address) for {self._timeout:.0f} s, {self._at()}: process 0's host is "
           f"down or unreachable; stopped; {resume}"
         )
       lost = [
@@ -279,7 +277,7 @@ class JobWatch:
     if lost:
       return (
         f"{' and '.join(self._who(p) for p in lost)} lost {self._at()}: no sign of life for "
-        f"{self._timeout:.0f} s (--heartbeat_timeout; killed, crashed, out of memory, frozen or "
+        f"{self._timeout:.0f} s (the heartbeat timeout; killed, crashed, out of memory, frozen or "
         f"its host down); stopped; {resume}"
       )
     return None
@@ -288,7 +286,8 @@ class JobWatch:
     while not self._closed.wait(self._period):
       why = self.verdict()
       if why is not None and not self._closed.is_set():
-        _stop_process(self._prog, why)
+        ending.end_process(FAILURE, why)
+        return  # called from Python, the process goes on: the verdict is given once
 
   def wait_for_verdict(self) -> None:
     """Sleeps as long as a lost process takes to be noticed (the judge may end the process)."""
@@ -321,32 +320,11 @@ class JobWatch:
         thread.join(timeout=5)
 
 
-_STOPPING = threading.Lock()
-
-
-def _stop_process(prog: str, why: str) -> None:
-  """Writes `<prog>: error: <why>`, releases this process's workdir lock and exits with status 1
-  at once: the main thread may be stuck in a collective with the lost process."""
-  if not _STOPPING.acquire(blocking=False):
-    return
-  try:
-    sys.stdout.flush()
-    sys.stderr.flush()
-  except (OSError, ValueError):
-    pass
-  os.write(2, f"{prog}: error: {why}\n".encode())
-  try:
-    release_held_locks()
-  except Exception as e:  # noqa: BLE001 - the next run takes over a lock left behind
-    os.write(2, f"(could not release the workdir lock: {message(e)})\n".encode())
-  os._exit(FAILURE)
-
-
 # ----------------------------------------------------------------------------- joining
 def _host_port(address: str) -> tuple[str, int]:
   host, _, port = address.rpartition(":")
   if not host or not port.isdigit():
-    raise UsageError(f"--coordinator_address={address!r}: expected host:port")
+    raise ArgumentError("coordinator_address", address, "expected host:port")
   return host.strip("[]"), int(port)
 
 

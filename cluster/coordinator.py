@@ -1,7 +1,7 @@
 """JAX's coordination service in a process of its own, which process 0 of a job starts.
 
-    with service_in_own_process():       # around jax.distributed.initialize on process 0
-      jax.distributed.initialize(...)
+    with service_in_own_process(linger_s, timeout_s, command):  # around jax.distributed.initialize
+      jax.distributed.initialize(...)                          # on process 0
     ...
     finished()                           # the job ended well: the service may stop at once
 
@@ -10,7 +10,9 @@ heartbeats). JAX runs it inside process 0, so when process 0 dies (SIGKILL, a no
 other processes' clients find their service gone and abort at once with a C++ check failure
 (exit status 134, a stack trace) before Python can say anything. Run here in a small child
 process instead (`serve`, which imports jaxlib alone), it outlives process 0: the others see
-process 0's heartbeat stop (training/distributed.py's `JobWatch`) and exit with one line.
+process 0's heartbeat stop (cluster/distributed.py's `JobWatch`) and exit with one line. The child
+runs `command` (the command line's: cli/coordination_service.py, which calls `serve` and owns
+how the child ends).
 
 The service is started in "recoverable" mode (JAX's `jax_enable_recoverability`): the death of a
 task is recorded, not propagated, so no client is made to abort by it either; the job's own
@@ -33,12 +35,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from absl import logging
 
+from cluster import jax_private
 from core.errors import RunError
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 _READY = "ready"
 _DONE = "done"
 _START_TIMEOUT_S = 60
@@ -48,17 +51,18 @@ class CoordinatorProcess:
   """The child serving the coordination service; `shutdown()` is what JAX calls at exit (in
   place of the in-process service's)."""
 
-  def __init__(self, bind_address: str, num_processes: int, heartbeat_s: int, linger_s: float):
+  def __init__(
+    self,
+    command: Sequence[str],
+    bind_address: str,
+    num_processes: int,
+    heartbeat_s: int,
+    linger_s: float,
+  ):
     self.finished = False
-    code = (
-      f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-      "from training.coordinator import serve; serve()"
-    )
     self._child = subprocess.Popen(
       [
-        sys.executable,
-        "-c",
-        code,
+        *command,
         bind_address,
         str(num_processes),
         str(heartbeat_s),
@@ -101,16 +105,18 @@ _PROCESS: CoordinatorProcess | None = None
 
 class service_in_own_process:  # noqa: N801 - used as a context manager, like a function
   """While in the block, JAX's factory of the coordination service (which
-  `jax.distributed.initialize` calls on process 0) starts a `CoordinatorProcess` instead.
+  `jax.distributed.initialize` calls on process 0) starts a `CoordinatorProcess` running
+  `command` + its four arguments instead (None: JAX's own service, in this process).
   `linger_s`: how long the child serves after process 0 ended badly; `timeout_s`: how long to
   wait for the port while another coordinator (an earlier job's, still ending) answers on it."""
 
-  def __init__(self, linger_s: float, timeout_s: float):
-    self.linger_s, self.timeout_s = linger_s, timeout_s
+  def __init__(self, linger_s: float, timeout_s: float, command: Sequence[str] | None):
+    self.linger_s, self.timeout_s, self.command = linger_s, timeout_s, command
 
   def __enter__(self):
-    from jax._src.lib import _jax  # whose factory jax._src.distributed calls on process 0
-
+    if self.command is None:
+      return self
+    _jax = jax_private.service_factory()
     self._module, self._real = _jax, _jax.get_distributed_runtime_service
 
     def start(address, num_nodes, heartbeat_timeout=None, shutdown_timeout=None, **_):
@@ -118,19 +124,22 @@ class service_in_own_process:  # noqa: N801 - used as a context manager, like a 
       del shutdown_timeout  # the service is recoverable: no shutdown barrier
       # gRPC binds with SO_REUSEPORT: a second service on the port would share its connections.
       wait_until_free(int(address.rsplit(":", 1)[1]), self.timeout_s)
-      _PROCESS = CoordinatorProcess(address, num_nodes, heartbeat_timeout or 100, self.linger_s)
+      _PROCESS = CoordinatorProcess(
+        self.command, address, num_nodes, heartbeat_timeout or 100, self.linger_s
+      )
       return _PROCESS
 
     _jax.get_distributed_runtime_service = start
     return self
 
   def __exit__(self, *exc):
-    self._module.get_distributed_runtime_service = self._real
+    if self.command is not None:
+      self._module.get_distributed_runtime_service = self._real
 
 
 def finished() -> None:
   """Marks the job as ended well: at JAX's shutdown the service stops at once. Call once every
-  other process has disconnected (training/distributed.py's `finish`)."""
+  other process has disconnected (cluster/distributed.py's `finish`)."""
   if _PROCESS is not None:
     _PROCESS.finished = True
 
@@ -217,28 +226,29 @@ def _client_connections(port: int) -> int | None:
     return None
 
 
-def serve() -> None:
-  """The child's program: argv = bind address, process count, heartbeat timeout (s), linger (s)."""
+def serve(args: Sequence[str]) -> object | None:
+  """The child's program: `args` = bind address, process count, heartbeat timeout (s), linger
+  (s). Serves until process 0 says the job ended well (then stops the service and returns None)
+  or, when process 0 is gone or ended on an error, until the other clients have left or `linger`
+  has passed: then it returns the service still running, and the caller must end the process
+  without Python's shutdown, whose stop of the service would wait for the clients that are gone."""
   for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, signal.SIG_IGN)
-  from jaxlib import _jax  # jaxlib alone: no backend, no devices
-
-  address, num_processes, heartbeat_s, linger_s = sys.argv[1:5]
+  address, num_processes, heartbeat_s, linger_s = args[:4]
   try:
-    service = _jax.get_distributed_runtime_service(
+    service = jax_private.child_service_factory()(
       address, int(num_processes), heartbeat_timeout=int(heartbeat_s), recoverable=True
     )
   except Exception as e:  # noqa: BLE001 - reported to process 0, which raises it
     print(f"{type(e).__name__}: {e}".splitlines()[0], flush=True)
-    return
+    return None
   print(_READY, flush=True)
   if sys.stdin.readline().strip() == _DONE:
     service.shutdown()
-    return
-  # Process 0 is gone or ended on an error: serve the others until they have left.
+    return None
   port = int(address.rsplit(":", 1)[1])
   deadline = time.monotonic() + float(linger_s)
   time.sleep(1.0)
   while time.monotonic() < deadline and _client_connections(port) != 0:
     time.sleep(0.5)
-  os._exit(0)  # without the service's shutdown, which would wait for the clients that are gone
+  return service

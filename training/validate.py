@@ -16,9 +16,11 @@ data-parallel split in training/parallel.py, the vocabulary's size in training/l
 from __future__ import annotations
 
 import jax
+from absl import logging
 
 from configs.common import FIELDS
 from configs.rules import RuleError
+from core.cpu import native_dtype
 from core.errors import UsageError
 from data import multi30k
 from model.build import hyperparameters
@@ -64,6 +66,8 @@ def _check_model(config) -> None:
   checks, run now on its config rather than after the data pipeline has run."""
   model_cfg = config.model.to_dict()
   model_cfg["vocab_size"] = max(int(model_cfg["vocab_size"]), NUM_SPECIAL + 1)  # 0 = fit later
+  if model_cfg.get("dtype") == "auto":  # resolved by check_backend, which sees the devices
+    model_cfg["dtype"] = "float32"
   try:
     hyperparameters(model_cfg)
   except ValueError as e:
@@ -80,6 +84,14 @@ def _check_training(config) -> None:
 
 def _check_data(config) -> None:
   data = config.data
+  stopping = config.get("early_stopping")
+  if (
+    stopping and stopping.patience and stopping.metric == "bleu" and not config.eval.bleu_sentences
+  ):
+    raise UsageError(
+      "config error: early_stopping.metric='bleu' needs eval.bleu_sentences > 0 (the val "
+      "sentences BLEU is measured on); set it, or early_stopping.metric=loss"
+    )
   if data.name == "synthetic" and data.synthetic_min_len > data.synthetic_max_len:
     raise UsageError(
       f"config error: data.synthetic_min_len={data.synthetic_min_len} is larger than "
@@ -87,7 +99,8 @@ def _check_data(config) -> None:
     )
   if data.name == multi30k.NAME and not data.dir:  # fetched: the splits and languages it has
     try:
-      multi30k.check_url(data.url)
+      if data.url:
+        multi30k.check_url(data.url)
       for field in ("train_split", "eval_split"):
         multi30k.check(data[field], (data.source_lang, data.target_lang), f"data.{field}")
     except ValueError as e:
@@ -127,8 +140,13 @@ def _check_cudnn_length(config, training: bool, data_max_len) -> None:
 
 
 def check_backend(config) -> None:
-  """What the config asks of JAX's backend: model.attention_impl='cudnn' needs an NVIDIA GPU.
-  Starts the backend: call it after `training.distributed.initialize_distributed`."""
+  """What the config asks of JAX's backend: model.attention_impl='cudnn' needs an NVIDIA GPU;
+  model.dtype='auto' becomes, in the config itself, the dtype the backend's devices multiply
+  fastest (core/cpu.py), so that checkpoints and logs name the dtype used. Starts the backend:
+  call it after `cluster.distributed.initialize_distributed`."""
+  if config.model.get("dtype") == "auto":
+    config.model.dtype, why = native_dtype(jax.default_backend())
+    logging.info("model.dtype=%s (%s)", config.model.dtype, why)
   if not uses_cudnn(config):
     return
   backend = jax.default_backend()

@@ -1,9 +1,9 @@
 """Fetches a corpus ahead of time, for machines that will train without a network (a cluster's
 compute nodes):
 
-    python -m data.fetch multi30k              # every split, into ~/.cache/attention-jax/multi30k
-    python -m data.fetch multi30k --to=DIR     # into DIR; then train with --config.data.dir=DIR
-    python -m data.fetch multi30k --splits=train,val,test_2016_flickr --url=<mirror>
+    python -m cli.fetch multi30k              # every split, into ~/.cache/attention-jax/multi30k
+    python -m cli.fetch multi30k --to=DIR     # into DIR; then train with --config.data.dir=DIR
+    python -m cli.fetch multi30k --splits=train,val,test_2016_flickr --url=<mirror>
 
 Each file is checked against its digest and written atomically (data/multi30k.py,
 data/download.py); one already there with the expected digest is kept. Run on a login node
@@ -23,7 +23,7 @@ from cli import app
 from core.errors import USAGE, UsageError
 from data import multi30k
 
-PROG = "data.fetch"
+PROG = "cli.fetch"
 DATASETS = (multi30k.NAME,)
 _HELP = ("--help", "-h", "--helpshort", "--helpfull", "-?")
 

@@ -1,0 +1,50 @@
+"""The search flags of decode.py and `python -m cli.ctranslate2_translate`: one flag per field of
+model/search_settings.SearchSettings (its name, default and help), `num_hypotheses` excepted
+(decode.py's --nbest), so that both command lines search with the same options and defaults.
+
+    define_search_flags(flag_values, defaults={"max_extra_len": None}, notes={...})
+    settings = SearchSettings(**search_fields(flag_values))  # its ValueError names the field,
+                                                             # which cli/app.py prints as the flag
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from absl import flags
+
+from model.search import PENALTIES
+from model.search_settings import FIELDS, SearchSettings
+
+EXCEPT = ("num_hypotheses",)
+
+
+def define_search_flags(
+  flag_values: flags.FlagValues = flags.FLAGS,
+  defaults: dict | None = None,
+  notes: dict[str, str] | None = None,
+) -> None:
+  """Defines a flag for each SearchSettings field but `num_hypotheses`: its default the field's
+  unless `defaults` gives another (None: the caller fills it in), its help the field's followed by
+  `notes[name]` where given."""
+  defaults, notes = defaults or {}, notes or {}
+  define = dict(flag_values=flag_values)
+  for field in dataclasses.fields(SearchSettings):
+    if field.name in EXCEPT:
+      continue
+    default = defaults.get(field.name, field.default)
+    help_text = field.metadata["help"] + (f" {notes[field.name]}" if field.name in notes else "")
+    if field.name == "length_penalty":
+      flags.DEFINE_enum(field.name, default, list(PENALTIES), help_text, **define)
+    elif field.type in ("int", int):
+      flags.DEFINE_integer(field.name, default, help_text, **define)
+    else:
+      flags.DEFINE_float(field.name, default, help_text, **define)
+
+
+def search_fields(flag_values: flags.FlagValues = flags.FLAGS, num_hypotheses: int = 1) -> dict:
+  """The SearchSettings fields the flags give, with `num_hypotheses`; a flag whose value is None
+  is left out (the caller's default applies)."""
+  fields = {name: flag_values[name].value for name in FIELDS if name not in EXCEPT}
+  fields["num_hypotheses"] = num_hypotheses
+  return {name: value for name, value in fields.items() if value is not None}

@@ -1,0 +1,58 @@
+"""The dtype 'auto' resolves to (core/cpu.py): bfloat16 where the products are native (GPUs,
+TPUs, x86 CPUs with AMX or AVX512-BF16), float32 elsewhere, for given CPU flag sets."""
+
+import pytest
+
+from core.cpu import cpu_flags, native_dtype
+
+AVX2 = {"sse4_2", "avx", "avx2", "fma", "f16c"}  # e.g. AMD EPYC Zen 3
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # e.g. Ice Lake
+
+
+@pytest.mark.parametrize(
+  "flags, dtype, named",
+  [
+    (AVX2, "float32", "would emulate bfloat16"),
+    (AVX512, "float32", "would emulate bfloat16"),
+    (
+      AVX512 | {"avx512_bf16"},
+      "bfloat16",
+      "with AVX512-BF16, flag avx512_bf16",
+    ),  # Cooper Lake, Zen 4
+    (
+      AVX512 | {"avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"},
+      "bfloat16",
+      "with AMX, flag amx_bf16",
+    ),
+    ({"fp", "asimd", "bf16", "sve"}, "float32", "would emulate bfloat16"),  # aarch64
+    (set(), "float32", "would emulate bfloat16"),  # no /proc/cpuinfo
+  ],
+)
+def test_cpus_get_bfloat16_only_with_native_products(flags, dtype, named):
+  got, why = native_dtype("cpu", flags)
+  assert got == dtype and why.startswith("auto: ") and named in why, why
+
+
+def test_accelerators_get_bfloat16_and_other_platforms_float32():
+  for platform in ("gpu", "tpu", "cuda", "rocm"):
+    dtype, why = native_dtype(platform, AVX2)  # the host's flags do not matter
+    assert dtype == "bfloat16" and "native" in why
+  assert native_dtype("metal", {"amx_bf16"})[0] == "float32"
+
+
+def test_this_hosts_flags_decide_by_default():
+  assert native_dtype("cpu") == native_dtype("cpu", cpu_flags())
+
+
+def test_training_resolves_model_dtype_auto_by_the_backend():
+  """model.dtype=auto passes the config's checks and becomes, in the config (as checkpoints
+  record it), the backend's choice."""
+  import jax
+
+  from tests.helpers import tiny_config
+  from training.validate import check_backend, check_config
+
+  config = tiny_config(num_devices=1, **{"model.dtype": "auto"})
+  check_config(config, "train")
+  check_backend(config)
+  assert config.model.dtype == native_dtype(jax.default_backend())[0]
