@@ -332,7 +332,7 @@ def decode() -> None:
   scores = {"bleu": None, "bleu_lowercase": None, "chrf": None}
   if references is not None:
     with phases.measure("score"):
-      scored = translator.score(texts, references)
+      scored = translator.metrics(texts, references)
     scores = scored.as_dict()
     scored.print_beside(FLAGS.output)
   logging.vlog(1, "Time by phase: %s", phases.summary())

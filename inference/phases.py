@@ -11,8 +11,8 @@ Inside a measured phase, the time JAX reports (its public `jax.monitoring` event
 lowering, compiling or reading the persistent compilation cache (or inference/program_store.py's
 folder) is counted as "trace + lower" and "compile or load" and taken out of that phase, so
 "translate" is the searching itself. Events of several threads at once (a file's programs are
-fetched together, model/generate.py) count once: each phase gets the wall time during which any of
-its events ran, and where the two overlap they share it in proportion.
+fetched together, inference/generator.py) count once: each phase gets the wall time during which
+any of its events ran, and where the two overlap they share it in proportion.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ persistent compilation cache still traces and lowers the search first to find it
 1.2 s a program on a 2-core CPU).
 
     store = ProgramStore(folder)                       # inference.Translator makes one
-    generator = Generator(model, programs=store)       # model/generate.py asks it per program
+    generator = Generator(model, programs=store)       # inference/generator.py asks it per program
     compiled = store(signature, lambda: jitted.lower(*args))   # read back, or lowered + compiled
 
 A program's file is named by a digest of its signature (the model's hyperparameters, the search

@@ -38,7 +38,7 @@ from training.compatibility import config_from_meta
 class Restored:
   """What decoding needs from a workdir: `steps` lists the checkpoints used, `step` is the newest.
   With `ensemble` the params are their trees stacked on a leading axis
-  (`model.generate.translate(..., ensemble=True)`), else one tree (their mean when several)."""
+  (`inference.generator.Generator(..., ensemble=True)`), else one tree (their mean when several)."""
 
   config: ml_collections.ConfigDict
   params: Any

@@ -26,7 +26,7 @@ import numpy as np
 
 from core.errors import ArgumentError, UsageError
 from data.tokenizer import Vocab, encode_source
-from model import scoring
+from model import distribution, scoring
 from model.batching import bucket_length, length_batches
 
 
@@ -84,7 +84,7 @@ class PairScorer:
     self.model, self.params, self.vocab = model, params, vocab
     self.max_len, self.ensemble = int(max_len), bool(ensemble)
     self.batch_multiple, self.place = int(batch_multiple), place
-    num_ids = vocab.vocab_size if vocab.vocab_size < model.config.vocab_size else None
+    num_ids = distribution.useful_num_ids(vocab.vocab_size, model.config.vocab_size)
 
     def score_batch(params, inputs, targets, as_search):
       return scoring.score(

@@ -4,7 +4,7 @@ score them.
     from inference import Translator
     translator = Translator.load("runs/m30k_tiny_ende", checkpoint="average:5")
     translator.translate(["A man is riding a bicycle."], beam_size=5, alpha=1.5)
-    translator.score(hypotheses, references)   # sacreBLEU cased and lowercased, chrF
+    translator.metrics(hypotheses, references)   # sacreBLEU cased and lowercased, chrF
 
 Sentences are plain text: the vocabulary tokenizes them (EOS appended), batches of similar
 length are decoded together, and the outputs are detokenized in input order. An empty sentence
@@ -21,24 +21,21 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 from absl import logging
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from configs.rules import Choice, Int, RuleError
-from core.cpu import native_dtype
 from core.errors import UsageError
 from core.progress import Progress
 from data.tokenizer import encode_source
-from inference.compilation_cache import enable as enable_compilation_cache
-from inference.program_store import ProgramStore
-from inference.restore import Restored, load_for_inference
-from inference.scores import Scores, score
+from inference.attention import attention_weights
+from inference.continuous import PoolPrograms, decode_continuous
+from inference.generator import Generator
+from inference.loading import place, restore
+from inference.metrics import Metrics, corpus_metrics
+from inference.restore import Restored
 from inference.scoring import PairScore, PairScorer
-from model import continuous, generate
+from model import generate
 from model.batching import bucket_length
-from model.build import build_model
-from model.search import length_penalty
-from model.search_settings import FIELDS, SearchSettings
-from model.special_tokens import EOS_ID
+from model.search_settings import FIELDS, SearchSettings, with_keywords
 
 # What `run`'s options besides the search settings may be; decode.py checks its flags of the same
 # names with these (the search settings check themselves: model/search_settings.py).
@@ -50,11 +47,9 @@ OPTION_RULES = {
 }
 DTYPES = ("auto", "float32", "bfloat16")  # auto: core/cpu.py's choice for the devices
 # Padded source tokens per batch by default, per platform. On CPUs small batches win: a batch
-# runs until its slowest sentence ends, and a larger one gains little per step there (Multi30k
-# test, beam 5: 4096 -> 512 tokens took decoding from 27.7 to 16.3 s in float32, 21.6 to 12.7 s
-# in bfloat16; docs/experiments.md, "Decoding speed").
+# runs until its slowest sentence ends, and a larger one gains little per step there
+# (docs/experiments.md, "Decoding speed", has the measurements).
 TOKENS_PER_BATCH = {"cpu": 512, "gpu": 4096, "tpu": 4096}
-PROGRAMS = "programs"  # the subfolder of the compilation cache where compiled searches are kept
 
 
 @dataclasses.dataclass
@@ -73,6 +68,7 @@ class Translations:
       forced at the sentence's length limit costs 0, as in the search) over the length penalty
       in beam search, the plain log-probability in greedy search and sampling.
     token_scores: on request, each hypothesis' per-token log-probabilities (EOS last).
+    All three come from the search itself (`model.generate.NBest`): no second pass.
   """
 
   texts: list[str]
@@ -98,20 +94,15 @@ class Translations:
 class Translator:
   """A trained model ready to translate: its config, vocabulary and parameters on the devices.
 
-  Make one with `Translator.load(workdir, checkpoint)`. `devices`: where to decode; None = every
-  local device of an accelerator (batches split over them), or one CPU device (several CPU
-  devices share the same cores). `dtype='bfloat16'` decodes with bfloat16 matrices and float32
-  sums: on CPUs with bfloat16 matrix units 1.3-1.6x the sentences per second of float32, the
-  translations nearly all the same (docs/experiments.md, "Decoding speed"); on CPUs without them
-  slower than float32. `dtype='auto'` (the default) chooses by the devices (core/cpu.py), None
-  takes the training config's model.dtype; `dtype_reason` says why the dtype is what it is.
+  Make one with `Translator.load(workdir, checkpoint)`; inference/loading.py restores and places
+  the model (`devices`, `dtype`: `inference.loading.place`; `dtype_reason` says why the dtype is
+  what it is). It translates lists of sentences
+  (`run`, `translate`; a stream is read a list at a time), and hands forced scoring to
+  inference/scoring.py (`score_pairs`), metrics to inference/metrics.py (`metrics`) and
+  attention to inference/attention.py (`attention`).
 
   `programs`: an `inference.program_store.ProgramStore` the searches' compiled programs come
   from and go to (`Translator.load(..., compilation_cache=...)` makes one), on one device only.
-
-  Loading changes no logger: `inference.quiet_library_logs()` hides, as the command lines do, the
-  library warnings that describe expected states (Orbax's on restoring a checkpoint without
-  metadata), below absl verbosity 2.
   """
 
   def __init__(
@@ -119,23 +110,14 @@ class Translator:
   ):
     if dtype is not None and dtype not in DTYPES:
       raise UsageError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
-    self.restored = restored
-    self.config = restored.config
-    self.vocab = restored.vocab
-    self.devices = list(devices) if devices is not None else _default_devices()
-    model_cfg = self.config.model.copy_and_resolve_references()
-    self.dtype_reason = "as asked" if dtype is not None else "the training config's model.dtype"
-    if dtype == "auto":
-      dtype, self.dtype_reason = native_dtype(self.devices[0].platform)
-    if dtype is not None:
-      model_cfg.dtype = dtype
-    self.dtype = model_cfg.dtype
-    self.model = build_model(model_cfg)
-    mesh = Mesh(np.asarray(self.devices), ("batch",))
-    self._rows = NamedSharding(mesh, PartitionSpec("batch"))
-    self.params = jax.device_put(restored.params, NamedSharding(mesh, PartitionSpec()))
+    self.loaded = place(restored, dtype=dtype, devices=devices)
+    self.restored, self.config, self.vocab = restored, restored.config, restored.vocab
+    self.model, self.dtype = self.loaded.model, self.loaded.dtype
+    self.dtype_reason = self.loaded.dtype_reason
+    self.devices, self.params = self.loaded.devices, self.loaded.params
     self._scorer = None
-    self.generator = generate.Generator(
+    self._pools = PoolPrograms()
+    self.generator = Generator(
       self.model,
       num_ids=self.vocab.vocab_size,
       ensemble=restored.ensemble,
@@ -152,21 +134,9 @@ class Translator:
     devices=None,
     compilation_cache: bool | str = False,
   ):
-    """From a training workdir alone: `checkpoint` is 'latest', a step number, 'average:<k>'
-    (the mean of the last k checkpoints' parameters) or 'ensemble:<k>' (the last k decoded
-    together). `compilation_cache`: True (the per-user folder of compilation_cache.py) or a
-    folder turns on JAX's persistent compilation cache for the whole process, and keeps this
-    translator's search programs in its `programs` subfolder (inference/program_store.py), so
-    that a later process decoding the same model and settings neither compiles nor traces its
-    searches; 'off' turns both off. JAX's cache takes effect only before the process's first
-    compilation."""
-    programs = None
-    if compilation_cache is not False and compilation_cache is not None:
-      where = enable_compilation_cache(
-        None if compilation_cache is True else str(compilation_cache)
-      )
-      programs = None if where is None else ProgramStore(where / PROGRAMS)
-    restored = load_for_inference(workdir, checkpoint)
+    """From a training workdir alone (`inference.loading.restore`: `checkpoint` 'latest', a step,
+    'average:<k>' or 'ensemble:<k>'; `compilation_cache` True, a folder, or False/None/'off')."""
+    restored, programs = restore(workdir, checkpoint, compilation_cache=compilation_cache)
     return cls(restored, dtype=dtype, devices=devices, programs=programs)
 
   @property
@@ -221,11 +191,11 @@ class Translator:
     source tokens (default `TOKENS_PER_BATCH` of the devices' platform). `progress`: a progress
     bar on stderr when it is a terminal. `num_hypotheses=k` (a search setting) returns each
     sentence's k best with their scores, as `return_scores` does for one; `return_token_scores`
-    adds each one's per-token log-probabilities (`Translations`): the model's, under the
-    distribution the search drew from, taken by scoring the hypotheses (`score_pairs`).
+    adds each one's per-token log-probabilities (`Translations`): the search's own, under the
+    distribution it drew from.
     `first_line`: the line number of the first sentence, in warnings (a chunk of a stream).
     `batching='continuous'`: the sentences go through a pool of `pool_size` decoding rows, each
-    sentence entering as soon as one leaves (model/continuous.py), instead of batches of similar
+    sentence entering as soon as one leaves (inference/continuous.py), instead of batches of similar
     length decoded until their longest sentence ends; the same translations in float32 (samples
     are drawn per sentence instead). It decodes on one device, the best hypothesis only: with
     several devices or `num_hypotheses` > 1, length batches are used."""
@@ -251,8 +221,10 @@ class Translator:
     bar = Progress(len(present), 0, unit="sentences", enabled=progress)
     start = time.perf_counter()
     ids = [source_ids[i] for i in present]
+    scored = settings.num_hypotheses > 1 or return_scores or return_token_scores
+    wanted = dict(scores=scored, token_scores=return_token_scores)
     if batching == "continuous" and len(self.devices) == 1 and settings.num_hypotheses == 1:
-      outputs = self._pooled(ids, settings, jax.random.key(seed), pool_size, bar)
+      outputs = self._pooled(ids, settings, jax.random.key(seed), pool_size, bar, **wanted)
     else:
       outputs = self.generator.translate_all(
         self.params,
@@ -261,27 +233,34 @@ class Translator:
         rng=jax.random.key(seed),
         tokens_per_batch=tokens_per_batch,
         batch_multiple=len(self.devices),
-        place=lambda inputs: jax.device_put(inputs, self._rows),
+        place=lambda inputs: jax.device_put(inputs, self.loaded.rows),
         on_batch=bar.update,
+        **wanted,
       )
     seconds = time.perf_counter() - start
     bar.close()
-    nbest: list[list[np.ndarray]] = [[] for _ in source_ids]
-    for i, ids in zip(present, outputs):
-      nbest[i] = [ids] if settings.num_hypotheses == 1 else ids
-    output_ids = [found[0] if found else None for found in nbest]
+    found: list = [None] * len(source_ids)  # per sentence: its ids, or with scores its NBest
+    for i, out in zip(present, outputs):
+      found[i] = out
+    output_ids = [f.ids[0] if scored and f is not None else f for f in found]
     texts = ["" if ids is None else self.vocab.decode(ids.tolist()) for ids in output_ids]
     result = Translations(texts, source_ids, output_ids, cut, seconds)
-    if settings.num_hypotheses > 1 or return_scores or return_token_scores:
-      self._add_scores(result, nbest, settings, return_token_scores)
-      result.seconds = time.perf_counter() - start
+    if scored:
+      none = [f is None for f in found]
+      decoded = lambda f: [self.vocab.decode(ids.tolist()) for ids in f.ids]
+      result.hypotheses = [[] if n else decoded(f) for n, f in zip(none, found)]
+      result.scores = [[] if n else f.scores.tolist() for n, f in zip(none, found)]
+      if return_token_scores:
+        result.token_scores = [[] if n else list(f.token_scores) for n, f in zip(none, found)]
     return result
 
-  def _pooled(self, ids, settings: SearchSettings, rng, pool_size: int, bar) -> list[np.ndarray]:
+  def _pooled(
+    self, ids, settings: SearchSettings, rng, pool_size: int, bar, scores: bool, token_scores: bool
+  ) -> list:
     """The best translation of each of `ids` through a pool of decoding rows (continuous
-    batching), in input order."""
-    outputs: list[np.ndarray | None] = [None] * len(ids)
-    found = continuous.decode_continuous(
+    batching), in input order: its ids, or with `scores` its `model.generate.NBest` of one."""
+    outputs: list = [None] * len(ids)
+    found = decode_continuous(
       self.model,
       self.params,
       ids,
@@ -291,33 +270,16 @@ class Translator:
       pool_size=pool_size,
       ensemble=self.restored.ensemble,
       num_ids=self.vocab.vocab_size,
+      token_scores=token_scores,
+      programs=self._pools,
     )
-    for done, hypotheses in enumerate(found, start=1):
-      outputs[hypotheses.index] = generate.strip(hypotheses.ids[0])
+    for done, h in enumerate(found, start=1):
+      if scores:
+        outputs[h.index] = generate.nbest(h.ids[:1], h.scores[:1], _first(h.token_scores))
+      else:
+        outputs[h.index] = generate.strip(h.ids[0])
       bar.update(done)
     return outputs
-
-  def _add_scores(self, result: Translations, nbest, settings: SearchSettings, tokens: bool):
-    """Fills `result`'s hypotheses and scores (and token scores) for the hypotheses `nbest`."""
-    pairs = [(i, ids) for i, found in enumerate(nbest) for ids in found]
-    scored = self.scorer.score_ids(
-      [result.source_ids[i] for i, _ in pairs],
-      [[*ids.tolist(), EOS_ID] for _, ids in pairs],
-      as_search=True,
-    )
-    result.hypotheses = [[self.vocab.decode(ids.tolist()) for ids in found] for found in nbest]
-    result.scores = [[] for _ in nbest]
-    result.token_scores = [[] for _ in nbest] if tokens else None
-    beam = settings.beam_size > 1 and not settings.sampling
-    for (i, _), pair in zip(pairs, scored):
-      token_logp = pair.token_log_probs.copy()
-      if len(pair.ids) >= len(result.source_ids[i]) + settings.max_extra_len:
-        token_logp[-1] = 0.0  # EOS at the length limit: forced, free, as the search counts it
-      logp = float(np.sum(token_logp, dtype=np.float64))
-      penalty = length_penalty(len(pair.ids), settings.alpha, settings.length_penalty)
-      result.scores[i].append(logp / float(penalty) if beam else logp)
-      if tokens:
-        result.token_scores[i].append(token_logp)
 
   @property
   def scorer(self) -> PairScorer:
@@ -330,7 +292,7 @@ class Translator:
         max_len=max(self.max_len, 2),
         ensemble=self.restored.ensemble,
         batch_multiple=len(self.devices),
-        place=lambda ids: jax.device_put(ids, self._rows),
+        place=lambda ids: jax.device_put(ids, self.loaded.rows),
       )
     return self._scorer
 
@@ -356,16 +318,16 @@ class Translator:
     """`settings` (or this model's defaults) with `fields` changed, checked for this model:
     UsageError naming the field when one is out of range or they do not go together. The default
     max_extra_len is the training config's eval.max_decode_extra."""
+    defaults = {"max_extra_len": int(self.config.eval.max_decode_extra)}
     try:
-      if settings is None:
-        fields.setdefault("max_extra_len", int(self.config.eval.max_decode_extra))
-        settings = SearchSettings(**fields)
-      elif fields:
-        settings = settings.replace(**fields)
-    except TypeError as e:  # an unknown keyword
-      raise UsageError(f"{e}; the search settings are {', '.join(FIELDS)}") from None
+      settings, unknown = with_keywords(settings, fields, defaults)
     except ValueError as e:
       raise UsageError(str(e)) from None
+    if unknown:
+      raise UsageError(
+        f"unexpected keyword argument {sorted(unknown)[0]!r}; the search settings are "
+        f"{', '.join(FIELDS)}"
+      )
     vocab = int(self.config.model.vocab_size)
     if settings.top_k > vocab:
       raise UsageError(
@@ -395,10 +357,10 @@ class Translator:
     )
 
   @staticmethod
-  def score(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
+  def metrics(hypotheses: Sequence[str], references: Sequence[str]) -> Metrics:
     """sacreBLEU corpus BLEU cased (the standard) and lowercased (as published Multi30k figures
-    are), and chrF, with their signatures."""
-    return score(hypotheses, references)
+    are), and chrF, with their signatures (`inference.metrics.corpus_metrics`)."""
+    return corpus_metrics(hypotheses, references)
 
   def attention(self, translations: Translations, index: int) -> np.ndarray:
     """The encoder-decoder attention of sentence `index` of `translations` (from this model; an
@@ -413,12 +375,11 @@ class Translator:
     params = self.restored.params
     if self.restored.ensemble:
       params = jax.tree_util.tree_map(lambda x: x[-1], params)
-    return generate.attention_weights(self.model, params, source, translations.output_ids[index])
+    return attention_weights(self.model, params, source, translations.output_ids[index])
 
 
-def _default_devices() -> list:
-  devices = jax.local_devices()
-  return devices[:1] if devices[0].platform == "cpu" else devices
+def _first(token_scores):
+  return None if token_scores is None else token_scores[:1]
 
 
 def _listed(numbers: list[int], limit: int = 20) -> str:

@@ -1,8 +1,8 @@
 """Many sentences in few batch shapes: sentences sorted by length, padded to a coarse length
 bucket, and cut into batches of one row count per bucket (a partial batch is filled), so that
 decoding a whole file compiles one program per bucket, a handful at most
-(`model.generate.translate_all` decodes the batches; docs/experiments.md, "Decoding speed", has
-the padding cost against the compilations saved).
+(`inference.generator.Generator.translate_all` decodes the batches; docs/experiments.md,
+"Decoding speed", has the padding cost against the compilations saved).
 
     batches = length_batches(token_lists, tokens_per_batch=4096)
     for batch in batches: ...   # batch.inputs [rows, length]; row j < len(batch.indices) is

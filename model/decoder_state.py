@@ -17,13 +17,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from model import cache
-from model.special_tokens import EOS_ID, PAD_ID
-
-
-def _mask_pad(logits):
-  """[n, vocab] -> float32 logits with PAD impossible."""
-  return logits.astype(jnp.float32).at[:, PAD_ID].set(-jnp.inf)
+from model import cache, distribution
+from model.special_tokens import EOS_ID
 
 
 def cached_step(model, params, source=None):
@@ -37,7 +32,7 @@ def cached_step(model, params, source=None):
     if source:
       variables[cache.SOURCE] = source
     logits, state = model.apply(variables, ids, method="decode_step", mutable=cache.CARRIED)
-    return _mask_pad(logits), {kind: state.get(kind, {}) for kind in cache.CARRIED}
+    return distribution.mask(logits), {kind: state.get(kind, {}) for kind in cache.CARRIED}
 
   return step
 
@@ -147,12 +142,7 @@ def ensemble_decoder_state(
   stays the row axis, so beams expand and reorder as for one model); scalar entries (decode
   indices) are the same for every member and kept once.
   """
-  members = {leaf.shape[0] for leaf in jax.tree_util.tree_leaves(params)}
-  if len(members) != 1:
-    raise ValueError(
-      f"ensemble: every parameter needs the same leading (member) axis, got sizes {sorted(members)}"
-    )
-  (num,) = members
+  distribution.members(params, "ensemble")
   params = matrices_in_compute_dtype(model, params)
   first = jax.tree_util.tree_map(lambda x: x[0], params)
   length, grows = _cache_length(model, first, inputs, max_decode_len, segment)
@@ -166,14 +156,13 @@ def ensemble_decoder_state(
 
   def member(p, source, carried, ids):
     logits, carried = cached_step(model, p, source)(ids, carried)
-    return jax.nn.log_softmax(logits), carried
+    return distribution.log_probs(logits), carried
 
   def step(ids, carried):
     logp, carried = jax.vmap(member, in_axes=(0, 0, axes, None), out_axes=(0, axes))(
       params, source, carried, ids
     )
-    mixed = jax.nn.logsumexp(logp, axis=0) - jnp.log(jnp.float32(num))
-    return mixed, carried
+    return distribution.mix(logp), carried
 
   return DecoderState(step, carried, _grow if grows else None, length if grows else None)
 
@@ -191,6 +180,6 @@ def _uncached_step(model, params):
     targets = jnp.where(t > 0, written, targets)  # step 0 gets the start symbol: nothing to write
     logits = model.apply({"params": params}, state["inputs"], targets)  # [n, max_len, vocab]
     logits = lax.dynamic_index_in_dim(logits, t, axis=1, keepdims=False)
-    return _mask_pad(logits), {"inputs": state["inputs"], "targets": targets, "t": t + 1}
+    return distribution.mask(logits), {"inputs": state["inputs"], "targets": targets, "t": t + 1}
 
   return step

@@ -1,5 +1,5 @@
 """Continuous batching's device side: a fixed pool of decoding rows that sentences enter and leave
-one by one, as pure functions of arrays (model/continuous.py drives it from the host).
+one by one, as pure functions of arrays (inference/continuous.py drives it from the host).
 
     spec = PoolSpec(model, SearchSettings(beam_size=4), pool_size=32, source_len=32, queue_size=32)
     pool = empty_pool(spec, params)
@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from model import cache, search
+from model import cache, distribution, search
 from model.decoder_state import cached_step, initial_cache, matrices_in_compute_dtype
 from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID, PAD_ID
@@ -50,7 +50,8 @@ class PoolSpec:
   max_extra_len wide); queue_size: sentences offered per `advance` call; num_ids: only ids below
   it are emitted (None: every id); ensemble: params are several members' stacked on a leading
   axis, decoded by the mean of their probabilities (model/decoder_state.py
-  `ensemble_decoder_state`).
+  `ensemble_decoder_state`); token_scores: the finished sentences come with each hypothesis'
+  per-token log-probabilities (`Finished.token_scores`).
   """
 
   model: Any
@@ -60,6 +61,7 @@ class PoolSpec:
   queue_size: int
   num_ids: int | None = None
   ensemble: bool = False
+  token_scores: bool = False
 
   @property
   def beam_size(self) -> int:
@@ -93,12 +95,15 @@ class Finished(NamedTuple):
   sentence's index, `ids` [out, beam, max_decode_len] its hypotheses (PAD after EOS) and
   `scores` [out, beam] their scores, best first (beam search's length-normalised scores; for
   greedy search and sampling the summed log-probability of the tokens chosen, a forced EOS
-  counting 0); rows from `count` on are unused."""
+  counting 0); rows from `count` on are unused. With `PoolSpec.token_scores`, `token_scores`
+  [out, beam, max_decode_len] holds each hypothesis' per-token log-probabilities (0 after its
+  last token), else None."""
 
   index: jax.Array
   ids: jax.Array
   scores: jax.Array
   count: jax.Array
+  token_scores: jax.Array | None = None
 
 
 def _per_row(tree):
@@ -131,14 +136,11 @@ def _step(spec: PoolSpec, params, source, carried, ids):
 
     def member(p, src, rows):
       logits, rows = cached_step(spec.model, p, src)(ids, rows)
-      return jax.nn.log_softmax(logits), rows
+      return distribution.log_probs(logits), rows
 
     logp, carried = jax.vmap(member, in_axes=(0, 0, 1), out_axes=(0, 1))(params, source, carried)
-    members = jax.tree_util.tree_leaves(params)[0].shape[0]
-    logits = jax.nn.logsumexp(logp, axis=0) - jnp.log(jnp.float32(members))
-  if spec.num_ids is not None:
-    logits = logits.at[:, spec.num_ids :].set(-jnp.inf)
-  return logits, carried
+    logits = distribution.mix(logp)
+  return distribution.mask_ids(logits, spec.num_ids), carried
 
 
 def empty_pool(spec: PoolSpec, params) -> Pool:
@@ -155,7 +157,9 @@ def empty_pool(spec: PoolSpec, params) -> Pool:
 
   source = jax.tree_util.tree_map(lambda x: zeros(x, 1 if spec.ensemble else 0), source)
   carried = jax.tree_util.tree_map(lambda x: zeros(x, 0), carried)
-  state = search.beam_start(spec.pool_size, spec.beam_size, spec.max_decode_len, carried)
+  state = search.beam_start(
+    spec.pool_size, spec.beam_size, spec.max_decode_len, carried, spec.token_scores
+  )
   state = state._replace(t=jnp.zeros((spec.pool_size,), jnp.int32))
   index = jnp.full((spec.pool_size,), -1, jnp.int32)
   return Pool(state, source, index, jnp.zeros((spec.pool_size,), jnp.int32))
@@ -173,15 +177,7 @@ def _place(spec: PoolSpec, params, pool: Pool, slot, inputs, index) -> Pool:
   axis = 1 if spec.ensemble else 0
   source = jax.tree_util.tree_map(lambda b, n: _put(b, n, slot, axis), pool.source, source)
   carried = jax.tree_util.tree_map(lambda b, n: _put(b, n, slot * k, 0), pool.state.cache, carried)
-  fresh = search.beam_start(1, k, spec.max_decode_len)
-  state = pool.state._replace(
-    **{
-      name: _put(getattr(pool.state, name), getattr(fresh, name), slot, 0)
-      for name in ("tok", "live_seqs", "live_logp", "fin_seqs", "fin_scores", "fin_flags", "done")
-    },
-    t=pool.state.t.at[slot].set(0),
-    cache=carried,
-  )
+  state = search.beam_restart(pool.state, slot)._replace(cache=carried)
   length = jnp.sum(inputs != PAD_ID, dtype=jnp.int32) + spec.settings.max_extra_len
   return Pool(state, source, pool.index.at[slot].set(index), pool.max_lens.at[slot].set(length))
 
@@ -191,26 +187,27 @@ def _choose(spec: PoolSpec, logp, keys):
   with its own key [slots] (sampling)."""
   settings = spec.settings
   if not settings.sampling:
-    return jnp.argmax(logp, axis=-1)
-  if settings.top_k > 0:
-    vals, idx = lax.top_k(logp, settings.top_k)  # ties -> lower id first
-    j = jax.vmap(jax.random.categorical)(keys, vals / settings.temperature)
-    return jnp.take_along_axis(idx, j[:, None], axis=-1)[:, 0]
-  return jax.vmap(jax.random.categorical)(keys, logp / settings.temperature)
+    return distribution.choose(logp)
+  return jax.vmap(
+    lambda key, row: distribution.choose(row, key, settings.temperature, settings.top_k)
+  )(keys, logp)
 
 
 def _token_advance(spec: PoolSpec, s, logits, max_lens, keys):
   """One step of greedy search or sampling (model/search.py's `_decode`) with every slot at its
   own step, on the beam state of one hypothesis per slot (the summed log-probability in
   `live_logp`)."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  logp = distribution.log_probs(logits)
   tok = _choose(spec, logp, keys).astype(jnp.int32)
   forced = s.t + 1 >= max_lens
   gain = jnp.where(forced, 0.0, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0])
   tok = jnp.where(forced, EOS_ID, tok)
   tok = jnp.where(s.done, PAD_ID, tok)
   seqs = search.write_step(s.live_seqs[:, 0], tok, s.t)[:, None]
-  logp_sum = s.live_logp + jnp.where(s.done, 0.0, gain)[:, None]
+  gain = jnp.where(s.done, 0.0, gain)
+  logp_sum = s.live_logp + gain[:, None]
+  if s.live_tokp is not None:
+    s = s._replace(live_tokp=search.write_step(s.live_tokp[:, 0], gain, s.t)[:, None])
   return s._replace(
     t=s.t + 1, tok=tok[:, None], live_seqs=seqs, live_logp=logp_sum, done=s.done | (tok == EOS_ID)
   )
@@ -222,9 +219,11 @@ def _is_token_search(spec: PoolSpec) -> bool:
 
 
 def _results(spec: PoolSpec, s):
-  """Every slot's hypotheses [slots, beam, max_decode_len] and scores [slots, beam]."""
+  """Every slot's hypotheses [slots, beam, max_decode_len] and scores [slots, beam] (and, with
+  `spec.token_scores`, per-token log-probabilities [slots, beam, max_decode_len])."""
   if _is_token_search(spec):
-    return s.live_seqs, s.live_logp
+    found = s.live_seqs, s.live_logp
+    return found if s.live_tokp is None else (*found, s.live_tokp)
   return search.beam_best(s, spec.settings.alpha, spec.settings.length_penalty)
 
 
@@ -268,13 +267,14 @@ def advance(
     return lax.while_loop(cond, body, c)
 
   def emit(c: _Loop, finished) -> _Loop:
-    ids, scores = _results(spec, c.pool.state)
+    ids, scores, *tokp = _results(spec, c.pool.state)
     at = jnp.where(finished, c.out.count + jnp.cumsum(finished) - 1, spec.out_size)
     out = Finished(
       c.out.index.at[at].set(c.pool.index, mode="drop"),
       c.out.ids.at[at].set(ids, mode="drop"),
       c.out.scores.at[at].set(scores, mode="drop"),
       c.out.count + jnp.sum(finished, dtype=jnp.int32),
+      c.out.token_scores.at[at].set(tokp[0], mode="drop") if tokp else None,
     )
     return c._replace(pool=c.pool._replace(index=jnp.where(finished, -1, c.pool.index)), out=out)
 
@@ -312,6 +312,7 @@ def advance(
     jnp.full((spec.out_size, k, width), PAD_ID, jnp.int32),
     jnp.full((spec.out_size, k), -jnp.inf, jnp.float32),
     jnp.int32(0),
+    jnp.zeros((spec.out_size, k, width), jnp.float32) if spec.token_scores else None,
   )
   c = refill(_Loop(pool, out, jnp.int32(0), jnp.int32(0)))
   c = lax.while_loop(cond, body, c)

@@ -9,7 +9,7 @@ Which distribution: by default the model's full softmax, the one the training lo
 `-total.sum()` is the unsmoothed cross entropy `model/loss.py` sums on the same pairs (the eval
 step's `nll`, training/step.py). With `as_search=True`, PAD (and ids >= `num_ids`) are made
 impossible and the rest renormalised, as the searches draw their tokens
-(`model.decoder_state._mask_pad`, `model.generate._only_ids_below`): then a hypothesis' total is
+(model/distribution.py): then a hypothesis' total is
 the summed log-probability beam search scores it by (its score at alpha=0). The two differ by the
 probability the model leaves on PAD, which training drives towards 0 (PAD is never a weighted
 target) but never reaches.
@@ -20,18 +20,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from model import distribution
 from model.special_tokens import PAD_ID
 
 
 def _logits(model, params, inputs, targets):
   """[batch, tgt_len, vocab] float32 teacher-forced logits (no dropout)."""
   return model.apply({"params": params}, inputs, targets, deterministic=True).astype(jnp.float32)
-
-
-def _searched(logits, num_ids):
-  """`logits` [..., vocab] with PAD and ids >= `num_ids` (None: none) at -inf."""
-  logits = logits.at[..., PAD_ID].set(-jnp.inf)
-  return logits if num_ids is None else logits.at[..., num_ids:].set(-jnp.inf)
 
 
 def _target_log_probs(logits, targets):
@@ -77,24 +72,18 @@ def score(
   if num_ids is not None and not as_search:
     raise ValueError("score: num_ids applies to the searches' distribution (as_search=True)")
   if ensemble:
-    members = {leaf.shape[0] for leaf in jax.tree_util.tree_leaves(params)}
-    if len(members) != 1:
-      raise ValueError(
-        f"score: an ensemble needs the same leading (member) axis on every parameter, got "
-        f"sizes {sorted(members)}"
-      )
-    (count,) = members
+    distribution.members(params, "score")
 
     def member(p):
       logits = _logits(model, p, inputs, targets)
-      return jax.nn.log_softmax(_searched(logits, None) if as_search else logits, axis=-1)
+      return distribution.log_probs(distribution.mask(logits) if as_search else logits)
 
-    logits = jax.nn.logsumexp(jax.vmap(member)(params), axis=0) - jnp.log(jnp.float32(count))
-    if as_search and num_ids is not None:  # as the search: masked after mixing, renormalised
-      logits = _searched(logits, num_ids)
+    logits = distribution.mix(jax.vmap(member)(params))
+    if as_search:  # as the search: masked after mixing, renormalised
+      logits = distribution.mask_ids(logits, num_ids)
   else:
     logits = _logits(model, params, inputs, targets)
     if as_search:
-      logits = _searched(logits, num_ids)
+      logits = distribution.mask(logits, num_ids)
   token_logp = jnp.where(targets != PAD_ID, _target_log_probs(logits, targets), 0.0)
   return token_logp, jnp.sum(token_logp, axis=1)

@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from model import distribution
 from model.special_tokens import EOS_ID, PAD_ID
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
   "sample",
   "beam_search",
   "beam_start",
+  "beam_restart",
   "beam_advance",
   "beam_best",
   "write_step",
@@ -162,10 +164,6 @@ def _two_stage_top_k(x, n: int):
   return vals, (j // m) * vocab + tok
 
 
-def _log_probs(logits):
-  return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-
-
 def _segment_ends(max_len: int, segment: int | None, grow) -> list[int]:
   """Step counts at which the loop pauses to grow the cache: ``segment``, then twice as far
   each time (``2*segment``, ``4*segment``, ...), then ``max_len``, a last stretch shorter than
@@ -205,24 +203,36 @@ def _decode(
   max_lens,
   grow=None,
   segment=None,
+  scores: bool = False,
 ):
-  """Shared loop of greedy/sampling; ``choose(logp [batch, vocab], t) -> [batch]`` tokens."""
+  """Shared loop of greedy/sampling; ``choose(logp [batch, vocab], t) -> [batch]`` tokens. With
+  ``scores``: (ids, summed log-probabilities [batch], per-token ones [batch, max_len])."""
   if max_lens is not None:
     max_lens = jnp.asarray(max_lens, jnp.int32)
 
   def cond(state):
-    t, _, _, done, _ = state
+    t, _, _, done, _ = state[:5]
     return (t < max_len) & ~jnp.all(done)
 
   def body(state):
-    t, ids, prev, done, cache = state
+    t, ids, prev, done, cache = state[:5]
     logits, cache = step_fn(prev[:, None], cache)
-    tok = choose(_log_probs(logits), t).astype(jnp.int32)
+    logp = distribution.log_probs(logits)
+    tok = choose(logp, t).astype(jnp.int32)
     if max_lens is not None:
-      tok = jnp.where(t + 1 >= max_lens, eos_id, tok)
+      forced = t + 1 >= max_lens
+      tok = jnp.where(forced, eos_id, tok)
     tok = jnp.where(done, PAD_ID, tok)
     ids = lax.dynamic_update_slice(ids, tok[:, None], (0, t))
-    return t + 1, ids, tok, done | (tok == eos_id), cache
+    new = (t + 1, ids, tok, done | (tok == eos_id), cache)
+    if not scores:
+      return new
+    gain = jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+    if max_lens is not None:
+      gain = jnp.where(forced, 0.0, gain)  # a forced EOS costs nothing, as in beam search
+    gain = jnp.where(done, 0.0, gain)
+    tokp = lax.dynamic_update_slice(state[6], gain[:, None], (0, t))
+    return new + (state[5] + gain, tokp)
 
   init = (
     jnp.int32(0),
@@ -231,6 +241,8 @@ def _decode(
     jnp.zeros((batch_size,), bool),
     cache,
   )
+  if scores:
+    init += (jnp.zeros((batch_size,), jnp.float32), jnp.zeros((batch_size, max_len), jnp.float32))
   state = _segmented_loop(
     cond,
     body,
@@ -240,9 +252,9 @@ def _decode(
     grow,
     lambda st: st[0],
     lambda st: st[4],
-    lambda st, c: st[:4] + (c,),
+    lambda st, c: st[:4] + (c,) + st[5:],
   )
-  return state[1]
+  return (state[1], state[5], state[6]) if scores else state[1]
 
 
 def greedy_search(
@@ -255,6 +267,7 @@ def greedy_search(
   max_lens=None,
   grow=None,
   segment=None,
+  scores: bool = False,
 ):
   """Argmax decoding; stops early once every sequence has emitted EOS.
 
@@ -262,8 +275,11 @@ def greedy_search(
     cache: pytree with leaves ``[batch, ...]`` (or rank 0).
     max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
     grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
+    scores: also return the log-probabilities of the tokens chosen.
   Returns:
-    ids ``[batch, max_len]`` int32, PAD after EOS.
+    ids ``[batch, max_len]`` int32, PAD after EOS; with ``scores``, (ids, their summed
+    log-probability ``[batch]`` float32, each token's ``[batch, max_len]``), an EOS forced by
+    ``max_lens`` counting 0 (as in beam search) and 0 after the last token.
   """
   # Argmax of the float32 log-probs (not the raw logits) so ties break exactly
   # as in beam search; beam_size=1 reproduces this function.
@@ -272,11 +288,12 @@ def greedy_search(
     cache,
     batch_size,
     max_len,
-    lambda logp, t: jnp.argmax(logp, axis=-1),
+    lambda logp, t: distribution.choose(logp),
     eos_id,
     max_lens,
     grow,
     segment,
+    scores,
   )
 
 
@@ -293,6 +310,7 @@ def sample(
   max_lens=None,
   grow=None,
   segment=None,
+  scores: bool = False,
 ):
   """Ancestral sampling from ``softmax(logits / temperature)``, optionally over the top-k only.
 
@@ -301,7 +319,8 @@ def sample(
   (or a Python ``temperature == 0``) equals ``greedy_search``.
 
   Returns:
-    ids ``[batch, max_len]`` int32, PAD after EOS.
+    ids ``[batch, max_len]`` int32, PAD after EOS; with ``scores`` as ``greedy_search``'s (the
+    log-probabilities of the untempered distribution).
   """
   if isinstance(temperature, (int, float)) and temperature == 0:
     return greedy_search(
@@ -313,17 +332,15 @@ def sample(
       max_lens=max_lens,
       grow=grow,
       segment=segment,
+      scores=scores,
     )
 
   def choose(logp, t):
-    key = jax.random.fold_in(rng, t)
-    if top_k > 0:
-      vals, idx = lax.top_k(logp, top_k)  # [batch, k], ties -> lower id first
-      j = jax.random.categorical(key, vals / temperature, axis=-1)
-      return jnp.take_along_axis(idx, j[:, None], axis=-1)[:, 0]
-    return jax.random.categorical(key, logp / temperature, axis=-1)
+    return distribution.choose(logp, jax.random.fold_in(rng, t), temperature, top_k)
 
-  return _decode(step_fn, cache, batch_size, max_len, choose, eos_id, max_lens, grow, segment)
+  return _decode(
+    step_fn, cache, batch_size, max_len, choose, eos_id, max_lens, grow, segment, scores
+  )
 
 
 class _BeamState(NamedTuple):
@@ -336,6 +353,9 @@ class _BeamState(NamedTuple):
   fin_scores: jax.Array  # [batch, beam] length-normalised, sorted descending; -inf = empty
   fin_flags: jax.Array  # [batch, beam] bool, slot holds a finished hypothesis
   done: jax.Array  # [batch] bool, finished set frozen
+  # With token scores only (None otherwise): each hypothesis' per-step log-probabilities.
+  live_tokp: jax.Array | None = None  # [batch, beam, max_len] float32, 0 after the last token
+  fin_tokp: jax.Array | None = None  # [batch, beam, max_len]
 
 
 def _per_entry(x):
@@ -352,10 +372,14 @@ def write_step(seqs, tok, t):
   return jnp.where(at, tok[..., None], seqs)
 
 
-def beam_start(batch_size: int, beam_size: int, max_len: int, cache=None) -> _BeamState:
-  """The beam search state before its first step (``cache`` as given: expand it first)."""
+def beam_start(
+  batch_size: int, beam_size: int, max_len: int, cache=None, token_scores: bool = False
+) -> _BeamState:
+  """The beam search state before its first step (``cache`` as given: expand it first); with
+  ``token_scores`` it tracks each hypothesis' per-token log-probabilities too."""
   b, k = batch_size, beam_size
   seqs0 = jnp.full((b, k, max_len), PAD_ID, jnp.int32)
+  tokp0 = jnp.zeros((b, k, max_len), jnp.float32) if token_scores else None
   return _BeamState(
     t=jnp.int32(0),
     tok=jnp.zeros((b, k), jnp.int32),  # start symbol
@@ -367,6 +391,25 @@ def beam_start(batch_size: int, beam_size: int, max_len: int, cache=None) -> _Be
     fin_scores=jnp.full((b, k), NEG_INF, jnp.float32),
     fin_flags=jnp.zeros((b, k), bool),
     done=jnp.zeros((b,), bool),
+    live_tokp=tokp0,
+    fin_tokp=tokp0,
+  )
+
+
+def beam_restart(s: _BeamState, entry) -> _BeamState:
+  """``s`` (every entry at its own step: ``s.t`` ``[batch]``) with batch entry ``entry`` (``[]``
+  int) back at ``beam_start``'s state; the cache as it was (the caller places the entry's)."""
+  k = s.tok.shape[1]
+  fresh = beam_start(1, k, s.live_seqs.shape[-1], token_scores=s.live_tokp is not None)
+  put = lambda big, new: lax.dynamic_update_slice_in_dim(big, new.astype(big.dtype), entry, 0)
+  per_entry = [
+    name
+    for name in _BeamState._fields
+    if name not in ("t", "cache") and getattr(s, name) is not None
+  ]
+  return s._replace(
+    **{name: put(getattr(s, name), getattr(fresh, name)) for name in per_entry},
+    t=s.t.at[entry].set(0),
   )
 
 
@@ -388,7 +431,7 @@ def beam_advance(
   t = s.t
   lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
   lp_max = length_penalty(lmax, alpha, penalty)  # [] or [batch]
-  logp = _log_probs(logits)
+  logp = distribution.log_probs(logits)
   vocab = logp.shape[-1]
   logp = logp.reshape(b, k, vocab)
   if max_lens is not None:
@@ -413,11 +456,19 @@ def beam_advance(
   fin_scores, keep = lax.top_k(jnp.where(all_flags, all_scores, NEG_INF), k)
   fin_flags = jnp.take_along_axis(all_flags, keep, axis=1)
   fin_seqs = _take_beams(all_seqs, keep)
+  tracked = {}
+  if s.live_tokp is not None:  # each candidate's own token log-probability, written at step t
+    gain = logp.reshape(b, k * vocab)
+    gain = jnp.take_along_axis(gain, flat, axis=1)  # [b, 2k]
+    tokp = write_step(_take_beams(s.live_tokp, src), gain, t)
+    fin_tokp = _take_beams(jnp.concatenate([s.fin_tokp, tokp[:, :k]], axis=1), keep)
 
   # Live: best k non-EOS continuations; the cache follows its source beams.
   live_logp, pick = lax.top_k(jnp.where(is_eos, NEG_INF, vals), k)
   live_seqs = _take_beams(seqs, pick)
   live_tok = jnp.take_along_axis(tok, pick, axis=1)
+  if s.live_tokp is not None:
+    tracked = dict(live_tokp=_take_beams(tokp, pick), fin_tokp=fin_tokp)
 
   full = jnp.all(fin_flags, axis=1)
   if k == 1 or penalty == "fairseq":
@@ -429,15 +480,26 @@ def beam_advance(
     worst = jnp.where(full, fin_scores[:, -1], NEG_INF)
     stop = bound <= worst
   state = _BeamState(
-    t + 1, live_tok, live_seqs, live_logp, s.cache, fin_seqs, fin_scores, fin_flags, s.done | stop
+    t + 1,
+    live_tok,
+    live_seqs,
+    live_logp,
+    s.cache,
+    fin_seqs,
+    fin_scores,
+    fin_flags,
+    s.done | stop,
+    **tracked,
   )
   return state, jnp.take_along_axis(src, pick, axis=1)
 
 
 def beam_best(s: _BeamState, alpha, penalty: str = "gnmt"):
   """``beam_search``'s result from its state: ids ``[batch, beam, max_len]`` and scores
-  ``[batch, beam]``, best first; an entry with fewer than ``beam`` finished hypotheses is
-  filled with its best live ones, scored at its ``s.t`` tokens."""
+  ``[batch, beam]``, best first, and, when the state tracks them (``beam_start``'s
+  ``token_scores``), the hypotheses' per-token log-probabilities ``[batch, beam, max_len]``
+  (0 after the last token); an entry with fewer than ``beam`` finished hypotheses is filled
+  with its best live ones, scored at its ``s.t`` tokens."""
   k = s.tok.shape[1]
   live_scores = s.live_logp / _per_entry(length_penalty(s.t, alpha, penalty))
   scores = jnp.concatenate([s.fin_scores, live_scores], axis=1)  # [b, 2k]
@@ -448,7 +510,10 @@ def beam_best(s: _BeamState, alpha, penalty: str = "gnmt"):
   scores = jnp.take_along_axis(scores, chosen, axis=1)
   order = jnp.argsort(-scores, axis=1, stable=True)
   chosen = jnp.take_along_axis(chosen, order, axis=1)
-  return _take_beams(seqs, chosen), jnp.take_along_axis(scores, order, axis=1)
+  best = _take_beams(seqs, chosen), jnp.take_along_axis(scores, order, axis=1)
+  if s.live_tokp is None:
+    return best
+  return *best, _take_beams(jnp.concatenate([s.fin_tokp, s.live_tokp], axis=1), chosen)
 
 
 def beam_search(
@@ -464,6 +529,7 @@ def beam_search(
   max_lens=None,
   grow=None,
   segment=None,
+  token_scores: bool = False,
 ):
   """Beam search with the GNMT length penalty (Wu et al. 2016; Vaswani et al. 2017), or with
   fairseq's and CTranslate2's (``penalty='fairseq'``).
@@ -499,10 +565,14 @@ def beam_search(
     penalty: 'gnmt' or 'fairseq': the length penalty's form and stopping rule (above).
     max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
     grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
+    token_scores: also return each hypothesis' per-token log-probabilities.
   Returns:
     ids ``[batch, beam, max_len]`` int32 (PAD after EOS) and scores ``[batch, beam]``
     float32, sorted best first. Slots with no hypothesis at all (only possible when
-    fewer than ``beam`` distinct ones exist) have score ``-inf``.
+    fewer than ``beam`` distinct ones exist) have score ``-inf``. With ``token_scores``, a
+    third array ``[batch, beam, max_len]`` float32: the log-probability of each token under
+    the step function's distribution (a forced EOS counting 0; 0 after the last token), which
+    sum to the score's log-probability before the length penalty.
   """
   b, k = batch_size, beam_size
   if penalty not in PENALTIES:
@@ -521,7 +591,7 @@ def beam_search(
   s = _segmented_loop(
     cond,
     body,
-    beam_start(b, k, max_len, expand_to_beams(cache, k)),
+    beam_start(b, k, max_len, expand_to_beams(cache, k), token_scores),
     max_len,
     segment,
     grow,

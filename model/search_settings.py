@@ -1,11 +1,12 @@
 """How to search for a translation, as one immutable value.
 
     settings = SearchSettings(beam_size=5, alpha=1.0, length_penalty="fairseq")
-    ids = generate.translate(model, params, inputs, settings)
+    ids = Generator(model)(params, inputs, settings)   # inference/generator.py
 
-The one spelling of the search options: `model.generate` compiles one program per distinct
-`settings.program()`, `inference.Translator` takes them as keyword options, and decode.py defines
-its flags from the fields below (their names, defaults and help).
+The one spelling of the search options: `inference.generator` compiles one program per distinct
+`settings.program()`, `inference.Translator` takes them as keyword options (`with_keywords`, the
+one reading of "a SearchSettings or its fields as keywords"), and decode.py defines its flags
+from the fields below (their names, defaults and help).
 """
 
 from __future__ import annotations
@@ -112,3 +113,20 @@ class SearchSettings:
 
 
 FIELDS = tuple(field.name for field in dataclasses.fields(SearchSettings))
+
+
+def with_keywords(
+  settings: SearchSettings | None, keywords: dict, defaults: dict | None = None
+) -> tuple[SearchSettings, dict]:
+  """(settings, the other keywords): `settings` (None: `SearchSettings(**defaults)`) with the
+  `keywords` that name its fields replaced, checked; the keywords that name none come back
+  unread, for the caller's own options or its error."""
+  fields = {k: v for k, v in keywords.items() if k in FIELDS}
+  rest = {k: v for k, v in keywords.items() if k not in FIELDS}
+  if settings is None:
+    settings = SearchSettings(**{**(defaults or {}), **fields})
+  elif not isinstance(settings, SearchSettings):
+    raise ValueError(f"settings={settings!r}: expected a SearchSettings")
+  elif fields:
+    settings = settings.replace(**fields)
+  return settings, rest

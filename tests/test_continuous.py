@@ -1,4 +1,4 @@
-"""Continuous batching (model/pool.py, model/continuous.py) and the per-row decode indices it
+"""Continuous batching (model/pool.py, inference/continuous.py) and the per-row decode indices it
 needs (model/layers.py, model/transformer.py), on tiny random float32 models.
 
 Every sentence of a list of mixed lengths, larger than the pool, must come out as the
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from inference import continuous, generator
 from model import cache as model_cache
-from model import continuous, decoder_state, generate
+from model import decoder_state, generate
 from model.build import build_model
 from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID
@@ -137,15 +138,18 @@ def test_rows_at_different_steps_each_continue_their_own_prefix():
 # ----------------------------------------------------------------------------- the pool
 def batch_at_once(model, params, sentences=SENTENCES, **settings):
   """Each sentence's best translation (no EOS) by model/generate.py's batch-at-once search."""
-  outputs = generate.translate_all(model, params, sentences, max_extra_len=EXTRA, **settings)
+  outputs = generator.translate_all(model, params, sentences, max_extra_len=EXTRA, **settings)
   return [o.tolist() for o in outputs]
+
+
+POOLS = continuous.PoolPrograms()  # this module's compiled pools, shared by its tests
 
 
 def pooled(model, params, sentences=SENTENCES, settings=None, **options):
   """The same through a pool of 3 sentences (fewer than the list's)."""
   if settings is None:
     options.setdefault("max_extra_len", EXTRA)
-  options = dict(pool_size=3) | options
+  options = dict(pool_size=3, programs=POOLS) | options
   outputs = continuous.translate_continuous(model, params, sentences, settings, **options)
   return [o.tolist() for o in outputs]
 
@@ -229,8 +233,9 @@ def test_sampling_draws_from_the_model_distribution():
 
 
 def test_one_program_serves_every_list_and_few_steps_per_call_change_nothing():
-  """Lists of other lengths and sizes (sources in the same bucket) reuse the compiled program;
-  device calls of at most 2 steps, handed one sentence at a time, give the same outputs."""
+  """Lists of other lengths and sizes (sources in the same bucket) reuse the compiled program
+  their `PoolPrograms` keeps (a call without one compiles its own); device calls of at most 2
+  steps, handed one sentence at a time, give the same outputs."""
   model, params = tiny()
   how = dict(beam_size=2, alpha=0.3)
   with Compilations("jit(advance)") as compiled:
@@ -240,6 +245,9 @@ def test_one_program_serves_every_list_and_few_steps_per_call_change_nothing():
     pooled(model, params, SENTENCES[2:7], **how)
     pooled(model, params, SENTENCES[:1] * 9, **how)
   assert compiled.count == first
+  with Compilations("jit(advance)") as compiled:
+    pooled(model, params, SENTENCES[2:7], programs=continuous.PoolPrograms(), **how)
+  assert compiled.count == 1
   assert pooled(model, params, max_steps=2, queue_size=1, **how) == whole
 
 
@@ -274,3 +282,24 @@ def test_bad_arguments_are_named():
   with pytest.raises(ValueError, match="pool_size=0"):  # when called, before any sentence is read
     continuous.decode_continuous(model, params, iter(()), source_len=8, pool_size=0)
   assert continuous.translate_continuous(model, params, []) == []
+
+
+def test_the_pool_returns_the_scores_of_the_batch_search():
+  """With `token_scores=True` every finished sentence carries its hypotheses' scores and
+  per-token log-probabilities, the same as the batch-at-once search returns (greedy search and
+  beam search, all of the beam's hypotheses)."""
+  model, params = tiny()
+  for how in (SEARCHES["greedy"], SEARCHES["beam-fairseq"]):
+    settings = SearchSettings(max_extra_len=EXTRA, **how)
+    every = settings.replace(num_hypotheses=settings.beam_size)
+    batch = generator.Generator(model).translate_all(params, SENTENCES, every, token_scores=True)
+    finished = continuous.decode_continuous(
+      model, params, SENTENCES, settings, source_len=SOURCE_LEN, pool_size=3, token_scores=True
+    )
+    for done in finished:
+      want = batch[done.index]
+      assert [generate.strip(row).tolist() for row in done.ids] == [h.tolist() for h in want.ids]
+      np.testing.assert_allclose(done.scores, want.scores, rtol=1e-5, atol=1e-5)
+      for row, tokens in zip(done.token_scores, want.token_scores):
+        np.testing.assert_allclose(row[: len(tokens)], tokens, rtol=1e-5, atol=1e-5)
+        assert not row[len(tokens) :].any()

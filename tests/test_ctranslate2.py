@@ -21,9 +21,9 @@ from configs import tiny
 from core.errors import UsageError
 from data.sources import synthetic_pairs
 from inference import ctranslate2_export as ce
+from inference.generator import translate_all
 from inference.restore import load_for_inference
 from model.build import build_model, init_variables
-from model.generate import translate_all
 from model.special_tokens import EOS_ID
 from tests.helpers import run_in_process, run_py, tiny_config
 

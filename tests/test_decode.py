@@ -42,8 +42,8 @@ def workdir(decode_workdir):
 
 
 def test_stdin_to_stdout_in_input_order(workdir):
+  from inference import generator
   from inference.restore import load_for_inference
-  from model import generate
   from model.build import build_model
   from model.special_tokens import EOS_ID
 
@@ -81,12 +81,12 @@ def test_stdin_to_stdout_in_input_order(workdir):
   model = build_model(restored.config.model)
   vocab = restored.vocab
   for i, text in zip((0, 2, 4, 6), short):
-    alone = generate.translate_all(
+    alone = generator.translate_all(
       model, restored.params, [vocab.encode(text) + [EOS_ID]], beam_size=1, max_extra_len=EXTRA
     )[0]
     assert out[i] == vocab.decode(alone.tolist()), (i, text)
   # The truncated line is translated from its first 7 words (+ EOS).
-  cut = generate.translate_all(
+  cut = generator.translate_all(
     model, restored.params, [vocab.encode(long)[:7] + [EOS_ID]], beam_size=1, max_extra_len=EXTRA
   )[0]
   assert out[3] == vocab.decode(cut.tolist())
@@ -188,9 +188,9 @@ def test_gzip_input_and_top_k_without_temperature(workdir, tmp_path):
 def test_score_cased_lowercased_and_chrf():
   from sacrebleu.metrics import BLEU, CHRF
 
-  from inference.scores import score
+  from inference.metrics import corpus_metrics
 
-  out = score(["The cat sat on the mat ."], ["the cat sat on the mat ."]).as_dict()
+  out = corpus_metrics(["The cat sat on the mat ."], ["the cat sat on the mat ."]).as_dict()
 
   assert out["bleu_lowercase"] == pytest.approx(100.0) and out["bleu"] < 100.0
   assert out["bleu"] == pytest.approx(

@@ -1,4 +1,5 @@
-"""Tests for model/generate.py on a random tiny Transformer (no checkpoint needed).
+"""Tests for model/generate.py and inference/generator.py on a random tiny Transformer (no
+checkpoint needed).
 
 The random parameters (numpy, no init compilation) are picked so that greedy outputs differ
 between sentences, beam search differs from greedy, and some sentences stop at EOS before their
@@ -17,11 +18,13 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from inference import attention, generator
+from inference.generator import Generator
 from inference.program_store import ProgramStore
 from model import batching, decoder_state, generate
 from model import cache as model_cache
 from model.build import abstract_params, build_model
-from model.search_settings import SearchSettings
+from model.search_settings import SearchSettings, with_keywords
 from tests.helpers import Compilations
 
 PAD, EOS = 0, 1
@@ -78,6 +81,37 @@ def tiny():
   return random_model(num_layers=1, seed=2, eos_bias=3.4)
 
 
+_GENERATORS: dict = {}  # this module's generators, one per (model, options): compiles dominate
+
+
+class _Translate:
+  """`inference.generator.translate` and `translate_all`, but through one kept `Generator` per
+  (model, options), as a caller decoding repeatedly holds one."""
+
+  @staticmethod
+  def _generator(model, options):
+    own = {
+      k: options.pop(k) for k in ("num_ids", "ensemble", "use_cache", "segment") if k in options
+    }
+    key = (model, tuple(sorted(own.items())))
+    if key not in _GENERATORS:
+      _GENERATORS[key] = Generator(model, **own)
+    return _GENERATORS[key]
+
+  def translate(self, model, params, inputs, settings=None, *, rng=None, max_decode_len=None, **o):
+    settings, o = with_keywords(settings, o)
+    return self._generator(model, o)(
+      params, inputs, settings, rng=rng, max_decode_len=max_decode_len
+    )
+
+  def translate_all(self, model, params, token_lists, settings=None, **o):
+    settings, o = with_keywords(settings, o)
+    return self._generator(model, o).translate_all(params, token_lists, settings, **o)
+
+
+kept = _Translate()
+
+
 def padded(sources, width=SRC_LEN):
   out = np.zeros((len(sources), width), np.int32)
   for i, s in enumerate(sources):
@@ -124,7 +158,7 @@ def test_greedy_cached_and_uncached_match_reference(tiny, reference):
   model, params = tiny
   inputs = padded(SOURCES)
   for use_cache in (True, False):
-    ids = generate.translate(
+    ids = kept.translate(
       model, params, inputs, beam_size=1, max_extra_len=EXTRA, use_cache=use_cache
     )
     assert ids.shape == (len(SOURCES), SRC_LEN + EXTRA)
@@ -139,7 +173,7 @@ def test_sinusoidal_positions_decode_past_max_len(reference):
   greedy search still places targets of up to 16 tokens, exactly as the model with max_len 64
   (same parameters) does."""
   model, params = random_model(num_layers=1, seed=2, eos_bias=3.4, max_len=8)
-  ids = generate.translate(model, params, padded(SOURCES), beam_size=1, max_extra_len=EXTRA)
+  ids = kept.translate(model, params, padded(SOURCES), beam_size=1, max_extra_len=EXTRA)
   assert max(len(r) for r in reference) > 8
   assert rows(ids) == reference
 
@@ -147,13 +181,13 @@ def test_sinusoidal_positions_decode_past_max_len(reference):
 def test_beam_cached_equals_uncached(tiny):
   model, params = tiny
   inputs = padded(SOURCES)
-  cached = generate.translate(model, params, inputs, beam_size=2, max_extra_len=EXTRA)
-  uncached = generate.translate(
+  cached = kept.translate(model, params, inputs, beam_size=2, max_extra_len=EXTRA)
+  uncached = kept.translate(
     model, params, inputs, beam_size=2, max_extra_len=EXTRA, use_cache=False
   )
   np.testing.assert_array_equal(cached, uncached)
   assert rows(cached) != rows(
-    generate.translate(model, params, inputs, beam_size=1, max_extra_len=EXTRA)
+    kept.translate(model, params, inputs, beam_size=1, max_extra_len=EXTRA)
   )
   for out, src in zip(rows(cached), SOURCES):  # per-sentence limit: src_len + EXTRA, EOS included
     assert out[-1] == EOS and len(out) <= len(src) + EXTRA
@@ -166,15 +200,11 @@ def test_growing_cache_changes_nothing(tiny):
   model, params = tiny
   inputs = padded(SOURCES)
   for beam in (1, 2):
-    whole = generate.translate(
-      model, params, inputs, beam_size=beam, max_extra_len=EXTRA, segment=None
-    )
-    grown = generate.translate(
-      model, params, inputs, beam_size=beam, max_extra_len=EXTRA, segment=3
-    )
+    whole = kept.translate(model, params, inputs, beam_size=beam, max_extra_len=EXTRA, segment=None)
+    grown = kept.translate(model, params, inputs, beam_size=beam, max_extra_len=EXTRA, segment=3)
     np.testing.assert_array_equal(grown, whole, err_msg=f"beam {beam}")
   with pytest.raises(ValueError, match="segment"):
-    generate.translate(model, params, inputs, segment=0)
+    kept.translate(model, params, inputs, segment=0)
 
 
 def test_length_batches_cover_every_sentence_once():
@@ -225,17 +255,17 @@ def test_a_file_compiles_one_program_per_length_bucket(tiny):
   assert len(batches) > 5 and len({b.inputs.shape for b in batches}) == 2
   how = dict(beam_size=2, max_extra_len=EXTRA + 1)  # settings no other test compiles
   with Compilations("jit(_search)") as compiled:
-    outputs = generate.translate_all(model, params, lists, tokens_per_batch=512, **how)
+    outputs = kept.translate_all(model, params, lists, tokens_per_batch=512, **how)
   assert compiled.count == 2
   for i in (0, 1, 150, 299):  # a sentence alone in its batch decodes to the same tokens
-    alone = generate.translate(model, params, padded([lists[i]], 64), **how)
+    alone = kept.translate(model, params, padded([lists[i]], 64), **how)
     assert outputs[i].tolist() == generate.strip(alone[0]).tolist(), i
 
 
 def test_translate_all_restores_input_order(tiny, reference):
   model, params = tiny
   # One batch [3, 32] (tokens_per_batch 96).
-  outputs = generate.translate_all(
+  outputs = kept.translate_all(
     model, params, SOURCES, tokens_per_batch=96, beam_size=1, max_extra_len=EXTRA
   )
   assert [o.tolist() for o in outputs] == [r[:-1] for r in reference]
@@ -254,7 +284,7 @@ def test_num_ids_keeps_outputs_inside_the_vocabulary(tiny, reference, how):
   model, params = tiny
   assert max(max(r) for r in reference) >= 10  # unrestricted, ids above 10 are chosen
   ids = np.asarray(
-    generate.translate(model, params, padded(SOURCES), max_extra_len=EXTRA, num_ids=10, **how)
+    kept.translate(model, params, padded(SOURCES), max_extra_len=EXTRA, num_ids=10, **how)
   )
   assert ids.max() < 10 and (ids == EOS).any(axis=1).all()
 
@@ -262,13 +292,13 @@ def test_num_ids_keeps_outputs_inside_the_vocabulary(tiny, reference, how):
 def test_num_ids_must_exceed_eos(tiny):
   model, params = tiny
   with pytest.raises(ValueError, match="num_ids=1: must exceed the EOS id"):
-    generate.translate(model, params, padded(SOURCES), num_ids=1)
+    kept.translate(model, params, padded(SOURCES), num_ids=1)
 
 
 def test_sampling_batches_of_one_shape_draw_different_noise(tiny):
   model, params = tiny
   # One 8-token sentence per batch (tokens_per_batch 8): six batches of the same shape.
-  outputs = generate.translate_all(
+  outputs = kept.translate_all(
     model,
     params,
     [SOURCES[0]] * 6,
@@ -283,28 +313,28 @@ def test_sampling_batches_of_one_shape_draw_different_noise(tiny):
 def test_attention_weights():
   model, params = random_model(num_layers=2, seed=0, eos_bias=0.0)
   src, out = SOURCES[1], [5, 6, 7]
-  weights = generate.attention_weights(model, params, src + [PAD, PAD], out + [EOS, PAD])
+  weights = attention.attention_weights(model, params, src + [PAD, PAD], out + [EOS, PAD])
   assert weights.shape == (2, 4, len(out) + 1, len(src))
   np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
   assert (weights >= 0).all()
   # EOS is appended when the output has none.
   np.testing.assert_allclose(
-    generate.attention_weights(model, params, src, out), weights, atol=1e-6
+    attention.attention_weights(model, params, src, out), weights, atol=1e-6
   )
 
 
 def test_same_shapes_do_not_recompile(tiny):
   model, params = tiny
   inputs = padded(SOURCES)
-  first = generate.translate(model, params, inputs, beam_size=1, max_extra_len=EXTRA)
+  first = kept.translate(model, params, inputs, beam_size=1, max_extra_len=EXTRA)
   with Compilations("jit(_search)") as compiled:
     # Other token values, other parameter values, an alpha that greedy ignores: same program.
-    generate.translate(model, params, inputs[::-1].copy(), beam_size=1, max_extra_len=EXTRA)
+    kept.translate(model, params, inputs[::-1].copy(), beam_size=1, max_extra_len=EXTRA)
     other = jax.tree_util.tree_map(lambda x: x * 1.5, params)
-    second = generate.translate(model, other, inputs, beam_size=1, alpha=0.2, max_extra_len=EXTRA)
-    # num_ids at the model's own vocabulary size masks nothing: the same program too.
-    generate.translate(model, params, inputs, beam_size=1, max_extra_len=EXTRA, num_ids=24)
+    second = kept.translate(model, other, inputs, beam_size=1, alpha=0.2, max_extra_len=EXTRA)
   assert compiled.count == 0
+  # num_ids at the model's own vocabulary size masks nothing: the programs of no num_ids.
+  assert Generator(model, num_ids=24).num_ids is None and Generator(model, num_ids=23).num_ids == 23
   assert not np.array_equal(first, second), "parameters must be an argument, not constants"
 
 
@@ -359,17 +389,15 @@ def test_ensemble_of_copies_decodes_as_the_model(tiny, reference):
   model, params = tiny
   inputs = padded(SOURCES)
   both = stack(params, params)
-  ids = generate.translate(model, both, inputs, beam_size=1, max_extra_len=EXTRA, ensemble=True)
+  ids = kept.translate(model, both, inputs, beam_size=1, max_extra_len=EXTRA, ensemble=True)
   assert rows(ids) == reference
-  beam = generate.translate(model, params, inputs, beam_size=2, max_extra_len=EXTRA)
+  beam = kept.translate(model, params, inputs, beam_size=2, max_extra_len=EXTRA)
   np.testing.assert_array_equal(
-    generate.translate(
-      model, both, inputs, beam_size=2, max_extra_len=EXTRA, ensemble=True, segment=3
-    ),
+    kept.translate(model, both, inputs, beam_size=2, max_extra_len=EXTRA, ensemble=True, segment=3),
     beam,
   )
   with pytest.raises(ValueError, match="use_cache"):
-    generate.translate(model, both, inputs, ensemble=True, use_cache=False)
+    kept.translate(model, both, inputs, ensemble=True, use_cache=False)
 
 
 @pytest.mark.slow
@@ -422,9 +450,7 @@ def test_bfloat16_decoding_casts_the_matrices_once_and_stays_close(tiny):
   rows = 0
   for beam in (1, 3):
     exact, close = (
-      np.asarray(
-        generate.translate(m, params, padded(SOURCES), beam_size=beam, max_extra_len=EXTRA)
-      )
+      np.asarray(kept.translate(m, params, padded(SOURCES), beam_size=beam, max_extra_len=EXTRA))
       for m in (model, fast)
     )
     rows += np.sum(np.all(exact == close, axis=1))
@@ -463,20 +489,22 @@ def test_search_settings_check_themselves_and_share_programs():
 
 def test_a_generator_owns_its_programs(tiny):
   """A Generator compiles each settings' program once and keeps it while it lives; another
-  Generator of the same model compiles its own (no module-wide cache behind it), and the
-  module-level functions keep a bounded number of generators."""
+  Generator of the same model compiles its own (no module-wide cache behind it), and so does
+  the one-off `translate`."""
   model, params = tiny
   inputs = padded(SOURCES)
   settings = SearchSettings(beam_size=1, max_extra_len=EXTRA + 2)  # compiled by no other test
-  first = generate.Generator(model)
+  first = Generator(model)
   with Compilations("jit(_search)") as compiled:
     ids = first(params, inputs, settings)
     first(params, inputs, settings.replace(alpha=1.5))  # greedy ignores alpha: same program
   assert compiled.count == 1
   with Compilations("jit(_search)") as compiled:
-    np.testing.assert_array_equal(generate.Generator(model)(params, inputs, settings), ids)
+    np.testing.assert_array_equal(Generator(model)(params, inputs, settings), ids)
   assert compiled.count == 1
-  assert generate._generator.cache_info().maxsize == 8
+  with Compilations("jit(_search)") as compiled:  # a one-off call compiles its own
+    np.testing.assert_array_equal(generator.translate(model, params, inputs, settings), ids)
+  assert compiled.count == 1
   with pytest.raises(ValueError, match="settings=.*expected a SearchSettings"):
     first(params, inputs, {"beam_size": 1})
 
@@ -490,41 +518,41 @@ def test_programs_kept_on_disk_are_read_back_without_tracing(tiny, tmp_path, mon
   model, params = tiny
   inputs = padded(SOURCES)
   settings = SearchSettings(beam_size=3, max_extra_len=EXTRA)
-  expected = np.asarray(generate.Generator(model)(params, inputs, settings))
+  expected = np.asarray(Generator(model)(params, inputs, settings))
   store = ProgramStore(tmp_path)
   with Compilations("jit(_kept_search)") as compiled:
-    ids = generate.Generator(model, programs=store)(params, inputs, settings)
+    ids = Generator(model, programs=store)(params, inputs, settings)
   np.testing.assert_array_equal(ids, expected)
   files = list(tmp_path.glob("*.program"))
   assert compiled.count == 1 and store.compiled == 1 and len(files) == 1
 
   again = ProgramStore(tmp_path)
-  generator = generate.Generator(model, programs=again)
+  generator = Generator(model, programs=again)
   traced = Compilations("_kept_search", Compilations.TRACED)
   with traced, Compilations("jit(_kept_search)") as c:
     np.testing.assert_array_equal(generator(params, inputs, settings), expected)
     np.testing.assert_array_equal(generator(params, inputs, settings), expected)  # kept in memory
   assert (traced.count, c.count, again.loaded, again.compiled) == (0, 0, 1, 0)
-  short = generate.Generator(model)(params, inputs[:3], settings)
+  short = Generator(model)(params, inputs[:3], settings)
   np.testing.assert_array_equal(generator(params, inputs[:3], settings), short)
   assert again.compiled == 1 and len(list(tmp_path.glob("*.program"))) == 2
 
   files[0].write_bytes(files[0].read_bytes()[:100])
   third = ProgramStore(tmp_path)
   with caplog.at_level("WARNING"):
-    ids = generate.Generator(model, programs=third)(params, inputs, settings)
+    ids = Generator(model, programs=third)(params, inputs, settings)
   np.testing.assert_array_equal(ids, expected)
   assert third.compiled == 1 and "could not be read" in caplog.text and str(files[0]) in caplog.text
   fourth = ProgramStore(tmp_path)  # the replaced file reads back
   np.testing.assert_array_equal(
-    generate.Generator(model, programs=fourth)(params, inputs, settings), expected
+    Generator(model, programs=fourth)(params, inputs, settings), expected
   )
   assert (fourth.loaded, fourth.compiled) == (1, 0)
 
   (tmp_path / "a-file").write_text("")
   unwritable = ProgramStore(tmp_path / "a-file" / "programs")
   with caplog.at_level("WARNING"):
-    ids = generate.Generator(model, programs=unwritable)(params, inputs, settings)
+    ids = Generator(model, programs=unwritable)(params, inputs, settings)
   np.testing.assert_array_equal(ids, expected)
   assert "are not kept in" in caplog.text and unwritable.compiled == 1
 
@@ -544,13 +572,13 @@ def test_a_files_programs_are_fetched_together_and_the_jax_option_restored(tiny,
   long = [(3 + i) % 20 + 2 for i in range(39)] + [EOS]  # 40 tokens: the 64-token bucket
   sentences = [*SOURCES, long]
   settings = SearchSettings(beam_size=2, max_extra_len=EXTRA)
-  expected = generate.Generator(model).translate_all(params, sentences, settings)
+  expected = Generator(model).translate_all(params, sentences, settings)
   option = jax.config.jax_persistent_cache_min_compile_time_secs
   store = ProgramStore(tmp_path)
-  found = generate.Generator(model, programs=store).translate_all(params, sentences, settings)
+  found = Generator(model, programs=store).translate_all(params, sentences, settings)
   assert [x.tolist() for x in found] == [x.tolist() for x in expected]
   assert store.compiled == 2 and jax.config.jax_persistent_cache_min_compile_time_secs == option
   again = ProgramStore(tmp_path)
-  found = generate.Generator(model, programs=again).translate_all(params, sentences, settings)
+  found = Generator(model, programs=again).translate_all(params, sentences, settings)
   assert [x.tolist() for x in found] == [x.tolist() for x in expected]
   assert (again.loaded, again.compiled) == (2, 0)

@@ -13,11 +13,13 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from data.tokenizer import WordVocab
+from inference.generator import Generator
 from inference.scoring import PairScorer, pair_batches
 from model import scoring, search
 from model.build import build_model, init_variables
 from model.decoder_state import decoder_state, ensemble_decoder_state
 from model.generate import _only_ids_below  # what decoding masks with (num_ids)
+from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID, PAD_ID
 from tests.helpers import MODEL_TYPES, Compilations, fixed_batches, tiny_config
 from training.step import eval_step
@@ -279,3 +281,85 @@ def test_bad_input_is_one_line_naming_the_argument(sources, targets, options, me
   with pytest.raises(ValueError, match=message) as raised:
     scorer.score(sources, targets, **options)
   assert "\n" not in str(raised.value)
+
+
+def _rescored(model, params, inputs, found, settings, num_ids, ensemble):
+  """The scores the Translator used to compute with a second pass, written out independently:
+  each hypothesis (EOS appended) scored teacher-forced under the searches' distribution, its
+  EOS made free when it sits at the sentence's length limit, the log-probability summed and,
+  in beam search, divided by the length penalty's formula."""
+  pairs = [(i, ids) for i, nbest in enumerate(found) for ids in nbest.ids]
+  width = max(len(ids) for _, ids in pairs) + 1
+  targets = np.zeros((len(pairs), width), np.int32)
+  for row, (_, ids) in enumerate(pairs):
+    targets[row, : len(ids) + 1] = [*ids.tolist(), EOS_ID]
+  sources = np.asarray(inputs)[[i for i, _ in pairs]]
+  token_logp, _ = jax.jit(
+    lambda p, x, y: scoring.score(
+      model, p, x, y, ensemble=ensemble, as_search=True, num_ids=num_ids
+    )
+  )(params, sources, targets)
+  token_logp = np.asarray(token_logp, np.float64)
+  scores, tokens = [[] for _ in found], [[] for _ in found]
+  for row, (i, ids) in enumerate(pairs):
+    length = len(ids) + 1
+    logp = token_logp[row, :length].copy()
+    if length >= np.sum(sources[row] != PAD_ID) + settings.max_extra_len:
+      logp[-1] = 0.0  # forced at the limit: free
+    alpha = settings.alpha
+    if settings.sampling or settings.beam_size == 1:
+      divisor = 1.0
+    elif settings.length_penalty == "fairseq":
+      divisor = length**alpha
+    else:
+      divisor = ((5.0 + length) / 6.0) ** alpha
+    scores[i].append(logp.sum() / divisor)
+    tokens[i].append(logp)
+  return scores, tokens
+
+
+@pytest.mark.parametrize(
+  "kind, ensemble, settings",
+  [
+    ("transformer", False, SearchSettings(beam_size=3, alpha=0.6, num_hypotheses=3)),
+    ("transformer", False, SearchSettings(beam_size=3, alpha=1.0, length_penalty="fairseq")),
+    ("transformer", True, SearchSettings(beam_size=2, alpha=0.6, num_hypotheses=2)),
+    ("transformer", False, SearchSettings(beam_size=1)),
+    ("transformer", False, SearchSettings(temperature=1.0, top_k=5)),
+  ]
+  + [
+    pytest.param(
+      kind, False, SearchSettings(beam_size=3, length_penalty=penalty), marks=pytest.mark.slow
+    )
+    for kind in MODEL_TYPES[1:]
+    for penalty in ("gnmt", "fairseq")
+  ],
+)
+def test_the_search_returns_the_scores_a_second_pass_gave(kind, ensemble, settings):
+  """`Generator.translate_all(scores=True, token_scores=True)`: the search's own scores and
+  token log-probabilities, in the same pass as its hypotheses, equal those of scoring the
+  hypotheses again (teacher-forced, the searches' distribution, the forced-EOS rule and the
+  length penalty written out), for every model type, both penalties, an ensemble, greedy
+  search and sampling; the hypotheses are those of a search without scores."""
+  model, params = _model(kind)
+  if ensemble:
+    _, other = _model(kind, seed=1)
+    params = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), params, other)
+  (batch,) = fixed_batches(n=1, rows=4, length=6, seed=3)
+  sentences = [row[row != PAD_ID].tolist() for row in batch["inputs"]]
+  settings = settings.replace(max_extra_len=3)
+  generator = Generator(model, num_ids=30, ensemble=ensemble)
+  found = generator.translate_all(params, sentences, settings, scores=True, token_scores=True)
+  plain = generator.translate_all(params, sentences, settings)
+  for nbest, ids in zip(found, plain):
+    expected = ids if settings.num_hypotheses > 1 else [ids]
+    assert [h.tolist() for h in nbest.ids] == [h.tolist() for h in expected]
+  inputs = np.zeros((len(sentences), 6), np.int32)
+  for row, s in enumerate(sentences):
+    inputs[row, : len(s)] = s
+  scores, tokens = _rescored(model, params, inputs, found, settings, 30, ensemble)
+  for nbest, want, want_tokens in zip(found, scores, tokens):
+    assert nbest.scores.shape == (settings.num_hypotheses,)
+    np.testing.assert_allclose(nbest.scores, want, rtol=2e-5, atol=2e-5)
+    for got, expected in zip(nbest.token_scores, want_tokens):
+      np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5)

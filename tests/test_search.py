@@ -18,6 +18,7 @@ import pytest
 
 from model import search
 from model.search import (
+  PENALTIES,
   beam_search,
   expand_to_beams,
   gather_beams,
@@ -633,3 +634,61 @@ def test_jit_compiles_once():
   for a, b in zip(out1, out3):
     np.testing.assert_array_equal(a, b)
   assert not np.array_equal(out1[0], out2[0])
+
+
+def _table_token_logp(table, ids, forced_at=None):
+  """Each token's log-probability of the rows `ids` [n, max_len] under the table model (float64
+  log-softmax), 0 after EOS and for an EOS forced at step `forced_at[row]` - 1."""
+  out = np.zeros(ids.shape, np.float64)
+  for r, row in enumerate(ids):
+    prev = 0
+    for t, tok in enumerate(row):
+      logits = table[min(t, table.shape[0] - 1), prev].astype(np.float64)
+      logp = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+      forced = forced_at is not None and t + 1 >= forced_at[r]
+      out[r, t] = 0.0 if forced else logp[tok]
+      if tok == EOS:
+        break
+      prev = tok
+  return out
+
+
+def test_searches_return_their_scores_and_token_log_probabilities():
+  """`scores=True` (greedy, sampling) and `token_scores=True` (beam search) return each token's
+  log-probability as an independent float64 walk over the table gives it (a forced EOS 0, 0 after
+  EOS), summing to the summed score, and beam search's length-normalised score; the ids are those
+  of the searches without scores."""
+  rng = np.random.default_rng(7)
+  table = rng.normal(0.0, 2.0, (T_LEN, T_VOCAB, T_VOCAB)).astype(np.float32)
+  table[..., PAD] = NEG
+  batch, max_lens = 3, np.array([8, 3, 5], np.int32)
+  step, cache = _table_args(jnp.asarray(table), None, batch)
+
+  def run(**kw):
+    return jax.jit(lambda c: kw.pop("fn")(step, c, batch, T_MAXLEN, max_lens=max_lens, **kw))(cache)
+
+  ids, total, tokp = run(fn=greedy_search, scores=True)
+  np.testing.assert_array_equal(ids, run(fn=greedy_search))
+  want = _table_token_logp(table, np.asarray(ids), max_lens)
+  np.testing.assert_allclose(tokp, want, atol=1e-5)
+  np.testing.assert_allclose(total, want.sum(axis=1), atol=1e-5)
+  key = jax.random.key(3)
+  drawn = jax.jit(lambda c: sample(step, c, key, batch, T_MAXLEN, max_lens=max_lens, scores=True))(
+    cache
+  )
+  want = _table_token_logp(table, np.asarray(drawn[0]), max_lens)
+  np.testing.assert_allclose(drawn[2], want, atol=1e-5)
+  np.testing.assert_allclose(drawn[1], want.sum(axis=1), atol=1e-5)
+  for penalty in PENALTIES:
+    plain = run(fn=beam_search, beam_size=3, alpha=0.6, penalty=penalty)
+    ids, scores, tokp = run(
+      fn=beam_search, beam_size=3, alpha=0.6, penalty=penalty, token_scores=True
+    )
+    np.testing.assert_array_equal(ids, plain[0])
+    np.testing.assert_array_equal(scores, plain[1])
+    rows = np.asarray(ids).reshape(-1, T_MAXLEN)
+    want = _table_token_logp(table, rows, np.repeat(max_lens, 3))
+    np.testing.assert_allclose(np.asarray(tokp).reshape(rows.shape), want, atol=1e-5)
+    lengths = (rows != PAD).sum(axis=1)
+    normalised = want.sum(axis=1) / np.asarray(length_penalty(lengths, 0.6, penalty))
+    np.testing.assert_allclose(np.asarray(scores).reshape(-1), normalised, rtol=1e-5, atol=1e-5)

@@ -48,7 +48,7 @@ def test_loading_and_translating_imports_no_heavy_library(decode_workdir):
     f"translator = Translator.load({str(decode_workdir)!r})\n"
     "translator.translate(['w1 w2 w3'], beam_size=2)"
   )
-  translated, scored = _imported(load, "translator.score(['w1 w2'], ['w1 w2'])")
+  translated, scored = _imported(load, "translator.metrics(['w1 w2'], ['w1 w2'])")
   assert translated == []
   # The check can fail: scoring against references is what imports sacreBLEU.
   assert scored and all(m.split(".")[0] == "sacrebleu" for m in scored), scored

@@ -84,7 +84,7 @@ def test_long_sentences_are_cut_with_a_warning_and_options_are_checked(workdirs,
   assert translator.settings().max_extra_len == translator.config.eval.max_decode_extra
   with pytest.raises(UsageError, match="expected a list of sentences"):
     translator.translate("w1 w2")
-  scores = translator.score(["w1 w2 w3 w4 w5"], ["w1 w2 w3 w4 w5"])
+  scores = translator.metrics(["w1 w2 w3 w4 w5"], ["w1 w2 w3 w4 w5"])
   assert scores.bleu == pytest.approx(100.0) and len(scores.lines) == 3
 
 
@@ -135,39 +135,53 @@ def test_the_compilation_cache_when_asked(workdirs, tmp_path):
   assert len(list((folder / "programs").glob("*.program"))) == 1
 
 
+def _forced(translator, source: str, text: str, limit: int) -> np.ndarray:
+  """Each token's log-probability of `text` (EOS last) given `source`, by forced decoding under
+  the searches' distribution (`score_pairs`, a pass independent of the search); an EOS at the
+  sentence's length limit `limit` (tokens with EOS) costs 0, as the search forces it."""
+  (pair,) = translator.score_pairs([source], [text], as_search=True)
+  tokens = pair.token_log_probs.astype(np.float64)
+  if len(tokens) >= limit:
+    tokens[-1] = 0.0
+  return tokens
+
+
 def test_nbest_with_scores_and_scoring_pairs(workdirs):
-  """run(num_hypotheses=k): each sentence's k best, best first, with the search's scores; at
-  alpha 0 a hypothesis' score is its summed token log-probability, which scoring the pair under
-  the search's distribution gives again (but an EOS forced at the length limit, free in the
-  search); greedy's score is its log-probability."""
+  """run(num_hypotheses=k): each sentence's k best, best first, with the search's own scores and
+  token log-probabilities (no second pass), which forced decoding of the same hypotheses gives
+  again: beam search's the log-probability over the paper's ((5 + len) / 6) ** alpha, greedy
+  search's the log-probability."""
   translator = Translator.load(workdirs["transformer"])
   sentences = ["w1 w2 w3", "", "w4 w5 w6 w7"]
+  alpha = 0.6
   result = translator.run(
-    sentences, beam_size=3, alpha=0.0, num_hypotheses=3, max_extra_len=3, return_token_scores=True
+    sentences, beam_size=3, alpha=alpha, num_hypotheses=3, max_extra_len=3, return_token_scores=True
   )
-  assert result.hypotheses[1] == [] and result.scores[1] == []
+  assert result.hypotheses[1] == [] and result.scores[1] == [] and result.token_scores[1] == []
   for i in (0, 2):
     assert len(result.hypotheses[i]) == 3 and result.hypotheses[i][0] == result.texts[i]
     assert result.scores[i] == sorted(result.scores[i], reverse=True)
+    limit = len(result.source_ids[i]) + 3
     for text, score, tokens in zip(result.hypotheses[i], result.scores[i], result.token_scores[i]):
-      assert score == pytest.approx(float(tokens.sum()), abs=1e-5)
-      (pair,) = translator.score_pairs([sentences[i]], [text], as_search=True)
-      forced = len(tokens) == len(result.source_ids[i]) + 3  # EOS at the limit costs 0
-      expected = pair.token_log_probs.copy()
-      expected[-1] = 0.0 if forced else expected[-1]
+      expected = _forced(translator, sentences[i], text, limit)
       np.testing.assert_allclose(tokens, expected, atol=1e-5)
-  assert translator.run(sentences, beam_size=3, alpha=0.0, max_extra_len=3).texts == result.texts
+      penalty = ((5 + len(expected)) / 6) ** alpha
+      assert score == pytest.approx(expected.sum() / penalty, abs=1e-5)
+  assert translator.run(sentences, beam_size=3, alpha=alpha, max_extra_len=3).texts == result.texts
   greedy = translator.run(
     sentences[:1], beam_size=1, max_extra_len=3, return_scores=True, return_token_scores=True
   )
-  (pair,) = translator.score_pairs(sentences[:1], greedy.texts, as_search=True)
-  (tokens,) = greedy.token_scores[0]
-  np.testing.assert_allclose(tokens[:-1], pair.token_log_probs[:-1], atol=1e-5)
-  assert greedy.scores == [[pytest.approx(float(tokens.sum()), abs=1e-5)]]
+  expected = _forced(translator, sentences[0], greedy.texts[0], len(greedy.source_ids[0]) + 3)
+  np.testing.assert_allclose(greedy.token_scores[0][0], expected, atol=1e-5)
+  assert greedy.scores == [[pytest.approx(expected.sum(), abs=1e-5)]]
+  pooled = translator.run(
+    sentences, beam_size=3, alpha=alpha, max_extra_len=3, return_scores=True, batching="continuous"
+  )
+  assert pooled.scores == [[pytest.approx(s[0], abs=1e-5)] if s else [] for s in result.scores]
 
 
 def test_continuous_batching_gives_the_same_translations(workdirs):
-  """batching='continuous' (a pool of rows, model/continuous.py) translates a list of mixed
+  """batching='continuous' (a pool of rows, inference/continuous.py) translates a list of mixed
   lengths, with empty and over-long lines, as length batches do (float32)."""
   translator = Translator.load(workdirs["transformer"])
   long = " ".join(f"w{i % 30}" for i in range(40))

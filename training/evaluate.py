@@ -40,21 +40,30 @@ def translation_metrics(
   beam_size: int = 1,
   tokens_per_batch: int = 4096,
 ) -> dict:
-  """BLEU (sacreBLEU, cased, on detokenized text) and exact match of translations of `pairs`."""
-  from model.generate import translate_all
+  """BLEU (sacreBLEU, cased, on detokenized text) and exact match of translations of `pairs`:
+  `model.generate.generate` over length batches (training may not import inference/, whose
+  `Generator` adds compiled-program ownership and a program store to the same loop)."""
+  from model.batching import length_batches
+  from model.distribution import useful_num_ids
+  from model.generate import generate, strip
+  from model.search_settings import SearchSettings
 
   if not pairs:
     return {}
   sources, references = zip(*pairs)
-  outputs = translate_all(
-    model,
-    params,
-    [encode_source(vocab, s, max_len)[0] for s in sources],
-    tokens_per_batch=tokens_per_batch,
-    beam_size=beam_size,
-    max_extra_len=max_extra_len,
-    num_ids=vocab.vocab_size,
+  settings = SearchSettings(beam_size=beam_size, max_extra_len=max_extra_len).program()
+  num_ids = useful_num_ids(vocab.vocab_size, model.config.vocab_size)
+  search = jax.jit(
+    lambda p, x: generate(
+      model, p, x, jax.random.key(0), settings, x.shape[1] + max_extra_len, num_ids=num_ids
+    )
   )
+  token_lists = [encode_source(vocab, s, max_len)[0] for s in sources]
+  outputs = [None] * len(token_lists)
+  for batch in length_batches(token_lists, tokens_per_batch):
+    ids = np.asarray(search(params, batch.inputs))
+    for row, i in enumerate(batch.indices):
+      outputs[i] = strip(ids[row])
   hypotheses = [vocab.decode(o.tolist()) for o in outputs]
   bleu = sacrebleu.corpus_bleu(hypotheses, [list(references)])
   exact = np.mean([h.strip() == r.strip() for h, r in zip(hypotheses, references)])

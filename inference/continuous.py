@@ -1,12 +1,15 @@
 """Continuous batching: a list (or stream) of sentences translated through a fixed pool of
 decoding rows (model/pool.py), each sentence entering as soon as one leaves, instead of batches
-decoded until their longest sentence ends.
+decoded until their longest sentence ends. This module is the host side: it reads the sentences,
+hands the device the next waiting ones and collects the finished ones.
 
     outputs = translate_continuous(model, params, sentences, pool_size=32, beam_size=4)
     for done in decode_continuous(model, params, sentences, source_len=64, beam_size=4):
       done.index, done.ids, done.scores   # in the order they finish: [beam, length], [beam]
+    programs = PoolPrograms()   # owns compiled pools: pass it to every call that should share
 
-One program is compiled per (model, pool size, search settings, source width): the sources are
+One program is compiled per (model, pool size, search settings, source width) and kept by the
+`PoolPrograms` passed as `programs` (without one, a call compiles its own): the sources are
 padded to one width for the whole list (by default the `model.batching.bucket_length` of the
 longest) and every sentence keeps its own length limit (its source tokens + `max_extra_len`, EOS
 included). Each sentence's translation is the one the batch-at-once search of model/generate.py
@@ -19,17 +22,17 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import jax
 import numpy as np
 
+from model import distribution
 from model import pool as pool_lib
 from model.batching import bucket_length
 from model.generate import strip
-from model.search_settings import FIELDS, SearchSettings
-from model.special_tokens import EOS_ID
+from model.search_settings import FIELDS, SearchSettings, with_keywords
 
 _ALL_STEPS = 2**31 - 1
 
@@ -37,21 +40,31 @@ _ALL_STEPS = 2**31 - 1
 class Hypotheses(NamedTuple):
   """One finished sentence: its `index` in the input, `ids` [beam, max_decode_len] its
   hypotheses (tokens up to EOS, then PAD) and `scores` [beam] their scores, best first (see
-  `model.pool.Finished`)."""
+  `model.pool.Finished`); with `token_scores=True`, `token_scores` [beam, max_decode_len] their
+  tokens' log-probabilities (0 after EOS), else None."""
 
   index: int
   ids: np.ndarray
   scores: np.ndarray
+  token_scores: np.ndarray | None = None
 
 
-@functools.lru_cache(maxsize=8)
-def _programs(spec: pool_lib.PoolSpec):
-  """The jitted `model.pool.empty_pool` and `model.pool.advance` of one spec, kept while among
-  the 8 most recently used."""
-  return (
-    jax.jit(functools.partial(pool_lib.empty_pool, spec)),
-    jax.jit(functools.partial(pool_lib.advance, spec)),
-  )
+class PoolPrograms:
+  """The compiled pool programs of one owner (e.g. an `inference.Translator`): the jitted
+  `model.pool.empty_pool` and `model.pool.advance` of each `PoolSpec` it was asked for, kept as
+  long as it lives."""
+
+  def __init__(self):
+    self._programs: dict[pool_lib.PoolSpec, tuple[Callable, Callable]] = {}
+
+  def __call__(self, spec: pool_lib.PoolSpec) -> tuple[Callable, Callable]:
+    """(empty_pool, advance) of `spec`, compiled on first use."""
+    if spec not in self._programs:
+      self._programs[spec] = (
+        jax.jit(functools.partial(pool_lib.empty_pool, spec)),
+        jax.jit(functools.partial(pool_lib.advance, spec)),
+      )
+    return self._programs[spec]
 
 
 def pool_spec(
@@ -63,6 +76,7 @@ def pool_spec(
   queue_size: int | None = None,
   ensemble: bool = False,
   num_ids: int | None = None,
+  token_scores: bool = False,
   **fields,
 ) -> pool_lib.PoolSpec:
   """The checked `PoolSpec`: `settings` (default `SearchSettings()`) with `fields` of it given
@@ -70,25 +84,24 @@ def pool_spec(
   max_extra_len=...), as `settings.program()` (settings searching alike share one program);
   `queue_size` default `pool_size`; `num_ids` at or above the model's vocabulary masks nothing.
   """
-  unknown = sorted(set(fields) - set(FIELDS))
+  settings, unknown = with_keywords(settings, fields)
   if unknown:
-    raise ValueError(f"{unknown[0]}=...: not a setting; the settings are {', '.join(FIELDS)}")
-  settings = SearchSettings(**fields) if settings is None else settings.replace(**fields)
+    name = sorted(unknown)[0]
+    raise ValueError(f"{name}=...: not a setting; the settings are {', '.join(FIELDS)}")
   for name, value in (("source_len", source_len), ("pool_size", pool_size)):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
       raise ValueError(f"{name}={value!r}: must be a positive integer")
   if queue_size is not None and (not isinstance(queue_size, (int, np.integer)) or queue_size < 1):
     raise ValueError(f"queue_size={queue_size!r}: must be a positive integer or None")
-  if num_ids is not None and not EOS_ID < num_ids:
-    raise ValueError(f"num_ids={num_ids!r}: must exceed the EOS id {EOS_ID}")
   return pool_lib.PoolSpec(
     model,
     settings.program().replace(num_hypotheses=1),  # the pool returns every hypothesis
     pool_size=int(pool_size),
     source_len=int(source_len),
     queue_size=int(queue_size or pool_size),
-    num_ids=None if num_ids is None or num_ids >= model.config.vocab_size else int(num_ids),
+    num_ids=distribution.useful_num_ids(num_ids, model.config.vocab_size),
     ensemble=bool(ensemble),
+    token_scores=bool(token_scores),
   )
 
 
@@ -101,6 +114,7 @@ def decode_continuous(
   source_len: int,
   rng=None,
   max_steps: int | None = None,
+  programs: PoolPrograms | None = None,
   **options,
 ) -> Iterator[Hypotheses]:
   """Translates `sentences` through a pool, yielding each as it finishes (`Hypotheses`, in
@@ -115,21 +129,23 @@ def decode_continuous(
     source_len: the padded source width (one program per width).
     rng: the sampling key (default `jax.random.key(0)`).
     max_steps: decoder steps per device call at most (None: as many as the queue needs).
-    **options: `pool_spec`'s: pool_size, queue_size, ensemble, num_ids, and the settings' fields
-      as keywords.
+    programs: where the compiled pool comes from and stays (None: compiled for this call).
+    **options: `pool_spec`'s: pool_size, queue_size, ensemble, num_ids, token_scores, and the
+      settings' fields as keywords.
   """
   spec = pool_spec(model, settings, source_len=source_len, **options)
   if max_steps is not None and (not isinstance(max_steps, (int, np.integer)) or max_steps < 1):
     raise ValueError(f"max_steps={max_steps!r}: must be a positive integer or None")
   steps = np.int32(_ALL_STEPS if max_steps is None else max_steps)
-  return _decode(spec, params, sentences, jax.random.key(0) if rng is None else rng, steps)
+  rng = jax.random.key(0) if rng is None else rng
+  return _decode(spec, params, sentences, rng, steps, programs or PoolPrograms())
 
 
-def _decode(spec: pool_lib.PoolSpec, params, sentences, rng, steps) -> Iterator[Hypotheses]:
+def _decode(spec, params, sentences, rng, steps, programs) -> Iterator[Hypotheses]:
   """`decode_continuous`'s loop, its arguments checked: each call hands the device the next
   waiting sentences (`drain` once they are the last) and yields those it finished."""
   source_len = spec.source_len
-  empty, advance = _programs(spec)
+  empty, advance = programs(spec)
   pool = None
   reader = enumerate(sentences)
   waiting: collections.deque = collections.deque()
@@ -157,8 +173,9 @@ def _decode(spec: pool_lib.PoolSpec, params, sentences, rng, steps) -> Iterator[
     done = int(out.count)
     in_pool += int(taken) - done
     found, ids, scores = (np.asarray(x)[:done] for x in (out.index, out.ids, out.scores))
+    tokens = None if out.token_scores is None else np.asarray(out.token_scores)[:done]
     for i in range(done):
-      yield Hypotheses(int(found[i]), ids[i], scores[i])
+      yield Hypotheses(int(found[i]), ids[i], scores[i], None if tokens is None else tokens[i])
 
 
 def _checked(tokens, index: int, source_len: int) -> np.ndarray:
@@ -178,13 +195,14 @@ def translate_continuous(
   **options,
 ) -> list[np.ndarray]:
   """`decode_continuous` over a list: per sentence, in input order, its best translation's ids
-  (no EOS, no PAD), as `model.generate.translate_all` returns them.
+  (no EOS, no PAD), as `inference.generator.translate_all` returns them.
 
   Args:
     sentences: source ids of each sentence, each ending in EOS.
     settings: how to search (default `SearchSettings()`; its fields may be given as keywords).
     source_len: the padded source width; default `bucket_length` of the longest sentence.
-    **options: `decode_continuous`'s (rng, max_steps, pool_size, queue_size, ensemble, num_ids)
+    **options: `decode_continuous`'s (rng, max_steps, programs, pool_size, queue_size, ensemble,
+      num_ids)
       and the settings' fields (beam_size, alpha, length_penalty, temperature, top_k,
       max_extra_len).
   """

@@ -1,8 +1,8 @@
-"""Scores of translations against references, with sacreBLEU: corpus BLEU cased (the standard)
+"""Metrics of translations against references, with sacreBLEU: corpus BLEU cased (the standard)
 and lowercased (as published Multi30k figures are), and chrF, each with its signature.
 
-    scores = score(hypotheses, references)
-    scores.bleu, scores.bleu_lowercase, scores.chrf, scores.lines
+    metrics = corpus_metrics(hypotheses, references)
+    metrics.bleu, metrics.bleu_lowercase, metrics.chrf, metrics.lines
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from core.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
-class Scores:
+class Metrics:
   bleu: float
   bleu_lowercase: float
   chrf: float
@@ -31,11 +31,11 @@ class Scores:
       print(line, file=sys.stderr if output == "-" else sys.stdout, flush=True)
 
 
-def score(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
+def corpus_metrics(hypotheses: Sequence[str], references: Sequence[str]) -> Metrics:
   """Corpus scores of `hypotheses` against one reference each (same length, same order)."""
   if len(hypotheses) != len(references):
     raise UsageError(
-      f"score: {len(hypotheses)} translations but {len(references)} references; they must "
+      f"corpus_metrics: {len(hypotheses)} translations but {len(references)} references; they must "
       f"match line for line"
     )
   from sacrebleu.metrics import BLEU, CHRF  # here: decoding without references needs none
@@ -49,4 +49,4 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
     result = metric.corpus_score(list(hypotheses), [list(references)])
     values[key] = result.score
     lines.append(result.format(signature=str(metric.get_signature())))
-  return Scores(lines=tuple(lines), **values)
+  return Metrics(lines=tuple(lines), **values)
