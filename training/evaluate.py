@@ -29,6 +29,24 @@ def loss_metrics(parallel, params, batches) -> dict:
   }
 
 
+def translation_search(model, vocab, *, max_extra_len: int, beam_size: int = 1):
+  """The jitted search `translation_metrics` runs: `model.generate.generate` of `[batch,
+  source_len]` ids to `[batch, source_len + max_extra_len]` (training may not import inference/,
+  whose `Generator` adds program ownership and a program store to the same search). Build it once
+  per run: each new one traces and compiles again."""
+  from model.distribution import useful_num_ids
+  from model.generate import generate
+  from model.search_settings import SearchSettings
+
+  settings = SearchSettings(beam_size=beam_size, max_extra_len=max_extra_len).program()
+  num_ids = useful_num_ids(vocab.vocab_size, model.config.vocab_size)
+  return jax.jit(
+    lambda p, x: generate(
+      model, p, x, jax.random.key(0), settings, x.shape[1] + max_extra_len, num_ids=num_ids
+    )
+  )
+
+
 def translation_metrics(
   model,
   params,
@@ -39,25 +57,19 @@ def translation_metrics(
   max_extra_len: int,
   beam_size: int = 1,
   tokens_per_batch: int = 4096,
+  search=None,
 ) -> dict:
-  """BLEU (sacreBLEU, cased, on detokenized text) and exact match of translations of `pairs`:
-  `model.generate.generate` over length batches (training may not import inference/, whose
-  `Generator` adds compiled-program ownership and a program store to the same loop)."""
+  """BLEU (sacreBLEU, cased, on detokenized text) and exact match of translations of `pairs`,
+  by `search` (`translation_search` of the same model and settings; None: a new one) over length
+  batches."""
   from model.batching import length_batches
-  from model.distribution import useful_num_ids
-  from model.generate import generate, strip
-  from model.search_settings import SearchSettings
+  from model.generate import strip
 
   if not pairs:
     return {}
   sources, references = zip(*pairs)
-  settings = SearchSettings(beam_size=beam_size, max_extra_len=max_extra_len).program()
-  num_ids = useful_num_ids(vocab.vocab_size, model.config.vocab_size)
-  search = jax.jit(
-    lambda p, x: generate(
-      model, p, x, jax.random.key(0), settings, x.shape[1] + max_extra_len, num_ids=num_ids
-    )
-  )
+  if search is None:
+    search = translation_search(model, vocab, max_extra_len=max_extra_len, beam_size=beam_size)
   token_lists = [encode_source(vocab, s, max_len)[0] for s in sources]
   outputs = [None] * len(token_lists)
   for batch in length_batches(token_lists, tokens_per_batch):

@@ -136,11 +136,20 @@ class Evaluation:
     self.batches = pipeline.eval_batches()
     if config.eval.num_batches:
       self.batches = self.batches[: config.eval.num_batches]
-    self.step, self.last = None, {}
+    self.step, self.last, self._search = None, {}, None
 
   def __call__(self, done: StepDone) -> None:
     if self.due(done.step):
       self.run(done)
+
+  @property
+  def search(self):
+    """The BLEU sentences' compiled search, made at the first evaluation and kept for the run."""
+    if self._search is None:
+      self._search = evaluate.translation_search(
+        self.model, self.vocab, max_extra_len=self.config.eval.max_decode_extra
+      )
+    return self._search
 
   def run(self, done: StepDone) -> dict:
     state = done.state
@@ -154,6 +163,7 @@ class Evaluation:
           self.bleu_pairs,
           max_len=self.config.data.max_len,
           max_extra_len=self.config.eval.max_decode_extra,
+          search=self.search,
         )
       )
     self.writer.write(done.step, "eval", metrics)
