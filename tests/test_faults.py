@@ -24,9 +24,18 @@ from training.average import write_average
 
 pytestmark = pytest.mark.slow  # real command-line processes or trained workdirs
 
+# The smallest model and batches of the multi-process jobs (tests/helpers.py JOB_ARGS) and one
+# evaluation batch: the faults, locks and resumes checked here do not depend on the model's size,
+# and each of the file's nine train.py runs compiles and steps faster (about 4 s of CPU each).
 ARGS = [
   "--config=configs/tiny.py",
   "--config.model.num_layers=1",
+  "--config.model.d_model=32",
+  "--config.model.d_ff=64",
+  "--config.data.tokens_per_batch=256",
+  "--config.data.max_len=16",
+  "--config.data.synthetic_max_len=6",
+  "--config.eval.num_batches=1",
   "--config.eval.bleu_sentences=0",
   "--config.num_devices=1",
   "--config.log_every_steps=1",

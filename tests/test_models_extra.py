@@ -324,22 +324,22 @@ def test_decoder_only_loss_unchanged_by_projecting_targets_only():
   of projecting every source and target position and slicing the target part afterwards."""
   from model.loss import smoothed_cross_entropy
 
-  for share in (True, False):
+  batch = (P_IN, P_TGT, P_IN_POS, P_TGT_POS, P_IN_SEG, P_TGT_SEG)
+
+  def losses(share):
     model = _decoder_only(True, share, 1)
-    params = model.init(jax.random.key(1), P_IN, P_TGT)["params"]
-    batch = (P_IN, P_TGT, P_IN_POS, P_TGT_POS, P_IN_SEG, P_TGT_SEG)
+    p = model.init(jax.random.key(1), P_IN, P_TGT)["params"]
+    logits = model.apply({"params": p}, *batch)
+    tokens, positions, mask = combined_sequence(*batch)
+    every = CausalStack(model.config).apply({"params": p["decoder"]}, tokens, positions, mask, True)
+    old = every[:, P_IN.shape[1] :]
+    loss = lambda lg: smoothed_cross_entropy(lg, P_TGT, P_TGT > 0, 0.1)[0]
+    return logits, old, loss(logits), loss(old)
 
-    def losses(p):
-      logits = model.apply({"params": p}, *batch)
-      tokens, positions, mask = combined_sequence(*batch)
-      every = CausalStack(model.config).apply(
-        {"params": p["decoder"]}, tokens, positions, mask, True
-      )
-      old = every[:, P_IN.shape[1] :]
-      loss = lambda lg: smoothed_cross_entropy(lg, P_TGT, P_TGT > 0, 0.1)[0]
-      return logits, old, loss(logits), loss(old)
-
-    logits, old, loss, old_loss = jax.jit(losses, compiler_options=_FAST_COMPILE)(params)
+  # Both embedding choices, initialized and run in one compilation (an eager init compiles each
+  # of its operations on its own).
+  both = jax.jit(lambda: [losses(share) for share in (True, False)], compiler_options=_FAST_COMPILE)
+  for logits, old, loss, old_loss in both():
     assert logits.shape == old.shape == (2, P_TGT.shape[1], VOCAB)
     np.testing.assert_allclose(loss, old_loss, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(logits, old, rtol=1e-5, atol=1e-5)

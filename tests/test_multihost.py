@@ -1,6 +1,7 @@
 """Real two-process jobs on localhost: two train.py processes joined by jax.distributed, through
 its flags or a cluster's environment; a coordinator that cannot be reached."""
 
+import concurrent.futures
 import json
 import re
 import socket
@@ -133,11 +134,9 @@ def test_two_process_job_agrees_and_only_process_0_writes(tmp_path, parallelism,
   np.testing.assert_allclose(list(train_losses(job).values()), list(alone.values()), rtol=1e-4)
 
 
-@pytest.mark.parametrize("listening", [False, True], ids=["nothing_listens", "never_answers"])
-def test_an_unreachable_or_silent_coordinator_fails_within_timeout(tmp_path, listening):
-  """Nothing listens at the coordinator's address, or a service accepts the connection and never
-  answers (the wrong port, a hung coordinator: JAX would wait out its timeout and then abort the
-  process with a C++ stack trace): one line, exit status 1, within --distributed_timeout."""
+def _join_unreachable(workdir, listening: bool) -> tuple[subprocess.CompletedProcess, int, float]:
+  """train.py as process 1 of 2 whose coordinator is a port nothing listens at, or one whose
+  service accepts the connection and never answers; (its run, the port, the seconds it took)."""
   with socket.socket() as server:
     server.bind(("127.0.0.1", 0))
     if listening:
@@ -149,7 +148,7 @@ def test_an_unreachable_or_silent_coordinator_fails_within_timeout(tmp_path, lis
         sys.executable,
         str(REPO / "train.py"),
         *JOB_ARGS,
-        f"--workdir={tmp_path}",
+        f"--workdir={workdir}",
         f"--coordinator_address=127.0.0.1:{port}",
         "--num_processes=2",
         "--process_id=1",
@@ -161,7 +160,27 @@ def test_an_unreachable_or_silent_coordinator_fails_within_timeout(tmp_path, lis
       text=True,
       timeout=120,
     )
-  waited = time.time() - t0
+  return out, port, time.time() - t0
+
+
+@pytest.fixture(scope="module")
+def unreachable(tmp_path_factory):
+  """{listening: _join_unreachable's result}: both cases run at once (each mostly waits out its
+  timeout)."""
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    runs = {
+      listening: pool.submit(_join_unreachable, tmp_path_factory.mktemp("unreachable"), listening)
+      for listening in (False, True)
+    }
+    return {listening: run.result() for listening, run in runs.items()}
+
+
+@pytest.mark.parametrize("listening", [False, True], ids=["nothing_listens", "never_answers"])
+def test_an_unreachable_or_silent_coordinator_fails_within_timeout(unreachable, listening):
+  """Nothing listens at the coordinator's address, or a service accepts the connection and never
+  answers (the wrong port, a hung coordinator: JAX would wait out its timeout and then abort the
+  process with a C++ stack trace): one line, exit status 1, within --distributed_timeout."""
+  out, port, waited = unreachable[listening]
   assert out.returncode == 1, out.stderr[-3000:]
   assert out.stderr.count("\n") == 1 and "Check failed" not in out.stderr, out.stderr[-3000:]
   assert f"could not join the distributed job at coordinator 127.0.0.1:{port} within 4 s" in (
