@@ -118,6 +118,7 @@ def test_split_scores_json_and_attention_plot(workdir, tmp_path):
     "beam_size",
     "alpha",
     "length_penalty",
+    "stopping",
     "checkpoint_step",
     "checkpoint",
     "checkpoint_steps",
