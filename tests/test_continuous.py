@@ -292,10 +292,10 @@ def test_bad_arguments_are_named():
 def test_the_pool_returns_the_scores_of_the_batch_search():
   """With `token_scores=True` every finished sentence carries its hypotheses' scores and
   per-token log-probabilities, the same as the batch-at-once search returns (greedy search and
-  beam search, all of the beam's hypotheses)."""
+  beam search with each stopping rule, all of the beam's hypotheses)."""
   model, params = tiny()
-  for how in (SEARCHES["greedy"], SEARCHES["beam-fairseq"]):
-    settings = SearchSettings(max_extra_len=EXTRA, **how)
+  for how in ("greedy", "beam-fairseq", "beam-gnmt-finished", "beam-fairseq-exact"):
+    settings = SearchSettings(max_extra_len=EXTRA, **SEARCHES[how])
     every = settings.replace(num_hypotheses=settings.beam_size)
     batch = generator.Generator(model).translate_all(params, SENTENCES, every, token_scores=True)
     finished = continuous.decode_continuous(

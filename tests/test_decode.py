@@ -240,6 +240,7 @@ def test_bad_numbers_and_output_paths_fail_before_any_decoding(workdir, tmp_path
     (["--temperature=nan"], "--temperature=nan: must be a finite number >= 0"),
     (["--beam_size=0"], "--beam_size=0: must be >= 1"),
     (["--top_k=3"], "--top_k=3 applies to sampling only"),
+    (["--stopping=soon"], "--stopping=soon: value should be one of <exact|finished>"),
     ([f"--output={tmp_path}/missing/out.txt"], "the folder"),
     ([f"--json={tmp_path}/missing/s.json"], "--json="),
     ([f"--plot_attention={tmp_path}"], "is a folder"),
