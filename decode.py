@@ -346,6 +346,7 @@ def decode() -> None:
       beam_size=settings.beam_size,
       alpha=settings.alpha,
       length_penalty=settings.length_penalty,
+      stopping=settings.stopping_rule,
       checkpoint_step=int(translator.step),
       checkpoint=FLAGS.checkpoint,
       checkpoint_steps=[int(s) for s in translator.restored.steps],

@@ -7,10 +7,10 @@ serving path on CPUs, no JAX involved.
 The search flags are decode.py's (cli/search_flags.py: the same names, help and defaults), but
 for `--length_penalty`, whose default here is fairseq: CTranslate2 searches with that penalty
 only, so the export translates as `decode.py --length_penalty=fairseq` does. Options it cannot
-honour (sampling, a GNMT beam search) are refused with one line. Translations one per line in
-input order (an empty line gives an empty line); with references the sacreBLEU score lines go to
-stdout, or to stderr when the translations do. Exit status 2: bad usage or input; 1: a failure
-while running.
+honour (sampling, a GNMT beam search, `--stopping=exact`) are refused with one line. Translations
+one per line in input order (an empty line gives an empty line); with references the sacreBLEU
+score lines go to stdout, or to stderr when the translations do. Exit status 2: bad usage or
+input; 1: a failure while running.
 """
 
 from __future__ import annotations

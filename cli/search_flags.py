@@ -13,7 +13,7 @@ import dataclasses
 
 from absl import flags
 
-from model.search import PENALTIES
+from model.search import PENALTIES, STOPPING
 from model.search_settings import FIELDS, SearchSettings
 
 EXCEPT = ("num_hypotheses",)
@@ -36,6 +36,8 @@ def define_search_flags(
     help_text = field.metadata["help"] + (f" {notes[field.name]}" if field.name in notes else "")
     if field.name == "length_penalty":
       flags.DEFINE_enum(field.name, default, list(PENALTIES), help_text, **define)
+    elif field.name == "stopping":
+      flags.DEFINE_enum(field.name, default, list(STOPPING), help_text, **define)
     elif field.type in ("int", int):
       flags.DEFINE_integer(field.name, default, help_text, **define)
     else:

@@ -55,9 +55,9 @@ def load(model_dir, compute_type: str = "default", threads: int = 0):
 def search_options(settings: SearchSettings) -> dict:
   """`translate_texts`' search options for `settings`; an ArgumentError naming the field that
   CTranslate2 cannot honour as we search: sampling (its own generator and distribution),
-  several hypotheses per sentence (one is returned), and the GNMT length penalty of a beam
-  search (CTranslate2 divides by len^alpha and stops a sentence once `beam_size` hypotheses
-  have finished: our 'fairseq')."""
+  several hypotheses per sentence (one is returned), and the GNMT length penalty or the exact
+  stopping rule of a beam search (CTranslate2 divides by len^alpha and stops a sentence once
+  `beam_size` hypotheses have finished: our 'fairseq' and 'finished')."""
   if settings.sampling:
     raise ArgumentError(
       "temperature", settings.temperature, "sampling is decode.py's only (CTranslate2 searches)"
@@ -69,6 +69,12 @@ def search_options(settings: SearchSettings) -> dict:
       "length_penalty",
       settings.length_penalty,
       "CTranslate2's beam search has the fairseq length penalty only (len^alpha)",
+    )
+  if settings.beam_size > 1 and settings.stopping_rule != "finished":
+    raise ArgumentError(
+      "stopping",
+      settings.stopping,
+      "CTranslate2's beam search stops once beam_size hypotheses have finished only",
     )
   return {
     "beam_size": settings.beam_size,

@@ -128,6 +128,7 @@ def generate(
     beam_size=settings.beam_size,
     alpha=settings.alpha,
     penalty=settings.length_penalty,
+    stopping=settings.stopping,
     token_scores=want > 2,
     **loop,
   )

@@ -293,6 +293,7 @@ def advance(
         logits,
         alpha=spec.settings.alpha,
         penalty=spec.settings.length_penalty,
+        stopping=spec.settings.stopping,
         max_lens=pool.max_lens,
         max_len=width,
       )

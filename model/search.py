@@ -29,7 +29,7 @@ not included); after a row's EOS every position is PAD, and a row that never
 emits EOS runs to ``max_len`` without one.
 
 The three searches share the time loop, its segments and the step contract, so they are one
-module (~530 lines, half of it beam search, whose step and result are public functions too, for
+module (~560 lines, half of it beam search, whose step and result are public functions too, for
 continuous batching: model/pool.py).
 
 ``max_lens`` (optional, ``[batch]`` int): per-sentence maximum number of
@@ -55,6 +55,8 @@ __all__ = [
   "PAD_ID",
   "EOS_ID",
   "PENALTIES",
+  "STOPPING",
+  "stopping_rule",
   "length_penalty",
   "chunked_top_k",
   "expand_to_beams",
@@ -75,6 +77,18 @@ StepFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 
 
 PENALTIES = ("gnmt", "fairseq")
+STOPPING = ("exact", "finished")  # beam search's rules for when a sentence is done
+
+
+def stopping_rule(penalty: str, stopping: str | None = None) -> str:
+  """The stopping rule beam search follows: ``stopping``, or with None the penalty's own, 'exact'
+  for 'gnmt' (search on while a live hypothesis could still win) and 'finished' for 'fairseq'
+  (done once ``beam`` hypotheses have finished, as fairseq and CTranslate2)."""
+  if stopping is None:
+    return "finished" if penalty == "fairseq" else "exact"
+  if stopping not in STOPPING:
+    raise ValueError(f"stopping={stopping!r}: must be one of {STOPPING}")
+  return stopping
 
 
 def length_penalty(length, alpha, penalty: str = "gnmt"):
@@ -419,6 +433,7 @@ def beam_advance(
   *,
   alpha,
   penalty: str = "gnmt",
+  stopping: str | None = None,
   eos_id: int = EOS_ID,
   max_lens=None,
   max_len: int,
@@ -426,7 +441,7 @@ def beam_advance(
   """One step of ``beam_search`` on the step function's ``logits`` ``[batch*beam, vocab]``:
   the new state (its ``cache`` left as it was) and, per new beam, the beam it continues
   (``[batch, beam]``, for ``gather_beams`` of the cache). ``s.t`` may be ``[batch]``, every
-  entry at its own step (continuous batching, model/pool.py)."""
+  entry at its own step (continuous batching, model/pool.py); ``stopping`` as ``beam_search``'s."""
   b, k = s.tok.shape
   t = s.t
   lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
@@ -471,7 +486,7 @@ def beam_advance(
     tracked = dict(live_tokp=_take_beams(tokp, pick), fin_tokp=fin_tokp)
 
   full = jnp.all(fin_flags, axis=1)
-  if k == 1 or penalty == "fairseq":
+  if k == 1 or stopping_rule(penalty, stopping) == "finished":
     stop = full | (live_logp[:, 0] == NEG_INF)
   else:
     # logp <= 0, so logp / lp(L) is largest at the largest reachable lp(L).
@@ -525,6 +540,7 @@ def beam_search(
   beam_size: int = 4,
   alpha=0.6,
   penalty: str = "gnmt",
+  stopping: str | None = None,
   eos_id: int = EOS_ID,
   max_lens=None,
   grow=None,
@@ -544,25 +560,30 @@ def beam_search(
   candidates. EOS candidates ranked within the top ``beam`` (i.e. ones that would occupy
   a beam) move to the finished set, which keeps the ``beam`` best scores; the live set
   is the top ``beam`` non-EOS candidates (there are always enough among ``2*beam``).
-  A batch entry is done, and its finished set frozen, once the set is full and the best
-  live ``logp`` divided by the largest length penalty it can still get (at most
-  ``min(max_lens, max_len)`` tokens) cannot beat the worst finished score, or once no
-  live beam is left. With ``beam_size == 1`` an entry is done as soon as its hypothesis
-  finishes, so the result equals ``greedy_search`` exactly for any ``alpha``. The loop
-  ends when every entry is done or at ``max_len``; an entry with fewer than ``beam``
-  finished hypotheses is then filled with the best live ones (scored as above).
+  With the 'exact' stopping rule (GNMT's default) a batch entry is done, and its finished set
+  frozen, once the set is full and the best live ``logp`` divided by the largest length penalty
+  it can still get (at most ``min(max_lens, max_len)`` tokens) cannot beat the worst finished
+  score, or once no live beam is left; with 'finished' (fairseq's default) as soon as ``beam``
+  hypotheses have finished (or no live beam is left). With ``beam_size == 1`` an entry is done
+  as soon as its hypothesis finishes, so the result equals ``greedy_search`` exactly for any
+  ``alpha``. The loop ends when every entry is done or at ``max_len``; an entry with fewer than
+  ``beam`` finished hypotheses is then filled with the best live ones (scored as above).
 
-  ``penalty='fairseq'`` scores ``logp / len ** alpha`` (``len`` counting the EOS) and an entry
-  is done as soon as ``beam`` hypotheses have finished, as fairseq and CTranslate2 (patience 1)
-  decide: no bound on what a live hypothesis might still reach, so a large ``alpha`` does not
-  keep every sentence searching to its length limit. The two searches agree at ``alpha=0``.
+  ``penalty='fairseq'`` scores ``logp / len ** alpha`` (``len`` counting the EOS) and by default
+  stops by 'finished', as fairseq and CTranslate2 (patience 1) decide: no bound on what a live
+  hypothesis might still reach, so a large ``alpha`` does not keep every sentence searching to
+  its length limit ('exact' would: under ``len ** alpha`` a longer hypothesis gains more). Either
+  rule works with either penalty; 'finished' stops no later than 'exact' and returns the finished
+  set 'exact' held at that step (which 'exact' can only improve on). The two penalties agree at
+  ``alpha=0``.
 
   Args:
     step_fn: see module doc; called with ``n = batch * beam_size``.
     cache: pytree with leaves ``[batch, ...]`` (or rank 0); expanded here to
       ``[batch * beam_size, ...]`` with ``expand_to_beams``.
     alpha: length-penalty exponent (0 = plain log-prob).
-    penalty: 'gnmt' or 'fairseq': the length penalty's form and stopping rule (above).
+    penalty: 'gnmt' or 'fairseq': the length penalty's form (above).
+    stopping: 'exact' or 'finished': when an entry is done (above); None: the penalty's own.
     max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
     grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
     token_scores: also return each hypothesis' per-token log-probabilities.
@@ -577,11 +598,19 @@ def beam_search(
   b, k = batch_size, beam_size
   if penalty not in PENALTIES:
     raise ValueError(f"beam_search: penalty={penalty!r} is not one of {PENALTIES}")
+  stopping = stopping_rule(penalty, stopping)
 
   def body(s: _BeamState) -> _BeamState:
     logits, cache = step_fn(s.tok.reshape(b * k, 1), s.cache)
     s, parents = beam_advance(
-      s, logits, alpha=alpha, penalty=penalty, eos_id=eos_id, max_lens=max_lens, max_len=max_len
+      s,
+      logits,
+      alpha=alpha,
+      penalty=penalty,
+      stopping=stopping,
+      eos_id=eos_id,
+      max_lens=max_lens,
+      max_len=max_len,
     )
     return s._replace(cache=gather_beams(cache, parents, b, k))
 

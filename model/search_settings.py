@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from model.search import PENALTIES
+from model.search import PENALTIES, STOPPING, stopping_rule
 
 
 def _help(text: str) -> dict:
@@ -27,8 +27,9 @@ class SearchSettings:
 
   Beam search scores a hypothesis by its log-probability over a length penalty: 'gnmt' (the
   paper's ((5+len)/6)^alpha, searching on while a live hypothesis could still win) or 'fairseq'
-  (len^alpha, a sentence done once `beam_size` hypotheses are, as fairseq and CTranslate2 search).
-  A sentence's output has at most (its source tokens + `max_extra_len`) tokens, EOS included.
+  (len^alpha, a sentence done once `beam_size` hypotheses are, as fairseq and CTranslate2 search);
+  `stopping` picks either rule for either penalty. A sentence's output has at most (its source
+  tokens + `max_extra_len`) tokens, EOS included.
   """
 
   beam_size: int = dataclasses.field(default=4, metadata=_help("Beam size; 1 = greedy search."))
@@ -54,6 +55,14 @@ class SearchSettings:
   num_hypotheses: int = dataclasses.field(
     default=1, metadata=_help("How many of beam search's best hypotheses to return (<= beam).")
   )
+  stopping: str | None = dataclasses.field(
+    default=None,
+    metadata=_help(
+      "When beam search is done with a sentence: exact (once no live hypothesis can beat the "
+      "finished ones) or finished (once beam_size hypotheses have finished); unset: the length "
+      "penalty's own, exact for gnmt and finished for fairseq."
+    ),
+  )
 
   def __post_init__(self):
     for name, minimum in (
@@ -75,6 +84,8 @@ class SearchSettings:
       object.__setattr__(self, name, float(value))
     if self.length_penalty not in PENALTIES:
       raise ValueError(f"length_penalty={self.length_penalty!r}: must be one of {PENALTIES}")
+    if self.stopping is not None and self.stopping not in STOPPING:
+      raise ValueError(f"stopping={self.stopping!r}: must be one of {STOPPING} (or None)")
     if self.top_k and not self.sampling:
       raise ValueError(
         f"top_k={self.top_k} applies to sampling only: set a temperature (e.g. 1) or drop top_k"
@@ -89,17 +100,25 @@ class SearchSettings:
   def sampling(self) -> bool:
     return self.temperature > 0
 
+  @property
+  def stopping_rule(self) -> str:
+    """The stopping rule beam search follows: `stopping`, or unset the length penalty's own."""
+    return stopping_rule(self.length_penalty, self.stopping)
+
   def replace(self, **changes) -> SearchSettings:
     """These settings with some fields changed (checked again)."""
     return dataclasses.replace(self, **changes)
 
   def program(self) -> SearchSettings:
     """The settings with the fields that do not change the computation reset, so that settings
-    searching the same way share one compiled program (e.g. alpha when greedy)."""
+    searching the same way share one compiled program (e.g. alpha when greedy; `stopping` unset
+    when it names the length penalty's own rule)."""
     if self.sampling:
       return SearchSettings(1, 0.0, "gnmt", self.max_extra_len, self.temperature, self.top_k, 1)
     if self.beam_size == 1:
       return SearchSettings(1, 0.0, "gnmt", self.max_extra_len)
+    if self.stopping == stopping_rule(self.length_penalty):
+      return self.replace(stopping=None)
     return self
 
   def describe(self) -> str:
@@ -109,6 +128,8 @@ class SearchSettings:
     if self.beam_size == 1:
       return "greedy search"
     form = "" if self.length_penalty == "gnmt" else f", {self.length_penalty} length penalty"
+    if self.stopping is not None and self.stopping != stopping_rule(self.length_penalty):
+      form += f", {self.stopping} stopping"
     return f"beam search (beam {self.beam_size}, alpha {self.alpha:g}{form})"
 
 

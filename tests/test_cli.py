@@ -12,11 +12,13 @@ from absl import flags
 from absl import logging as absl_logging
 
 from cli.app import error_line
+from cli.search_flags import define_search_flags, search_fields
 from configs import common
 from configs.rules import Choice, Float, Int, RuleError
 from core import logs
 from core.errors import ArgumentError, RunError, UsageError, exit_status
 from core.logs import quiet_library_logs
+from model.search_settings import SearchSettings
 from tests.helpers import run_in_process, run_py, tiny_config
 from training.validate import check_config
 
@@ -198,3 +200,20 @@ def test_library_errors_name_python_arguments_and_command_lines_name_flags():
   assert error_line(other, {"model_dir": "model"}, defined) == "--model=/m: no model.bin"
   assert error_line(RunError("disk full"), flag_values=defined) == "disk full"
   assert pickle.loads(pickle.dumps(error)).args == error.args  # crosses processes whole
+
+
+def test_the_stopping_flag_picks_beam_searchs_rule_and_unset_keeps_the_penaltys():
+  """--stopping (cli/search_flags.py, decode.py's and the CTranslate2 command's) is exact or
+  finished; unset, the settings keep None: each length penalty's own rule. Another value is a
+  one-line flag error."""
+  defined = flags.FlagValues()
+  define_search_flags(defined)
+  defined(["prog", "--length_penalty=fairseq"])
+  settings = SearchSettings(**search_fields(defined))
+  assert settings.stopping is None and settings.stopping_rule == "finished"
+  defined(["prog", "--stopping=exact"])
+  assert SearchSettings(**search_fields(defined)).stopping_rule == "exact"
+  assert "exact" in defined["stopping"].help and "finished" in defined["stopping"].help
+  with pytest.raises(flags.IllegalFlagValueError, match="exact|finished") as caught:
+    defined(["prog", "--stopping=soon"])
+  assert "\n" not in str(caught.value)

@@ -158,6 +158,8 @@ SEARCHES = {
   "greedy": dict(beam_size=1),
   "beam-gnmt": dict(beam_size=3, alpha=0.6),
   "beam-fairseq": dict(beam_size=3, alpha=1.0, length_penalty="fairseq"),
+  "beam-gnmt-finished": dict(beam_size=3, alpha=2.0, stopping="finished"),
+  "beam-fairseq-exact": dict(beam_size=3, alpha=1.0, length_penalty="fairseq", stopping="exact"),
 }
 
 
@@ -168,12 +170,15 @@ def test_each_sentence_translates_as_in_a_batch(how):
 
 
 def test_the_list_is_not_degenerate():
-  """The outputs the tests compare differ between sentences and searches, and some sentences
-  stop at EOS before their length limit while others are cut there."""
+  """The outputs the tests compare differ between sentences and searches (the stopping rules
+  too), and some sentences stop at EOS before their length limit while others are cut there."""
   model, params = tiny()
   greedy = batch_at_once(model, params, **SEARCHES["greedy"])
   beam = batch_at_once(model, params, **SEARCHES["beam-gnmt"])
   assert len({tuple(o) for o in greedy}) >= 6 and greedy != beam
+  for how, other in (("beam-gnmt-finished", "exact"), ("beam-fairseq-exact", "finished")):
+    rule = dict(SEARCHES[how], stopping=other)
+    assert batch_at_once(model, params, **SEARCHES[how]) != batch_at_once(model, params, **rule)
   natural = [len(o) + 1 < len(s) + EXTRA for o, s in zip(greedy, SENTENCES)]
   assert any(natural) and not all(natural), natural
 
@@ -287,10 +292,10 @@ def test_bad_arguments_are_named():
 def test_the_pool_returns_the_scores_of_the_batch_search():
   """With `token_scores=True` every finished sentence carries its hypotheses' scores and
   per-token log-probabilities, the same as the batch-at-once search returns (greedy search and
-  beam search, all of the beam's hypotheses)."""
+  beam search with each stopping rule, all of the beam's hypotheses)."""
   model, params = tiny()
-  for how in (SEARCHES["greedy"], SEARCHES["beam-fairseq"]):
-    settings = SearchSettings(max_extra_len=EXTRA, **how)
+  for how in ("greedy", "beam-fairseq", "beam-gnmt-finished", "beam-fairseq-exact"):
+    settings = SearchSettings(max_extra_len=EXTRA, **SEARCHES[how])
     every = settings.replace(num_hypotheses=settings.beam_size)
     batch = generator.Generator(model).translate_all(params, SENTENCES, every, token_scores=True)
     finished = continuous.decode_continuous(

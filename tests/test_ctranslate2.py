@@ -267,6 +267,7 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
     ([f"--model={exported.out}", "--beam_size=0"], "--beam_size=0"),
     ([f"--model={exported.out}", "--alpha=nan"], "--alpha=nan"),
     ([f"--model={exported.out}", "--length_penalty=gnmt"], "--length_penalty=gnmt: CTranslate2"),
+    ([f"--model={exported.out}", "--stopping=exact"], "--stopping=exact: CTranslate2"),
     ([f"--model={exported.out}", "--temperature=1"], "--temperature=1.0: sampling is"),
     ([f"--model={exported.out}", f"--output={tmp_path / 'no' / 'o.txt'}"], "does not exist"),
     ([f"--model={exported.out}", f"--reference={tmp_path / 'in.txt'}", "--input=/dev/null"], "61"),
@@ -369,6 +370,7 @@ def test_translate_command_has_decode_py_search_flags_and_defaults():
   decode.define_flags(ours)
   command.define_flags(theirs)
   names = ("beam_size", "alpha", "length_penalty", "max_extra_len", "temperature", "top_k")
+  names += ("stopping",)
   assert all(name in theirs for name in names)
   pairs = {n: (ours[n].default, theirs[n].default) for n in names}
   differ = {n: pair for n, pair in pairs.items() if pair[0] != pair[1]}
@@ -383,6 +385,7 @@ def test_translate_command_has_decode_py_search_flags_and_defaults():
     (SearchSettings(beam_size=2), "length_penalty"),
     (SearchSettings(temperature=1.0), "temperature"),
     (SearchSettings(beam_size=2, length_penalty="fairseq", num_hypotheses=2), "num_hypotheses"),
+    (SearchSettings(beam_size=2, length_penalty="fairseq", stopping="exact"), "stopping"),
   ]:
     with pytest.raises(UsageError) as caught:
       search_options(settings)

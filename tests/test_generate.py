@@ -470,6 +470,7 @@ def test_search_settings_check_themselves_and_share_programs():
     (dict(length_penalty="wu"), "length_penalty='wu': must be one of"),
     (dict(max_extra_len=-1), "max_extra_len=-1: must be >= 0"),
     (dict(top_k=5), "top_k=5 applies to sampling only"),
+    (dict(stopping="soon"), "stopping='soon': must be one of ('exact', 'finished') (or None)"),
   ):
     with pytest.raises(ValueError, match=re.escape(message)):
       SearchSettings(**fields)
@@ -481,6 +482,20 @@ def test_search_settings_check_themselves_and_share_programs():
   assert beam.program() == beam and beam.alpha == 1.0 and isinstance(beam.alpha, float)
   assert beam.describe() == "beam search (beam 5, alpha 1, fairseq length penalty)"
   assert len({beam, SearchSettings(beam_size=5, alpha=1.0, length_penalty="fairseq")}) == 1
+  # The stopping rule: unset is the penalty's own, and maps to the program of that rule spelled
+  # out; it matters to beam search only.
+  gnmt = SearchSettings(beam_size=5)
+  assert (gnmt.stopping_rule, beam.stopping_rule) == ("exact", "finished")
+  assert gnmt.replace(stopping="exact").program() == gnmt.program() == gnmt
+  assert beam.replace(stopping="finished").program() == beam
+  for other in (gnmt.replace(stopping="finished"), beam.replace(stopping="exact")):
+    assert other.program() == other and other.program() not in (gnmt, beam)
+  assert greedy.replace(stopping="exact").program() == greedy.program()
+  assert sampled.replace(stopping="finished").program() == sampled.program()
+  assert beam.replace(stopping="exact").describe() == (
+    "beam search (beam 5, alpha 1, fairseq length penalty, exact stopping)"
+  )
+  assert beam.replace(stopping="finished").describe() == beam.describe()
   with pytest.raises(dataclasses.FrozenInstanceError):
     beam.beam_size = 2
   with pytest.raises(ValueError, match="beam_size=0"):

@@ -19,6 +19,7 @@ import pytest
 from model import search
 from model.search import (
   PENALTIES,
+  STOPPING,
   beam_search,
   expand_to_beams,
   gather_beams,
@@ -76,10 +77,18 @@ def table_greedy(table, offs=None, *, batch=1, max_len=T_MAXLEN):
   return greedy_search(*_table_args(table, offs, batch), batch, max_len)
 
 
-@functools.partial(jax.jit, static_argnames=("batch", "max_len", "beam", "penalty"))
-def table_beam(table, alpha, offs=None, *, batch=1, max_len=T_MAXLEN, beam=2, penalty="gnmt"):
+@functools.partial(jax.jit, static_argnames=("batch", "max_len", "beam", "penalty", "stopping"))
+def table_beam(
+  table, alpha, offs=None, *, batch=1, max_len=T_MAXLEN, beam=2, penalty="gnmt", stopping=None
+):
   return beam_search(
-    *_table_args(table, offs, batch), batch, max_len, beam_size=beam, alpha=alpha, penalty=penalty
+    *_table_args(table, offs, batch),
+    batch,
+    max_len,
+    beam_size=beam,
+    alpha=alpha,
+    penalty=penalty,
+    stopping=stopping,
   )
 
 
@@ -150,8 +159,10 @@ def hash_greedy(w, offs, max_lens=None, *, dtype=jnp.float32):
   return greedy_search(hash_step(w, offs, dtype), hash_cache(), H_BATCH, H_LEN, max_lens=max_lens)
 
 
-@functools.partial(jax.jit, static_argnames=("beam", "dtype"))
-def hash_beam(w, offs, alpha, max_lens=None, *, beam, dtype=jnp.float32):
+@functools.partial(jax.jit, static_argnames=("beam", "dtype", "penalty", "stopping"))
+def hash_beam(
+  w, offs, alpha, max_lens=None, *, beam, dtype=jnp.float32, penalty="gnmt", stopping=None
+):
   return beam_search(
     hash_step(w, offs, dtype),
     hash_cache(),
@@ -159,6 +170,8 @@ def hash_beam(w, offs, alpha, max_lens=None, *, beam, dtype=jnp.float32):
     H_LEN,
     beam_size=beam,
     alpha=alpha,
+    penalty=penalty,
+    stopping=stopping,
     max_lens=max_lens,
   )
 
@@ -205,8 +218,8 @@ def hash_logp_fn(w, offs, row):
 # ----------------------------------------------------------------------------- references
 
 
-def _lp(n, alpha):
-  return ((5.0 + n) / 6.0) ** alpha
+def _lp(n, alpha, penalty="gnmt"):
+  return n**alpha if penalty == "fairseq" else ((5.0 + n) / 6.0) ** alpha
 
 
 def _forced(vocab):
@@ -226,26 +239,28 @@ def ref_greedy(logp_fn, max_len, max_len_b=None):
   return padded(out, max_len)
 
 
-def ref_beam(logp_fn, vocab, max_len, k, alpha, max_len_b=None):
+def ref_beam(logp_fn, vocab, max_len, k, alpha, max_len_b=None, penalty="gnmt", stopping=None):
   """Plain-Python beam search following the documented rules; [(score, ids)] best first."""
+  stopping = stopping or ("finished" if penalty == "fairseq" else "exact")
+  lp = functools.partial(_lp, alpha=alpha, penalty=penalty)
   lmax = max_len if max_len_b is None else min(max_len_b, max_len)
   live, fin, t, done = [((), 0.0)], [], 0, False
   while t < max_len and not done:
     cands = []
     for bi, (seq, score) in enumerate(live):
-      lp = _forced(vocab) if max_len_b is not None and t + 1 >= max_len_b else logp_fn(seq)
-      cands += [(score + lp[v], bi * vocab + v, seq + (v,)) for v in range(vocab)]
+      row = _forced(vocab) if max_len_b is not None and t + 1 >= max_len_b else logp_fn(seq)
+      cands += [(score + row[v], bi * vocab + v, seq + (v,)) for v in range(vocab)]
     cands = sorted((c for c in cands if c[0] > -INF), key=lambda c: (-c[0], c[1]))[: 2 * k]
-    new_fin = [(c[0] / _lp(t + 1, alpha), c[2]) for c in cands[:k] if c[2][-1] == EOS]
+    new_fin = [(c[0] / lp(t + 1), c[2]) for c in cands[:k] if c[2][-1] == EOS]
     fin = sorted(fin + new_fin, key=lambda f: -f[0])[:k]
     live = [(c[2], c[0]) for c in cands if c[2][-1] != EOS][:k]
     t += 1
-    if k == 1:
+    if k == 1 or stopping == "finished":
       done = len(fin) == k or not live
     else:
-      bound = live[0][1] / max(_lp(t + 1, alpha), _lp(lmax, alpha)) if live else -INF
+      bound = live[0][1] / max(lp(t + 1), lp(lmax)) if live else -INF
       done = bound <= (fin[-1][0] if len(fin) == k else -INF)
-  out = fin + sorted(((s / _lp(t, alpha), seq) for seq, s in live), key=lambda f: -f[0])
+  out = fin + sorted(((s / lp(t), seq) for seq, s in live), key=lambda f: -f[0])
   return [(s, padded(seq, max_len)) for s, seq in sorted(out[:k], key=lambda f: -f[0])]
 
 
@@ -537,6 +552,86 @@ def test_fairseq_penalty_divides_by_length_power_and_stops_when_the_beam_is_fini
   np.testing.assert_array_equal(fairseq[0], gnmt[0])
   np.testing.assert_allclose(fairseq[1], gnmt[1])
   assert float(length_penalty(4, 1.5, "fairseq")) == pytest.approx(4**1.5)
+
+
+def _stopping_table():
+  """The table of the two tests above, where the stopping rules part: after step 2 `beam` = 2
+  hypotheses have finished ([EOS], [B, EOS]) while the live [B, A] still goes on to the better
+  [B, A, A, EOS] at step 4 (for either penalty at alpha 1)."""
+  t = eos_table()
+  t[0, 0] = logps(EOS=0.45, B=0.45, A=0.1)
+  t[1, B] = logps(EOS=0.55, A=0.45)
+  t[2, A] = logps(A=1.0)
+  return jnp.asarray(t)
+
+
+def test_stopping_rule_is_its_own_setting_for_either_penalty():
+  """stopping='exact' searches on while a live hypothesis could still win, 'finished' stops once
+  `beam` hypotheses have finished, whichever the penalty; unset, each penalty's own rule (gnmt:
+  exact, fairseq: finished), so today's searches are unchanged."""
+  t = _stopping_table()
+  short, b_eos, long = padded([EOS]), padded([B, EOS]), padded([B, A, A, EOS])
+  logp = {"short": math.log(0.45), "b_eos": math.log(0.45) + math.log(0.55)}
+  logp["long"] = math.log(0.45) + math.log(0.45)
+  run = {}
+  for penalty in PENALTIES:
+    for stopping in (None, *STOPPING):
+      fn = lambda: table_beam(t, 1.0, penalty=penalty, stopping=stopping)  # noqa: B023
+      (ids, scores), steps = count_steps(fn)
+      run[penalty, stopping] = np.asarray(ids[0]), np.asarray(scores[0]), steps
+  for penalty, own in (("gnmt", "exact"), ("fairseq", "finished")):
+    for got, want in zip(run[penalty, None], run[penalty, own]):
+      np.testing.assert_array_equal(got, want)
+  # gnmt + exact (its default): on to [B, A, A, EOS] at step 4.
+  ids, scores, steps = run["gnmt", "exact"]
+  np.testing.assert_array_equal(ids, [short, long])
+  np.testing.assert_allclose(scores, [logp["short"], logp["long"] / _lp(4, 1.0)], rtol=1e-5)
+  assert steps == 4
+  # gnmt + finished: done at step 2 with the first two finished, GNMT-scored.
+  ids, scores, steps = run["gnmt", "finished"]
+  np.testing.assert_array_equal(ids, [short, b_eos])
+  np.testing.assert_allclose(scores, [logp["short"], logp["b_eos"] / _lp(2, 1.0)], rtol=1e-5)
+  assert steps == 2
+  # fairseq + finished (its default): done at step 2, [B, EOS] first under len^alpha.
+  ids, scores, steps = run["fairseq", "finished"]
+  np.testing.assert_array_equal(ids, [b_eos, short])
+  np.testing.assert_allclose(scores, [logp["b_eos"] / 2, logp["short"]], rtol=1e-5)
+  assert steps == 2
+  # fairseq + exact: searches on to step 4 and finds a better fairseq score.
+  ids, scores, steps = run["fairseq", "exact"]
+  np.testing.assert_array_equal(ids, [long, b_eos])
+  np.testing.assert_allclose(scores, [logp["long"] / 4, logp["b_eos"] / 2], rtol=1e-5)
+  assert steps == 4 and scores[0] > run["fairseq", "finished"][1][0]
+  with pytest.raises(ValueError, match=r"stopping='soon': must be one of \('exact', 'finished'\)"):
+    table_beam(t, 1.0, stopping="soon")
+
+
+@pytest.mark.parametrize("penalty,alpha", [("gnmt", 0.6), ("gnmt", 1.5), ("fairseq", 1.0)])
+def test_stopping_rules_match_the_reference_and_finished_stops_first(penalty, alpha):
+  """Both rules with either penalty on the hash model equal the plain-Python reference; the
+  'finished' rule stops no later than 'exact', its scores are no better (the search it stops is
+  a prefix of the exact one, whose finished set only improves after), and it equals the exact
+  search cut at the step where it stopped (`max_len` = that step: exact's state until then is
+  the same, and its bound cannot stop it before the finished set is full)."""
+  w, offs = hash_model(5)
+  found = {}
+  for stopping in STOPPING:
+    fn = lambda: hash_beam(w, offs, alpha, beam=3, penalty=penalty, stopping=stopping)  # noqa: B023
+    (ids, scores), steps = count_steps(fn)
+    found[stopping] = np.asarray(ids), np.asarray(scores), steps
+    for b in range(H_BATCH):
+      ref = ref_beam(hash_logp_fn(w, offs, b), H_VOCAB, H_LEN, 3, alpha, None, penalty, stopping)
+      assert_matches_ref(found[stopping][0][b], found[stopping][1][b], ref)
+  assert found["finished"][2] <= found["exact"][2]
+  assert (found["finished"][1] <= found["exact"][1] + 1e-6).all()
+  assert (found["finished"][1] != found["exact"][1]).any()  # the rules part on this model
+  for b in range(H_BATCH):
+    logp_fn = hash_logp_fn(w, offs, b)
+    ids, scores = found["finished"][0][b], found["finished"][1][b]
+    length = max(int(np.sum(row != PAD)) for row in ids)  # the step the entry stopped at
+    cut = ref_beam(logp_fn, H_VOCAB, length, 3, alpha, None, penalty, "exact")
+    np.testing.assert_array_equal(ids[:, :length], [row for _, row in cut])
+    np.testing.assert_allclose(scores, [s for s, _ in cut], rtol=2e-5)
 
 
 @pytest.mark.parametrize("seed,beam,alpha", [(0, 4, 0.6), (1, 3, 0.0), (2, 4, 1.2), (3, 3, 0.6)])
