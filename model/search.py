@@ -29,8 +29,8 @@ not included); after a row's EOS every position is PAD, and a row that never
 emits EOS runs to ``max_len`` without one.
 
 The three searches share the time loop, its segments and the step contract, so they are one
-module (~560 lines, half of it beam search, whose step and result are public functions too, for
-continuous batching: model/pool.py).
+module (half of it beam search, whose step and result are public functions too, for continuous
+batching: model/pool.py).
 
 ``max_lens`` (optional, ``[batch]`` int): per-sentence maximum number of
 generated tokens *including* EOS. At step ``t`` (0-based) a sentence with
