@@ -288,6 +288,16 @@ def load_vocab(path: str | os.PathLike) -> Vocab:
   )
 
 
+def run_vocab_files(workdir, data_config) -> list[pathlib.Path]:
+  """The existing files a run's vocabulary may be in, in the order to try them: the workdir's
+  vocab.model / vocab.json (training copies data.vocab_path there), then data.vocab_path."""
+  workdir = pathlib.Path(workdir)
+  paths = [workdir / name for name in (VOCAB_MODEL_NAME, VOCAB_JSON_NAME)]
+  if data_config.get("vocab_path"):
+    paths.append(pathlib.Path(data_config.vocab_path))
+  return [path for path in paths if path.is_file()]
+
+
 def load_matching(paths, fingerprint: str | None) -> tuple[Vocab | None, list[str]]:
   """(the vocabulary of the first readable file of `paths` whose fingerprint is `fingerprint`,
   any for None; or None) and, for each file passed over, 'path: fingerprint' or 'path: unreadable

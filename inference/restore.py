@@ -22,7 +22,7 @@ import numpy as np
 from absl import logging
 
 from core.errors import ArgumentError, UsageError
-from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_matching
+from data.tokenizer import load_matching, run_vocab_files
 from training.average import AVERAGE_DIR, average_params, report_average
 from training.checkpoint import (
   available_steps,
@@ -103,9 +103,7 @@ def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):
   """The vocabulary the checkpoint was trained with: the workdir's vocab.model / vocab.json (train
   copies data.vocab_path there), else data.vocab_path; the one whose fingerprint the checkpoint
   recorded (older checkpoints record none: the first found)."""
-  paths = [workdir / n for n in (VOCAB_MODEL_NAME, VOCAB_JSON_NAME) if (workdir / n).is_file()]
-  if config.data.get("vocab_path") and pathlib.Path(config.data.vocab_path).is_file():
-    paths.append(pathlib.Path(config.data.vocab_path))
+  paths = run_vocab_files(workdir, config.data)
   if not paths:
     raise FileNotFoundError(
       f"no vocabulary (vocab.model or vocab.json) in {describe_workdir(workdir)}"

@@ -114,10 +114,8 @@ def resolve(config, workdir) -> Source | None:
 def _source_vocab(spec: str, src: pathlib.Path, src_config, fingerprint: str | None):
   """The vocabulary the source checkpoint was trained with: its workdir's file (train copies
   data.vocab_path there), else its data.vocab_path; the one of the recorded fingerprint."""
-  paths = [src / n for n in (tokenizer.VOCAB_MODEL_NAME, tokenizer.VOCAB_JSON_NAME)]
-  if src_config.data.get("vocab_path"):
-    paths.append(pathlib.Path(src_config.data.vocab_path))
-  vocab, passed = tokenizer.load_matching(filter(pathlib.Path.is_file, paths), fingerprint)
+  paths = tokenizer.run_vocab_files(src, src_config.data)
+  vocab, passed = tokenizer.load_matching(paths, fingerprint)
   if vocab is None:
     raise _error(
       spec,
