@@ -201,6 +201,8 @@ JOB_ARGS = [
   "--config.data.tokens_per_batch=256",
   "--config.data.max_len=16",
   "--config.data.synthetic_max_len=6",
+  "--config.data.synthetic_num_train=2000",  # 5-10 steps read a few hundred
+  "--config.eval.num_batches=1",
   "--config.checkpoint.async_save=false",
 ]
 

@@ -35,6 +35,7 @@ ARGS = [
   "--config.data.tokens_per_batch=256",
   "--config.data.max_len=16",
   "--config.data.synthetic_max_len=6",
+  "--config.data.synthetic_num_train=2000",  # 30 steps read about 1,100
   "--config.eval.num_batches=1",
   "--config.eval.bleu_sentences=0",
   "--config.num_devices=1",

@@ -13,9 +13,10 @@ from tests.helpers import REPO
 
 pytestmark = pytest.mark.slow  # real command-line processes or trained workdirs
 
-# A jitted function with 256 MB temporaries ([8192, 8192] float32; x is narrow, so the matrix
-# products take little time), called 5 times after its first call: prints whether the settings
-# were applied and the minor page faults per call.
+# A jitted function with 256 MB temporaries ([8192, 8192] float32; x is narrow, 64 wide, so the
+# matrix products take little time: 128 wide cost each process about 1 s more), called 5 times
+# after its first call: prints whether the settings were applied and the minor page faults per
+# call.
 PROGRAM = """
 import sys
 from cli import host_memory
@@ -23,7 +24,7 @@ applied = host_memory.keep_freed_memory(single_arena=sys.argv[1] == "single")
 import resource
 import jax, jax.numpy as jnp
 f = jax.jit(lambda x: (jnp.tanh(jnp.exp(x) @ x.T) @ x).sum())
-x = jnp.full((8192, 128), 1e-3, jnp.float32)
+x = jnp.full((8192, 64), 1e-3, jnp.float32)
 f(x).block_until_ready()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(5):
@@ -57,7 +58,8 @@ def test_freed_temporaries_are_reused_not_faulted_again():
   assert applied == "True"
   # glibc's defaults (MALLOC_ARENA_MAX=16 is its default for 2 cores) map the temporaries afresh
   # on every call: thousands of faults per call (about 69,000 on the 2-core test machine: every
-  # page of the 256 MB; with x 512 wide, 2,500 there and 6,000-9,000 on the development machine).
+  # page of the 256 MB, with x 64 or 128 wide; with x 512 wide, 2,500 there and 6,000-9,000 on
+  # the development machine).
   default_applied, default = _faults({"MALLOC_ARENA_MAX": "16"})
   assert default_applied == "False"
   assert default > 2_000, default

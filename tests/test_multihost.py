@@ -84,23 +84,16 @@ def _slurm_task(env: dict, task: int) -> dict:
   )
 
 
-@pytest.mark.parametrize(
-  "parallelism,launch,devices",
-  [("mesh", "flags", 2), ("pmap", "slurm", 1)],
-  ids=["mesh-flags", "pmap-slurm"],
-)
-def test_two_process_job_agrees_and_only_process_0_writes(tmp_path, parallelism, launch, devices):
-  """Two train.py processes of `devices` CPU devices each form one job, joined by the
-  --coordinator_address / --num_processes / --process_id flags, or with no flags by JAX's cluster
-  detection in the environment `srun` gives each task (and JAX_COORDINATOR_PORT). Both log the
-  same losses, only process 0 writes, and one process with both processes' devices, run
-  alongside, logs the same losses too."""
+LAUNCHES = {"mesh-flags": ("mesh", "flags", 2), "pmap-slurm": ("pmap", "slurm", 1)}
+
+
+def _job(workdir, parallelism, launch, devices) -> list:
+  """(argv, env) of each of a 2-process job's processes, `devices` CPU devices each."""
   port = free_port()
-  job, single = tmp_path / "job", tmp_path / "single"
   train = [sys.executable, "-c", _REPORTING_TRAIN, *JOB_ARGS, f"--config.parallelism={parallelism}"]
   jobs = []
   for pid in range(2):
-    cmd, env = [*train, f"--workdir={job}"], cpu_env(devices)
+    cmd, env = [*train, f"--workdir={workdir}"], cpu_env(devices)
     if launch == "flags":
       cmd += [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={pid}"]
     else:
@@ -108,13 +101,41 @@ def test_two_process_job_agrees_and_only_process_0_writes(tmp_path, parallelism,
     if parallelism == "mesh":  # translate with parameters spread over both processes' devices
       cmd.append("--config.eval.bleu_sentences=4")
     jobs.append((cmd, env))
-  # The same devices in one process, run alongside (compiling is mostly single-threaded, so
-  # three processes share the two cores better than two and then one).
-  jobs.append(([*train, f"--workdir={single}"], cpu_env(2 * devices)))
+  return jobs
+
+
+@pytest.fixture(scope="module")
+def two_process_jobs(tmp_path_factory):
+  """{launch id: (job workdir, its two processes' (stdout, stderr))} of both LAUNCHES, and
+  "single": (workdir, [(stdout, stderr)]) of one process with the jobs' two devices (mesh), all
+  started at once (compiling is mostly single-threaded, so five processes share the two cores
+  better than one job after the other); the two jobs share the one-process reference, their
+  losses equal to it up to rtol 1e-4 as pmap's and a mesh's are on one process
+  (tests/test_training.py)."""
+  root = tmp_path_factory.mktemp("jobs")
+  jobs = [process for name, launch in LAUNCHES.items() for process in _job(root / name, *launch)]
+  single = [sys.executable, "-c", _REPORTING_TRAIN, *JOB_ARGS, "--config.parallelism=mesh"]
+  jobs.append(([*single, f"--workdir={root / 'single'}"], cpu_env(2)))
   outs = run_together(jobs)
+  return {
+    **{name: (root / name, outs[2 * i : 2 * i + 2]) for i, name in enumerate(LAUNCHES)},
+    "single": (root / "single", outs[-1:]),
+  }
+
+
+@pytest.mark.parametrize("name", list(LAUNCHES))
+def test_two_process_job_agrees_and_only_process_0_writes(two_process_jobs, name):
+  """Two train.py processes of 2 (mesh) or 1 (pmap) CPU devices each form one job, joined by the
+  --coordinator_address / --num_processes / --process_id flags, or with no flags by JAX's cluster
+  detection in the environment `srun` gives each task (and JAX_COORDINATOR_PORT). Both log the
+  same losses, only process 0 writes, and one process with both processes' devices, run
+  alongside, logs the same losses too."""
+  parallelism = LAUNCHES[name][0]
+  job, outs = two_process_jobs[name]
+  single, (single_out,) = two_process_jobs["single"]
   assert "process 0 of 2" in outs[0][0] and "process 1 of 2" in outs[1][0]
-  assert "process 0 of 1" in outs[2][0]
-  losses = [logged_losses(err) for _, err in outs[:2]]
+  assert "process 0 of 1" in single_out[0]
+  losses = [logged_losses(err) for _, err in outs]
   assert [int(s) for s, _ in losses[0]] == [1, 2, 3, 4, 5]
   assert [(s, float(x)) for s, x in losses[0]] == [(s, float(x)) for s, x in losses[1]], (
     outs[0][1][-3000:],

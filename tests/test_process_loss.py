@@ -25,7 +25,6 @@ ARGS = [
   *(a for a in JOB_ARGS if not a.startswith("--config.num_train_steps=")),
   "--config.num_train_steps=10",
   f"--config.checkpoint_every_steps={EVERY}",
-  "--config.eval.num_batches=1",
   f"--heartbeat_timeout={HEARTBEAT_S}",
 ]
 # train.py whose process faults itself once it has finished step argv[1] (argv[2]: 'kill' for
