@@ -6,6 +6,7 @@ line over `inference.translator.Translator`.
     python decode.py --workdir=runs/base --input=newstest2014.en --reference=newstest2014.de \
         --checkpoint=average:5 --beam_size=4 --alpha=0.6
     python decode.py --workdir=runs/base --split=test --checkpoint=ensemble:3   # 3 models at once
+    python decode.py --workdir=/tmp/tiny --input=src.txt --target_prefix=prefixes.txt
 
 Everything (parameters, config, vocabulary) comes from the workdir. Translations are written one
 per line in input order; an empty input line gives an empty output line. With references the
@@ -38,6 +39,7 @@ from cli.files import (  # noqa: E402
   check_writable,
   iter_lines,
   read_aligned,
+  read_lines,
   write_lines,
 )
 from cli.search_flags import define_search_flags, search_fields  # noqa: E402
@@ -60,6 +62,13 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string("input", None, "Source sentences, one per line; '-' or unset = stdin.", **f)
   flags.DEFINE_string("output", "-", "Where translations go; '-' = stdout.", **f)
   flags.DEFINE_string("reference", None, "Reference translations, one per line.", **f)
+  flags.DEFINE_string(
+    "target_prefix",
+    None,
+    "Target prefixes, one per input line (empty line = none): each translation starts with its "
+    "line's prefix and the search goes on from there.",
+    **f,
+  )
   flags.DEFINE_string(
     "split",
     None,
@@ -183,6 +192,27 @@ def _texts() -> tuple[list[str] | None, list[str] | None]:
   return read_aligned(FLAGS.input, FLAGS.reference)
 
 
+def _prefixes(sources: list[str] | None) -> list[str] | None:
+  """The --target_prefix lines, checked against the input's line count where it is known before
+  decoding (a file or the whole input; a split's once loaded, stdin's as it is read)."""
+  if FLAGS.target_prefix is None:
+    return None
+  if FLAGS.score_reference:
+    raise UsageError("--target_prefix: --score_reference scores whole given translations")
+  prefixes = read_lines(FLAGS.target_prefix, "--target_prefix")
+  count = len(sources) if sources is not None else check_lines(FLAGS.input)
+  if not FLAGS.split and count >= 0:
+    _check_prefix_count(prefixes, count)
+  return prefixes
+
+
+def _check_prefix_count(prefixes: list[str], count: int) -> None:
+  if len(prefixes) != count:
+    raise UsageError(
+      f"--target_prefix={FLAGS.target_prefix} has {len(prefixes)} lines, the input has {count}"
+    )
+
+
 def _streamed() -> bool:
   """Whether the input is translated as it is read, chunk by chunk (bounded memory, outputs
   written as they are ready): unless references, a split or an attention plot need it whole."""
@@ -250,6 +280,7 @@ def decode() -> None:
   ):
     check_writable(path, flag)
   sources, references = _texts()
+  prefixes = _prefixes(sources)
   phases = Phases(started=_STARTED)
   with phases.measure("restore"):
     translator = Translator.load(
@@ -264,6 +295,8 @@ def decode() -> None:
     except (ValueError, FileNotFoundError) as e:
       raise UsageError(f"--split={FLAGS.split}: {e}") from None
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+    if prefixes is not None:
+      _check_prefix_count(prefixes, len(sources))
   settings = translator.settings(**_search_fields())
   if FLAGS.score_reference:
     with phases.measure("score"):
@@ -292,7 +325,14 @@ def decode() -> None:
   logging.info("Translating %s with %s", what, translator.describe(settings))
   texts, sentences, tokens, seconds = [], 0, 0, 0.0
   with _output(FLAGS.output) as out:
+    lines = 0
     for first, chunk in _chunks(sources):
+      lines += len(chunk)
+      chunk_prefixes = None
+      if prefixes is not None:
+        chunk_prefixes = prefixes[first - 1 : lines]
+        if len(prefixes) < lines:  # stdin: known as it is read
+          _check_prefix_count(prefixes, lines)
       with phases.measure("translate"):
         result = translator.run(
           chunk,
@@ -304,6 +344,7 @@ def decode() -> None:
           first_line=first,
           batching=FLAGS.batching,
           pool_size=FLAGS.pool_size,
+          target_prefixes=chunk_prefixes,
         )
       out.write(
         "".join(
@@ -318,6 +359,8 @@ def decode() -> None:
       )
       if references is not None:
         texts += result.texts
+    if prefixes is not None:
+      _check_prefix_count(prefixes, lines)  # stdin: known once read
   seconds = max(seconds, 1e-9)
   logging.info(
     "Translated %d sentences, %d tokens in %.2f s (compilation included): %.1f sentences/s, "

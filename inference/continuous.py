@@ -7,15 +7,17 @@ hands the device the next waiting ones and collects the finished ones.
     for done in decode_continuous(model, params, sentences, source_len=64, beam_size=4):
       done.index, done.ids, done.scores   # in the order they finish: [beam, length], [beam]
     programs = PoolPrograms()   # owns compiled pools: pass it to every call that should share
+    decode_continuous(..., prefixes=prefix_lists)  # each output starts with its target prefix
 
 One program is compiled per (model, pool size, search settings, source width) and kept by the
 `PoolPrograms` passed as `programs` (without one, a call compiles its own): the sources are
 padded to one width for the whole list (by default the `model.batching.bucket_length` of the
 longest) and every sentence keeps its own length limit (its source tokens + `max_extra_len`, EOS
-included). Each sentence's translation is the one the batch-at-once search of model/generate.py
-gives it; a sampled sentence draws its noise from `rng` and its own index, whatever the pool or
-its neighbours. Each device call runs many decoder steps and places sentences itself; the host
-only hands it the next `queue_size` waiting sentences and collects the finished ones.
+included; with a target prefix, as model/generate.py says). Each sentence's translation is the
+one the batch-at-once search of model/generate.py gives it; a sampled sentence draws its noise
+from `rng` and its own index, whatever the pool or its neighbours. Each device call runs many
+decoder steps and places sentences itself; the host only hands it the next `queue_size` waiting
+sentences and collects the finished ones.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 
 from model import distribution
 from model import pool as pool_lib
-from model.batching import bucket_length
+from model.batching import bucket_length, checked_prefixes, padded, prefix_width
 from model.generate import strip
 from model.search_settings import FIELDS, SearchSettings, with_keywords
 
@@ -77,12 +79,14 @@ def pool_spec(
   ensemble: bool = False,
   num_ids: int | None = None,
   token_scores: bool = False,
+  prefix_len: int = 0,
   **fields,
 ) -> pool_lib.PoolSpec:
   """The checked `PoolSpec`: `settings` (default `SearchSettings()`) with `fields` of it given
   as keywords replaced (beam_size=..., alpha=..., length_penalty=..., temperature=..., top_k=...,
   max_extra_len=...), as `settings.program()` (settings searching alike share one program);
-  `queue_size` default `pool_size`; `num_ids` at or above the model's vocabulary masks nothing.
+  `queue_size` default `pool_size`; `num_ids` at or above the model's vocabulary masks nothing;
+  `prefix_len` the width of the target prefixes (0: none).
   """
   settings, unknown = with_keywords(settings, fields)
   if unknown:
@@ -93,6 +97,10 @@ def pool_spec(
       raise ValueError(f"{name}={value!r}: must be a positive integer")
   if queue_size is not None and (not isinstance(queue_size, (int, np.integer)) or queue_size < 1):
     raise ValueError(f"queue_size={queue_size!r}: must be a positive integer or None")
+  if (
+    isinstance(prefix_len, bool) or not isinstance(prefix_len, (int, np.integer)) or prefix_len < 0
+  ):
+    raise ValueError(f"prefix_len={prefix_len!r}: must be a non-negative integer")
   return pool_lib.PoolSpec(
     model,
     settings.program().replace(num_hypotheses=1),  # the pool returns every hypothesis
@@ -102,6 +110,7 @@ def pool_spec(
     num_ids=distribution.useful_num_ids(num_ids, model.config.vocab_size),
     ensemble=bool(ensemble),
     token_scores=bool(token_scores),
+    prefix_len=int(prefix_len),
   )
 
 
@@ -115,6 +124,7 @@ def decode_continuous(
   rng=None,
   max_steps: int | None = None,
   programs: PoolPrograms | None = None,
+  prefixes: Sequence[Sequence[int]] | None = None,
   **options,
 ) -> Iterator[Hypotheses]:
   """Translates `sentences` through a pool, yielding each as it finishes (`Hypotheses`, in
@@ -130,18 +140,26 @@ def decode_continuous(
     rng: the sampling key (default `jax.random.key(0)`).
     max_steps: decoder steps per device call at most (None: as many as the queue needs).
     programs: where the compiled pool comes from and stays (None: compiled for this call).
+    prefixes: a target prefix per sentence (ids, no EOS; empty: none), given as a list: each
+      sentence's output starts with its prefix. None or all empty: decoded as without.
     **options: `pool_spec`'s: pool_size, queue_size, ensemble, num_ids, token_scores, and the
       settings' fields as keywords.
   """
-  spec = pool_spec(model, settings, source_len=source_len, **options)
+  if prefixes is not None and not any(len(p) for p in prefixes):
+    prefixes = None
+  width = 0 if prefixes is None else prefix_width(prefixes)
+  spec = pool_spec(model, settings, source_len=source_len, prefix_len=width, **options)
+  if prefixes is not None:
+    limit = spec.num_ids or model.config.vocab_size
+    prefixes = checked_prefixes(padded(prefixes, width), len(prefixes), limit)
   if max_steps is not None and (not isinstance(max_steps, (int, np.integer)) or max_steps < 1):
     raise ValueError(f"max_steps={max_steps!r}: must be a positive integer or None")
   steps = np.int32(_ALL_STEPS if max_steps is None else max_steps)
   rng = jax.random.key(0) if rng is None else rng
-  return _decode(spec, params, sentences, rng, steps, programs or PoolPrograms())
+  return _decode(spec, params, sentences, rng, steps, programs or PoolPrograms(), prefixes)
 
 
-def _decode(spec, params, sentences, rng, steps, programs) -> Iterator[Hypotheses]:
+def _decode(spec, params, sentences, rng, steps, programs, prefixes) -> Iterator[Hypotheses]:
   """`decode_continuous`'s loop, its arguments checked: each call hands the device the next
   waiting sentences (`drain` once they are the last) and yields those it finished."""
   source_len = spec.source_len
@@ -156,6 +174,8 @@ def _decode(spec, params, sentences, rng, steps, programs) -> Iterator[Hypothese
       if item is None:
         exhausted = True
       else:
+        if prefixes is not None and item[0] >= len(prefixes):
+          raise ValueError(f"prefixes: {len(prefixes)} given, fewer than the sentences")
         waiting.append((item[0], _checked(item[1], item[0], source_len)))
     if exhausted and not waiting and not in_pool:
       return
@@ -165,9 +185,15 @@ def _decode(spec, params, sentences, rng, steps, programs) -> Iterator[Hypothese
     for row in range(count):
       index[row], tokens = waiting[row]
       queue[row, : len(tokens)] = tokens
+    queue_prefix = None
+    if prefixes is not None:
+      queue_prefix = np.zeros((spec.queue_size, spec.prefix_len), np.int32)
+      queue_prefix[:count] = prefixes[index[:count]]
     drain = np.bool_(exhausted and len(waiting) <= spec.queue_size)
     pool = empty(params) if pool is None else pool
-    pool, out, taken = advance(params, pool, queue, index, np.int32(count), rng, steps, drain)
+    pool, out, taken = advance(
+      params, pool, queue, index, np.int32(count), rng, steps, drain, queue_prefix
+    )
     for _ in range(int(taken)):
       waiting.popleft()
     done = int(out.count)
@@ -201,12 +227,15 @@ def translate_continuous(
     sentences: source ids of each sentence, each ending in EOS.
     settings: how to search (default `SearchSettings()`; its fields may be given as keywords).
     source_len: the padded source width; default `bucket_length` of the longest sentence.
-    **options: `decode_continuous`'s (rng, max_steps, programs, pool_size, queue_size, ensemble,
-      num_ids)
+    **options: `decode_continuous`'s (rng, max_steps, programs, prefixes, pool_size, queue_size,
+      ensemble, num_ids)
       and the settings' fields (beam_size, alpha, length_penalty, temperature, top_k,
       max_extra_len).
   """
   sentences = list(sentences)
+  prefixes = options.get("prefixes")
+  if prefixes is not None and len(prefixes) != len(sentences):
+    raise ValueError(f"prefixes: {len(prefixes)} given for {len(sentences)} sentences")
   if source_len is None:
     source_len = bucket_length(max((len(s) for s in sentences), default=1))
   outputs: list[np.ndarray | None] = [None] * len(sentences)

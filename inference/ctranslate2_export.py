@@ -304,12 +304,18 @@ def max_decoding_length(source_tokens: int, max_extra_len: int) -> int:
 
 
 def translate_tokens(
-  translator, sources: Sequence[Sequence[str]], *, max_extra_len: int = 50, **options
+  translator,
+  sources: Sequence[Sequence[str]],
+  *,
+  max_extra_len: int = 50,
+  target_prefixes: Sequence[Sequence[str]] | None = None,
+  **options,
 ) -> list[list[str]]:
   """The best hypothesis of each source (token lists, `Pieces.source`) from
   `translator.translate_batch(..., **options)`, with our per-sentence length limit: sentences of
   one length are translated together, at that length's `max_decoding_length`; an empty
-  translation is allowed (min_decoding_length 0), as in ours. Input order."""
+  translation is allowed (min_decoding_length 0), as in ours. `target_prefixes`: a token list
+  per source (empty: none), CTranslate2's `target_prefix`. Input order."""
   options.setdefault("min_decoding_length", 0)  # CTranslate2's default 1 forbids EOS first
   options.setdefault("max_input_length", 0)  # no truncation (its default: 1024 tokens)
   by_length: dict[int, list[int]] = {}
@@ -317,8 +323,12 @@ def translate_tokens(
     by_length.setdefault(len(tokens), []).append(i)
   out: list[list[str]] = [[] for _ in sources]
   for length, indices in sorted(by_length.items()):
+    prefixes = None
+    if target_prefixes is not None:
+      prefixes = [list(target_prefixes[i]) or None for i in indices]
     results = translator.translate_batch(
       [list(sources[i]) for i in indices],
+      target_prefix=prefixes,
       max_decoding_length=max_decoding_length(length, max_extra_len),
       **options,
     )

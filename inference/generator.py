@@ -5,6 +5,7 @@ length batches.
     generator = Generator(model, num_ids=vocab_size)      # owns its compiled programs
     ids = generator(params, inputs, SearchSettings(beam_size=4))  # [batch, max_decode_len]
     outs = generator.translate_all(params, token_lists, settings)  # input order
+    outs = generator.translate_all(params, token_lists, settings, prefixes=prefix_lists)
     ids = translate(model, params, inputs, beam_size=4)   # a one-off: compiles on every call
 
 A `Generator` compiles each distinct (input shape, search settings, outputs) once and keeps the
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from model import distribution
-from model.batching import length_batches
+from model.batching import checked_prefixes, length_batches
 from model.decoder_state import DECODE_SEGMENT
 from model.generate import OUTPUTS, generate, nbest, strip
 from model.search_settings import SearchSettings, with_keywords
@@ -77,8 +78,8 @@ class Generator:
     self.model = model
     self.num_ids = num_ids
     self.ensemble, self.use_cache, self.segment = ensemble, use_cache, segment
-    self._run = jax.jit(self._search, static_argnums=(3, 4, 5))
-    self._lower = jax.jit(self._kept_search, static_argnums=(3, 4, 5)).lower
+    self._run = jax.jit(self._search, static_argnums=(4, 5, 6))
+    self._lower = jax.jit(self._kept_search, static_argnums=(4, 5, 6)).lower
     self._programs = programs
     self._compiled: dict[tuple, Callable | None] = {}  # by arguments' shapes and shardings
 
@@ -92,6 +93,7 @@ class Generator:
     max_decode_len=None,
     scores: bool = False,
     token_scores: bool = False,
+    prefix=None,
   ):
     """Best translation of each source row.
 
@@ -99,9 +101,12 @@ class Generator:
       params: the model's (unboxed) parameters (stacked members' for an ensemble).
       inputs: [batch, src_len] source ids ending in EOS, 0 on padding.
       settings: how to search; rng (default `jax.random.key(0)`) draws the samples.
-      max_decode_len: static output width; default src_len + settings.max_extra_len. Rows
-        reaching it stop without EOS.
+      max_decode_len: static output width; default src_len + settings.max_extra_len (with a
+        prefix, max(src_len, P) + max_extra_len). Rows reaching it stop without EOS.
       scores, token_scores: also return the search's scores (and each token's log-probability).
+      prefix: None, or [batch, P] target prefixes, each row's ids (above EOS, below `num_ids`)
+        then PAD, P more than the longest: each row's outputs start with its prefix
+        (`model.generate.generate`).
 
     Returns:
       ids [batch, max_decode_len] int32: tokens up to EOS, then PAD; with
@@ -116,28 +121,31 @@ class Generator:
       inputs = np.asarray(inputs)
     if inputs.ndim != 2:
       raise ValueError(f"inputs: must be [batch, src_len] ids, got shape {inputs.shape}")
+    if prefix is not None:
+      limit = self.num_ids or self.model.config.vocab_size
+      prefix = checked_prefixes(prefix, inputs.shape[0], limit)
     if max_decode_len is None:
-      max_decode_len = inputs.shape[1] + settings.max_extra_len
+      max_decode_len = _width(inputs, prefix) + settings.max_extra_len
     if max_decode_len < 1:
       raise ValueError(f"max_decode_len={max_decode_len!r}: must be positive")
     rng = jax.random.key(0) if rng is None else rng
-    args = (params, inputs.astype(jnp.int32), rng)
+    args = (params, inputs.astype(jnp.int32), rng, prefix)
     outputs = OUTPUTS[2 if token_scores else 1 if scores else 0]
     static = (settings.program(), int(max_decode_len), outputs)
     program = self._program(args, static)
     return self._run(*args, *static) if program is None else program(*args)
 
-  def _prepare(self, params, inputs: list, settings: SearchSettings, rng, outputs: str) -> None:
-    """Gets the programs of `inputs` (one batch of each shape) from `programs` concurrently, one
-    thread each (docs/experiments.md measures the gain)."""
-    if len(inputs) < 2:
+  def _prepare(self, params, batches: list, settings: SearchSettings, rng, outputs: str) -> None:
+    """Gets the programs of `batches` ((inputs, prefix) of each shape) from `programs`
+    concurrently, one thread each (docs/experiments.md measures the gain)."""
+    if len(batches) < 2:
       return
     calls = [
       (
-        (params, x.astype(jnp.int32), rng),
-        (settings.program(), x.shape[1] + settings.max_extra_len, outputs),
+        (params, x.astype(jnp.int32), rng, prefix),
+        (settings.program(), _width(x, prefix) + settings.max_extra_len, outputs),
       )
-      for x in inputs
+      for x, prefix in batches
     ]
     with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
       for done in [pool.submit(self._program, *call) for call in calls]:
@@ -183,7 +191,7 @@ class Generator:
     return self._search(*args)
 
   def _search(
-    self, params, inputs, rng, settings: SearchSettings, max_decode_len: int, outputs: str
+    self, params, inputs, rng, prefix, settings: SearchSettings, max_decode_len: int, outputs: str
   ):
     """`model.generate.generate` with this generator's options (traced)."""
     return generate(
@@ -198,6 +206,7 @@ class Generator:
       ensemble=self.ensemble,
       use_cache=self.use_cache,
       segment=self.segment,
+      prefix=prefix,
     )
 
   def translate_all(
@@ -213,6 +222,7 @@ class Generator:
     on_batch: Callable[[int], None] | None = None,
     scores: bool = False,
     token_scores: bool = False,
+    prefixes: Sequence[Sequence[int]] | None = None,
   ) -> list:
     """The search over any number of sentences, batched by `length_batches`.
 
@@ -229,6 +239,8 @@ class Generator:
 
       scores, token_scores: return each sentence's `NBest` (the search's scores, and its
         tokens' log-probabilities), from the same search.
+      prefixes: a target prefix per sentence (ids, no EOS; empty: none): its outputs start with
+        it. All empty (or None): decoded exactly as without.
 
     Returns:
       per sentence, in input order: its translation's ids [tokens] (no EOS, no PAD); with
@@ -238,21 +250,24 @@ class Generator:
     outputs: list = [None] * len(token_lists)
     rng = jax.random.key(0) if rng is None else rng
     done = 0
-    batches = length_batches(token_lists, tokens_per_batch, batch_multiple)
+    if prefixes is not None and not any(len(p) for p in prefixes):
+      prefixes = None
+    batches = length_batches(token_lists, tokens_per_batch, batch_multiple, prefixes)
+    put = (lambda x: x) if place is None else place
     want = OUTPUTS[2 if token_scores else 1 if scores else 0]
     if self._programs is not None:  # one batch of each shape: their programs fetched at once
-      first = {b.inputs.shape: b.inputs for b in reversed(batches)}.values()
-      inputs = [x if place is None else place(x) for x in first]
-      self._prepare(params, inputs, settings, rng, want)
+      first = {b.inputs.shape: b for b in reversed(batches)}.values()
+      shapes = [(put(b.inputs), b.prefixes) for b in first]
+      self._prepare(params, shapes, settings, rng, want)
     for n, batch in enumerate(batches):
-      inputs = batch.inputs if place is None else place(batch.inputs)
       found = self(
         params,
-        inputs,
+        put(batch.inputs),
         settings,
         rng=jax.random.fold_in(rng, n),
         scores=scores,
         token_scores=token_scores,
+        prefix=batch.prefixes,
       )
       if want == "ids":
         ids = np.asarray(found)
@@ -266,6 +281,11 @@ class Generator:
       if on_batch is not None:
         on_batch(done)
     return outputs
+
+
+def _width(inputs, prefix) -> int:
+  """The output width before `max_extra_len`: the source's, or the prefix's when wider."""
+  return max(inputs.shape[1], 0 if prefix is None else prefix.shape[1])
 
 
 def translate(
@@ -312,4 +332,5 @@ _BATCHING = (
   "on_batch",
   "scores",
   "token_scores",
+  "prefixes",
 )

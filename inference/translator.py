@@ -4,12 +4,15 @@ score them.
     from inference import Translator
     translator = Translator.load("runs/m30k_tiny_ende", checkpoint="average:5")
     translator.translate(["A man is riding a bicycle."], beam_size=5, alpha=1.5)
+    translator.translate(["A man is riding a bicycle."], target_prefixes=["Ein Mann"])
     translator.metrics(hypotheses, references)   # sacreBLEU cased and lowercased, chrF
 
 Sentences are plain text: the vocabulary tokenizes them (EOS appended), batches of similar
 length are decoded together, and the outputs are detokenized in input order. An empty sentence
 translates to an empty string; one longer than the model takes (`model.max_len` tokens) is cut,
-with a warning naming how many were. decode.py is the command line over this module.
+with a warning naming how many were. A target prefix (text, tokenized without EOS) makes a
+translation start with it, the search going on from its end; an empty one changes nothing.
+decode.py is the command line over this module.
 """
 
 from __future__ import annotations
@@ -163,6 +166,25 @@ class Translator:
         cut.append(index)
     return ids, cut
 
+  def encode_prefixes(
+    self, prefixes: Sequence[str] | None, count: int, first_line: int = 1
+  ) -> list[list[int]] | None:
+    """The target prefixes' token ids (no EOS; [] for an empty one), None for None or all
+    empty; UsageError unless there are `count` of them, each shorter than `max_len` tokens."""
+    if prefixes is None:
+      return None
+    if isinstance(prefixes, str) or len(prefixes) != count:
+      given = "one string" if isinstance(prefixes, str) else f"{len(prefixes)}"
+      raise UsageError(f"target_prefixes: {given} given for {count} sentences; give one each")
+    ids = [self.vocab.encode(p.strip()) if p.strip() else [] for p in prefixes]
+    for index, tokens in enumerate(ids):
+      if len(tokens) >= self.max_len:
+        raise UsageError(
+          f"target prefix of line {index + first_line}: {len(tokens)} tokens, more than the "
+          f"model writes (model.max_len={self.max_len}, EOS included)"
+        )
+    return ids if any(ids) else None
+
   def translate(
     self, sentences: Sequence[str], settings: SearchSettings | None = None, **options
   ) -> list[str]:
@@ -182,6 +204,7 @@ class Translator:
     first_line: int = 1,
     batching: str = "length",
     pool_size: int = 32,
+    target_prefixes: Sequence[str] | None = None,
     **search,
   ) -> Translations:
     """Translates `sentences` with `settings`, or with the fields of `SearchSettings` given as
@@ -198,7 +221,11 @@ class Translator:
     sentence entering as soon as one leaves (inference/continuous.py), instead of batches of similar
     length decoded until their longest sentence ends; the same translations in float32 (samples
     are drawn per sentence instead). It decodes on one device, the best hypothesis only: with
-    several devices or `num_hypotheses` > 1, length batches are used."""
+    several devices or `num_hypotheses` > 1, length batches are used.
+    `target_prefixes`: one text per sentence ("" for none): every hypothesis of that sentence
+    starts with its tokens and the search goes on from there (as CTranslate2's `target_prefix`),
+    with any search and batching; its scores count the prefix as forced decoding does
+    (`score_pairs(as_search=True)`). An empty sentence still translates to ""."""
     if isinstance(sentences, str):
       raise UsageError("translate: expected a list of sentences, got one string")
     settings = self.settings(settings, **search)
@@ -207,6 +234,7 @@ class Translator:
     self.check_options(
       seed=seed, tokens_per_batch=tokens_per_batch, batching=batching, pool_size=pool_size
     )
+    prefixes = self.encode_prefixes(target_prefixes, len(sentences), first_line)
     source_ids, cut = self.encode(sentences)
     if cut:
       logging.warning(
@@ -221,8 +249,10 @@ class Translator:
     bar = Progress(len(present), 0, unit="sentences", enabled=progress)
     start = time.perf_counter()
     ids = [source_ids[i] for i in present]
+    if prefixes is not None:
+      prefixes = [prefixes[i] for i in present]
     scored = settings.num_hypotheses > 1 or return_scores or return_token_scores
-    wanted = dict(scores=scored, token_scores=return_token_scores)
+    wanted = dict(scores=scored, token_scores=return_token_scores, prefixes=prefixes)
     if batching == "continuous" and len(self.devices) == 1 and settings.num_hypotheses == 1:
       outputs = self._pooled(ids, settings, jax.random.key(seed), pool_size, bar, **wanted)
     else:
@@ -255,7 +285,15 @@ class Translator:
     return result
 
   def _pooled(
-    self, ids, settings: SearchSettings, rng, pool_size: int, bar, scores: bool, token_scores: bool
+    self,
+    ids,
+    settings: SearchSettings,
+    rng,
+    pool_size: int,
+    bar,
+    scores: bool,
+    token_scores: bool,
+    prefixes,
   ) -> list:
     """The best translation of each of `ids` through a pool of decoding rows (continuous
     batching), in input order: its ids, or with `scores` its `model.generate.NBest` of one."""
@@ -272,6 +310,7 @@ class Translator:
       num_ids=self.vocab.vocab_size,
       token_scores=token_scores,
       programs=self._pools,
+      prefixes=prefixes,
     )
     for done, h in enumerate(found, start=1):
       if scores:

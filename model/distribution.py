@@ -6,12 +6,15 @@ from, written once.
     logp = mix(member_logp)                     # an ensemble: log of the members' mean probability
     count = members(params, "ensemble")         # the ensemble's member axis, checked
     num_ids = useful_num_ids(num_ids, vocab)    # None when it masks nothing
+    logp = force(logp, prefix_tok)              # a target prefix's token, where one is due
     tok = choose(logp, key, temperature, top_k) # argmax, or a sample
 
 The decoder never emits PAD (its logit is masked), so PAD only ever means "after EOS"; ids at or
 above `num_ids` (output rows the vocabulary has no piece for) are masked the same way. An
 ensemble's members are masked PAD-wise one by one, mixed, then masked to `num_ids`, and the
-mixture is renormalised by the searches' log-softmax like one model's logits.
+mixture is renormalised by the searches' log-softmax like one model's logits. A target prefix
+(model/search.py) is forced by `force`: its token keeps its own log-probability, every other id
+goes to -inf, so every search, its scores and the pool follow the prefix by one rule.
 """
 
 from __future__ import annotations
@@ -66,6 +69,14 @@ def useful_num_ids(num_ids: int | None, vocab_size: int) -> int | None:
   if isinstance(num_ids, bool) or not EOS_ID < num_ids:
     raise ValueError(f"num_ids={num_ids!r}: must exceed the EOS id {EOS_ID}")
   return None if num_ids >= vocab_size else int(num_ids)
+
+
+def force(logp, tok):
+  """`logp` [..., vocab] with, in each row whose `tok` [...] is not PAD, every id but `tok` at
+  -inf (the forced token keeps its log-probability); rows with `tok` = PAD unchanged."""
+  ids = jnp.arange(logp.shape[-1])
+  tok = jnp.asarray(tok)[..., None]
+  return jnp.where((tok == PAD_ID) | (ids == tok), logp, -jnp.inf)
 
 
 def choose(logp, key=None, temperature: float = 0.0, top_k: int = 0):

@@ -3,13 +3,16 @@ search, with the search's own scores on request.
 
     ids = generate(model, params, inputs, rng, settings, max_decode_len)  # [batch, max_decode_len]
     ids, scores, token_scores = generate(..., outputs="token_scores")
+    ids = generate(..., prefix=prefix)  # prefix [batch, P]: each row's output starts with it
 
 `model` is any module made by `model.build.build_model` (it offers `encode`, `init_cache`,
 `decode_step`); model/decoder_state.py turns it into the step function and cache that the
 searches of model/search.py run on, and model/distribution.py says what they draw from. Source
 rows are token ids ending in EOS, padded with 0. Output rows hold the generated tokens up to and
 including EOS, then PAD; a row cut by `max_decode_len` has no EOS. The decoder never emits PAD
-(its logit is masked), so PAD only ever means "after EOS".
+(its logit is masked), so PAD only ever means "after EOS". A target prefix (model/search.py) is
+forced token by token and is part of the output (and of its scores), as CTranslate2's
+`target_prefix`.
 
 `inference.generator.Generator` compiles this function and owns its programs.
 """
@@ -67,6 +70,7 @@ def generate(
   ensemble: bool = False,
   use_cache: bool = True,
   segment: int | None = DECODE_SEGMENT,
+  prefix=None,
 ):
   """The search (traceable; `settings`, `max_decode_len`, `outputs` and the keywords static).
 
@@ -76,13 +80,17 @@ def generate(
     inputs: [batch, src_len] source ids ending in EOS, 0 on padding.
     rng: the sampling key (step t draws with it folded with t).
     settings: how to search; each row's output holds at most its source tokens +
-      `settings.max_extra_len` tokens, EOS included.
+      `settings.max_extra_len` tokens, EOS included (with a prefix, at most max(source tokens,
+      prefix tokens + 1) + `max_extra_len`: room for the prefix and EOS).
     max_decode_len: the output width.
     outputs: 'ids', 'scores' (ids and the search's scores) or 'token_scores' (and each token's
       log-probability).
     num_ids: only ids below it are emitted (None: every id); use_cache: False re-runs the
       whole model on the prefix every step (the reference); segment: self-attention buffers
       start at this many positions and grow (`decoder_state`).
+    prefix: None, or [batch, P] int32 target prefixes: each row's tokens (ids above EOS, below
+      `num_ids`), then PAD, P > the longest (a row of PAD: no prefix). Every output of a row
+      starts with its prefix; the search goes on from there.
 
   Returns:
     ids [batch, max_decode_len] int32 (tokens up to EOS, then PAD), or with
@@ -94,13 +102,16 @@ def generate(
   if outputs not in OUTPUTS:
     raise ValueError(f"outputs={outputs!r}: must be one of {OUTPUTS}")
   batch = inputs.shape[0]
-  max_lens = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32) + settings.max_extra_len
+  max_lens = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32)
+  if prefix is not None:
+    max_lens = jnp.maximum(max_lens, jnp.sum(prefix != PAD_ID, axis=1, dtype=jnp.int32) + 1)
+  max_lens = max_lens + settings.max_extra_len
   if ensemble:
     state = ensemble_decoder_state(model, params, inputs, max_decode_len, segment)
   else:
     state = decoder_state(model, params, inputs, max_decode_len, use_cache, segment)
   step = _only_ids_below(state.step, num_ids)
-  loop = dict(max_lens=max_lens, grow=state.grow, segment=state.segment)
+  loop = dict(max_lens=max_lens, grow=state.grow, segment=state.segment, prefix=prefix)
   want = OUTPUTS.index(outputs) + 1  # how many of ids, scores, token scores
   if settings.sampling or settings.beam_size == 1:
     if settings.sampling:

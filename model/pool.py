@@ -51,7 +51,8 @@ class PoolSpec:
   it are emitted (None: every id); ensemble: params are several members' stacked on a leading
   axis, decoded by the mean of their probabilities (model/decoder_state.py
   `ensemble_decoder_state`); token_scores: the finished sentences come with each hypothesis'
-  per-token log-probabilities (`Finished.token_scores`).
+  per-token log-probabilities (`Finished.token_scores`); prefix_len: the width P of the target
+  prefixes the queue brings (`advance`'s `queue_prefix`; 0: none), more than the longest prefix.
   """
 
   model: Any
@@ -62,6 +63,7 @@ class PoolSpec:
   num_ids: int | None = None
   ensemble: bool = False
   token_scores: bool = False
+  prefix_len: int = 0
 
   @property
   def beam_size(self) -> int:
@@ -69,7 +71,7 @@ class PoolSpec:
 
   @property
   def max_decode_len(self) -> int:
-    return self.source_len + self.settings.max_extra_len
+    return max(self.source_len, self.prefix_len) + self.settings.max_extra_len
 
   @property
   def out_size(self) -> int:
@@ -82,12 +84,14 @@ class Pool(NamedTuple):
   (`t` [slots], every slot at its own step; `cache` the carried `STATE`/`TARGET` entries, leaves
   [rows, ...], or [rows, members, ...] for an ensemble); `source` the `SOURCE` entries, leaves
   [slots, ...] ([members, slots, ...]); `index` [slots] the sentence in each slot (-1: empty);
-  `max_lens` [slots] its output limit, EOS included."""
+  `max_lens` [slots] its output limit, EOS included; `prefix` [slots, prefix_len] its target
+  prefix (model/search.py; None without `PoolSpec.prefix_len`)."""
 
   state: Any
   source: Any
   index: jax.Array
   max_lens: jax.Array
+  prefix: jax.Array | None = None
 
 
 class Finished(NamedTuple):
@@ -162,24 +166,32 @@ def empty_pool(spec: PoolSpec, params) -> Pool:
   )
   state = state._replace(t=jnp.zeros((spec.pool_size,), jnp.int32))
   index = jnp.full((spec.pool_size,), -1, jnp.int32)
-  return Pool(state, source, index, jnp.zeros((spec.pool_size,), jnp.int32))
+  prefix = jnp.zeros((spec.pool_size, spec.prefix_len), jnp.int32) if spec.prefix_len else None
+  return Pool(state, source, index, jnp.zeros((spec.pool_size,), jnp.int32), prefix)
 
 
 def _put(big, new, start, axis: int):
   return lax.dynamic_update_slice_in_dim(big, new.astype(big.dtype), start, axis)
 
 
-def _place(spec: PoolSpec, params, pool: Pool, slot, inputs, index) -> Pool:
-  """`pool` with sentence `index` (`inputs` [1, source_len]) encoded into `slot`: its source
-  entries, its rows' carried entries and its search state reset."""
+def _place(spec: PoolSpec, params, pool: Pool, slot, inputs, index, prefix) -> Pool:
+  """`pool` with sentence `index` (`inputs` [1, source_len], `prefix` [1, prefix_len] or None)
+  encoded into `slot`: its source entries, its rows' carried entries and its search state reset,
+  its prefix and output limit set (as model/generate.py sets them)."""
   k = spec.beam_size
   source, carried = _sentence_cache(spec, params, inputs)
   axis = 1 if spec.ensemble else 0
   source = jax.tree_util.tree_map(lambda b, n: _put(b, n, slot, axis), pool.source, source)
   carried = jax.tree_util.tree_map(lambda b, n: _put(b, n, slot * k, 0), pool.state.cache, carried)
   state = search.beam_restart(pool.state, slot)._replace(cache=carried)
-  length = jnp.sum(inputs != PAD_ID, dtype=jnp.int32) + spec.settings.max_extra_len
-  return Pool(state, source, pool.index.at[slot].set(index), pool.max_lens.at[slot].set(length))
+  length = jnp.sum(inputs != PAD_ID, dtype=jnp.int32)
+  if prefix is not None:
+    length = jnp.maximum(length, jnp.sum(prefix != PAD_ID, dtype=jnp.int32) + 1)
+    prefix = _put(pool.prefix, prefix, slot, 0)
+  length = length + spec.settings.max_extra_len
+  return Pool(
+    state, source, pool.index.at[slot].set(index), pool.max_lens.at[slot].set(length), prefix
+  )
 
 
 def _choose(spec: PoolSpec, logp, keys):
@@ -193,11 +205,13 @@ def _choose(spec: PoolSpec, logp, keys):
   )(keys, logp)
 
 
-def _token_advance(spec: PoolSpec, s, logits, max_lens, keys):
+def _token_advance(spec: PoolSpec, s, logits, max_lens, keys, prefix):
   """One step of greedy search or sampling (model/search.py's `_decode`) with every slot at its
   own step, on the beam state of one hypothesis per slot (the summed log-probability in
-  `live_logp`)."""
+  `live_logp`); `prefix` [slots, prefix_len] or None."""
   logp = distribution.log_probs(logits)
+  if prefix is not None:
+    logp = distribution.force(logp, search.prefix_token(prefix, s.t))
   tok = _choose(spec, logp, keys).astype(jnp.int32)
   forced = s.t + 1 >= max_lens
   gain = jnp.where(forced, 0.0, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0])
@@ -237,7 +251,16 @@ class _Loop(NamedTuple):
 
 
 def advance(
-  spec: PoolSpec, params, pool: Pool, queue, queue_index, count, rng, max_steps, drain
+  spec: PoolSpec,
+  params,
+  pool: Pool,
+  queue,
+  queue_index,
+  count,
+  rng,
+  max_steps,
+  drain,
+  queue_prefix=None,
 ) -> tuple[Pool, Finished, jax.Array]:
   """Runs the pool until it needs the host: up to `max_steps` decoder steps, placing the queue's
   sentences in slots as they free up, and stopping early once the queue is used up while a slot
@@ -248,6 +271,8 @@ def advance(
       rows are waiting sentences, taken in order; `queue_index` [queue_size] their indices.
     rng: the sampling key (a sentence's noise: `rng` folded with its index, then its step).
     max_steps, drain: [] int32 and bool (traced: any value, the same program).
+    queue_prefix: [queue_size, prefix_len] the waiting sentences' target prefixes (tokens, then
+      PAD), with `spec.prefix_len` only.
   Returns:
     the pool, the sentences finished (`Finished`) and how many queue rows were taken.
   """
@@ -261,7 +286,10 @@ def advance(
     def body(c):
       slot = jnp.argmax(c.pool.index < 0)
       inputs = lax.dynamic_slice_in_dim(queue, c.taken, 1, axis=0)
-      pool = _place(spec, params, c.pool, slot, inputs, queue_index[c.taken])
+      prefix = None
+      if spec.prefix_len:
+        prefix = lax.dynamic_slice_in_dim(queue_prefix, c.taken, 1, axis=0)
+      pool = _place(spec, params, c.pool, slot, inputs, queue_index[c.taken], prefix)
       return c._replace(pool=pool, taken=c.taken + 1)
 
     return lax.while_loop(cond, body, c)
@@ -286,7 +314,8 @@ def advance(
       keys = jax.vmap(lambda i, t: jax.random.fold_in(jax.random.fold_in(rng, i), t))(
         pool.index, s.t
       )
-      s = _token_advance(spec, s, logits, pool.max_lens, keys)._replace(cache=carried)
+      s = _token_advance(spec, s, logits, pool.max_lens, keys, pool.prefix)
+      s = s._replace(cache=carried)
     else:
       s, parents = search.beam_advance(
         s,
@@ -296,6 +325,7 @@ def advance(
         stopping=spec.settings.stopping,
         max_lens=pool.max_lens,
         max_len=width,
+        prefix=pool.prefix,
       )
       s = s._replace(cache=search.gather_beams(carried, parents, slots, k))
     c = c._replace(pool=pool._replace(state=s), steps=c.steps + 1)

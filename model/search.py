@@ -37,6 +37,13 @@ generated tokens *including* EOS. At step ``t`` (0-based) a sentence with
 ``t + 1 >= max_lens`` is forced to emit EOS, so its row has at most
 ``max_lens`` non-PAD tokens, the last being EOS. Values above ``max_len`` have
 no effect (the global ``max_len`` truncates without EOS); values below 1 act as 1.
+
+``prefix`` (optional, ``[batch, P]`` int32): a target prefix per sentence, its tokens then PAD
+(no EOS; a row of PAD forces nothing). At each step ``t`` within its prefix a sentence's token is
+``prefix[:, t]`` (``distribution.force``): the forced token keeps its log-probability, so scores
+and per-token scores count the prefix as forced decoding does, and every search goes on from the
+prefix's end as from its own tokens. Beam search keeps one live hypothesis through the prefix.
+The forced EOS of ``max_lens`` wins over a prefix: give room for it (model/generate.py does).
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ __all__ = [
   "beam_advance",
   "beam_best",
   "write_step",
+  "prefix_token",
 ]
 
 NEG_INF = float("-inf")
@@ -178,6 +186,18 @@ def _two_stage_top_k(x, n: int):
   return vals, (j // m) * vocab + tok
 
 
+def prefix_token(prefix, t):
+  """The token ``prefix`` ``[batch, P]`` forces at step ``t`` (``[]``, or ``[batch]``: each
+  entry at its own step): ``[batch]`` int32, PAD where nothing is forced (past a row's prefix)."""
+  width = prefix.shape[1]
+  at = jnp.minimum(t, width - 1)
+  if jnp.ndim(t) == 0:
+    tok = lax.dynamic_index_in_dim(prefix, at, axis=1, keepdims=False)
+  else:
+    tok = jnp.take_along_axis(prefix, at[:, None], axis=1)[:, 0]
+  return jnp.where(t < width, tok, PAD_ID).astype(jnp.int32)
+
+
 def _segment_ends(max_len: int, segment: int | None, grow) -> list[int]:
   """Step counts at which the loop pauses to grow the cache: ``segment``, then twice as far
   each time (``2*segment``, ``4*segment``, ...), then ``max_len``, a last stretch shorter than
@@ -218,6 +238,7 @@ def _decode(
   grow=None,
   segment=None,
   scores: bool = False,
+  prefix=None,
 ):
   """Shared loop of greedy/sampling; ``choose(logp [batch, vocab], t) -> [batch]`` tokens. With
   ``scores``: (ids, summed log-probabilities [batch], per-token ones [batch, max_len])."""
@@ -232,6 +253,8 @@ def _decode(
     t, ids, prev, done, cache = state[:5]
     logits, cache = step_fn(prev[:, None], cache)
     logp = distribution.log_probs(logits)
+    if prefix is not None:
+      logp = distribution.force(logp, prefix_token(prefix, t))
     tok = choose(logp, t).astype(jnp.int32)
     if max_lens is not None:
       forced = t + 1 >= max_lens
@@ -282,6 +305,7 @@ def greedy_search(
   grow=None,
   segment=None,
   scores: bool = False,
+  prefix=None,
 ):
   """Argmax decoding; stops early once every sequence has emitted EOS.
 
@@ -290,6 +314,7 @@ def greedy_search(
     max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
     grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
     scores: also return the log-probabilities of the tokens chosen.
+    prefix: optional ``[batch, P]`` target prefixes (module doc).
   Returns:
     ids ``[batch, max_len]`` int32, PAD after EOS; with ``scores``, (ids, their summed
     log-probability ``[batch]`` float32, each token's ``[batch, max_len]``), an EOS forced by
@@ -308,6 +333,7 @@ def greedy_search(
     grow,
     segment,
     scores,
+    prefix,
   )
 
 
@@ -325,12 +351,14 @@ def sample(
   grow=None,
   segment=None,
   scores: bool = False,
+  prefix=None,
 ):
   """Ancestral sampling from ``softmax(logits / temperature)``, optionally over the top-k only.
 
   Step ``t`` uses ``jax.random.fold_in(rng, t)``, so the output is a deterministic
   function of ``rng``. ``top_k=0`` samples from the full vocabulary; ``top_k=1``
-  (or a Python ``temperature == 0``) equals ``greedy_search``.
+  (or a Python ``temperature == 0``) equals ``greedy_search``. ``prefix`` as the module doc
+  says (its tokens forced, whatever the temperature).
 
   Returns:
     ids ``[batch, max_len]`` int32, PAD after EOS; with ``scores`` as ``greedy_search``'s (the
@@ -347,13 +375,14 @@ def sample(
       grow=grow,
       segment=segment,
       scores=scores,
+      prefix=prefix,
     )
 
   def choose(logp, t):
     return distribution.choose(logp, jax.random.fold_in(rng, t), temperature, top_k)
 
   return _decode(
-    step_fn, cache, batch_size, max_len, choose, eos_id, max_lens, grow, segment, scores
+    step_fn, cache, batch_size, max_len, choose, eos_id, max_lens, grow, segment, scores, prefix
   )
 
 
@@ -437,11 +466,13 @@ def beam_advance(
   eos_id: int = EOS_ID,
   max_lens=None,
   max_len: int,
+  prefix=None,
 ):
   """One step of ``beam_search`` on the step function's ``logits`` ``[batch*beam, vocab]``:
   the new state (its ``cache`` left as it was) and, per new beam, the beam it continues
   (``[batch, beam]``, for ``gather_beams`` of the cache). ``s.t`` may be ``[batch]``, every
-  entry at its own step (continuous batching, model/pool.py); ``stopping`` as ``beam_search``'s."""
+  entry at its own step (continuous batching, model/pool.py); ``stopping`` and ``prefix``
+  (``[batch, P]``) as ``beam_search``'s."""
   b, k = s.tok.shape
   t = s.t
   lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
@@ -449,6 +480,8 @@ def beam_advance(
   logp = distribution.log_probs(logits)
   vocab = logp.shape[-1]
   logp = logp.reshape(b, k, vocab)
+  if prefix is not None:
+    logp = distribution.force(logp, prefix_token(prefix, t)[:, None])
   if max_lens is not None:
     eos_only = jnp.where(jnp.arange(vocab) == eos_id, 0.0, NEG_INF)
     forced = (t + 1 >= jnp.asarray(max_lens, jnp.int32))[:, None, None]
@@ -546,6 +579,7 @@ def beam_search(
   grow=None,
   segment=None,
   token_scores: bool = False,
+  prefix=None,
 ):
   """Beam search with the GNMT length penalty (Wu et al. 2016; Vaswani et al. 2017), or with
   fairseq's and CTranslate2's (``penalty='fairseq'``).
@@ -587,6 +621,8 @@ def beam_search(
     max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
     grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
     token_scores: also return each hypothesis' per-token log-probabilities.
+    prefix: optional ``[batch, P]`` target prefixes (module doc): every hypothesis of a sentence
+      starts with its prefix, whose log-probability its score counts.
   Returns:
     ids ``[batch, beam, max_len]`` int32 (PAD after EOS) and scores ``[batch, beam]``
     float32, sorted best first. Slots with no hypothesis at all (only possible when
@@ -611,6 +647,7 @@ def beam_search(
       eos_id=eos_id,
       max_lens=max_lens,
       max_len=max_len,
+      prefix=prefix,
     )
     return s._replace(cache=gather_beams(cache, parents, b, k))
 

@@ -136,6 +136,32 @@ def test_beam_search_with_the_fairseq_length_penalty_equals_ours(exported, alpha
   assert theirs == ours
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("beam", [1, 4])
+def test_target_prefix_equals_ctranslate2s(exported, beam):
+  """Each sentence with a target prefix of 0-3 reference-like words (CTranslate2's
+  `target_prefix`): greedy search and beam search without a length penalty translate as
+  CTranslate2 does, token for token. (With alpha > 0 the ranking differs by design: ours scores
+  the whole hypothesis, the prefix included, as forced decoding does; CTranslate2 scores the
+  continuation alone.)"""
+  restored, model, translator = exported.restored, exported.model, exported.translator
+  texts = _sentences(restored, 120)
+  pieces = ce.Pieces(restored.vocab)
+  prefixes = [" ".join(t.split()[: i % 4]) for i, t in enumerate(texts)]
+  prefix_ids = [restored.vocab.encode(p) for p in prefixes]
+  ours = _ours(restored, model, texts, beam_size=beam, alpha=0.0, prefixes=prefix_ids)
+  theirs = ce.translate_tokens(
+    translator,
+    [pieces.source(t) for t in texts],
+    target_prefixes=[pieces.source(p) for p in prefixes],
+    beam_size=beam,
+    length_penalty=0.0,
+  )
+  assert [pieces.ids(t) for t in theirs] == ours
+  assert all(o[: len(p)] == p for o, p in zip(ours, prefix_ids))
+  assert sum(map(bool, prefix_ids)) >= 80
+
+
 @pytest.mark.parametrize("pre_ln", [False, True])
 def test_every_weight_is_mapped_pre_ln_and_separate_embeddings(tmp_path, pre_ln):
   """A random two-layer model with separate source, target and output embeddings (and, pre-LN,
