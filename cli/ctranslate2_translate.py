@@ -26,7 +26,8 @@ from inference.ctranslate2_translate import load, search_options
 from inference.metrics import corpus_metrics as score
 from model.search_settings import SearchSettings
 
-SEARCH_DEFAULTS = {"length_penalty": "fairseq"}  # the only one CTranslate2 searches with
+# The only ones CTranslate2 searches with.
+SEARCH_DEFAULTS = {"length_penalty": "fairseq", "prefix_rule": "ctranslate2"}
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -46,7 +47,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     **define,
   )
   define_search_flags(
-    flag_values, SEARCH_DEFAULTS, {"length_penalty": "CTranslate2 searches with fairseq only."}
+    flag_values,
+    SEARCH_DEFAULTS,
+    {
+      "length_penalty": "CTranslate2 searches with fairseq only.",
+      "prefix_rule": "CTranslate2's own (this command takes no prefix).",
+    },
   )
   flags.DEFINE_integer("threads", 0, "CPU threads; 0 = all cores.", **define)
   check_flag("threads", Int(0), flag_values)

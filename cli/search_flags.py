@@ -13,7 +13,7 @@ import dataclasses
 
 from absl import flags
 
-from model.search import PENALTIES, STOPPING
+from model.search import PENALTIES, PREFIX_RULES, STOPPING
 from model.search_settings import FIELDS, SearchSettings
 
 EXCEPT = ("num_hypotheses",)
@@ -38,6 +38,8 @@ def define_search_flags(
       flags.DEFINE_enum(field.name, default, list(PENALTIES), help_text, **define)
     elif field.name == "stopping":
       flags.DEFINE_enum(field.name, default, list(STOPPING), help_text, **define)
+    elif field.name == "prefix_rule":
+      flags.DEFINE_enum(field.name, default, list(PREFIX_RULES), help_text, **define)
     elif field.type in ("int", int):
       flags.DEFINE_integer(field.name, default, help_text, **define)
     else:

@@ -71,12 +71,14 @@ def useful_num_ids(num_ids: int | None, vocab_size: int) -> int | None:
   return None if num_ids >= vocab_size else int(num_ids)
 
 
-def force(logp, tok):
+def force(logp, tok, keep: bool = True):
   """`logp` [..., vocab] with, in each row whose `tok` [...] is not PAD, every id but `tok` at
-  -inf (the forced token keeps its log-probability); rows with `tok` = PAD unchanged."""
+  -inf, the forced token keeping its log-probability (`keep`) or at 0 (`keep=False`: the token
+  adds nothing to a score); rows with `tok` = PAD unchanged."""
   ids = jnp.arange(logp.shape[-1])
   tok = jnp.asarray(tok)[..., None]
-  return jnp.where((tok == PAD_ID) | (ids == tok), logp, -jnp.inf)
+  forced = logp if keep else jnp.zeros_like(logp)
+  return jnp.where(tok == PAD_ID, logp, jnp.where(ids == tok, forced, -jnp.inf))
 
 
 def choose(logp, key=None, temperature: float = 0.0, top_k: int = 0):

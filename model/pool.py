@@ -211,7 +211,8 @@ def _token_advance(spec: PoolSpec, s, logits, max_lens, keys, prefix):
   `live_logp`); `prefix` [slots, prefix_len] or None."""
   logp = distribution.log_probs(logits)
   if prefix is not None:
-    logp = distribution.force(logp, search.prefix_token(prefix, s.t))
+    keep = spec.settings.prefix_rule == "forced"
+    logp = distribution.force(logp, search.prefix_token(prefix, s.t), keep)
   tok = _choose(spec, logp, keys).astype(jnp.int32)
   forced = s.t + 1 >= max_lens
   gain = jnp.where(forced, 0.0, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0])
@@ -326,6 +327,7 @@ def advance(
         max_lens=pool.max_lens,
         max_len=width,
         prefix=pool.prefix,
+        prefix_rule=spec.settings.prefix_rule,
       )
       s = s._replace(cache=search.gather_beams(carried, parents, slots, k))
     c = c._replace(pool=pool._replace(state=s), steps=c.steps + 1)

@@ -40,10 +40,15 @@ no effect (the global ``max_len`` truncates without EOS); values below 1 act as 
 
 ``prefix`` (optional, ``[batch, P]`` int32): a target prefix per sentence, its tokens then PAD
 (no EOS; a row of PAD forces nothing). At each step ``t`` within its prefix a sentence's token is
-``prefix[:, t]`` (``distribution.force``): the forced token keeps its log-probability, so scores
-and per-token scores count the prefix as forced decoding does, and every search goes on from the
-prefix's end as from its own tokens. Beam search keeps one live hypothesis through the prefix.
-The forced EOS of ``max_lens`` wins over a prefix: give room for it (model/generate.py does).
+``prefix[:, t]`` (``distribution.force``), and every search goes on from the prefix's end as from
+its own tokens. Beam search keeps one live hypothesis through the prefix. ``prefix_rule``
+'forced' (the default): the forced tokens keep their log-probabilities, so scores and per-token
+scores count the prefix as forced decoding does. 'ctranslate2': CTranslate2's ``target_prefix``
+rules, so that its exports translate alike: the forced tokens count 0 (a score is the
+continuation's log-probability, over the whole hypothesis' length penalty), and at a sentence's
+first step after its prefix beam search keeps EOS only where it is the best token (CTranslate2
+drops EOS from all candidates but the first there). The forced EOS of ``max_lens`` wins over a
+prefix: give room for it (model/generate.py does).
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ __all__ = [
   "EOS_ID",
   "PENALTIES",
   "STOPPING",
+  "PREFIX_RULES",
+  "check_prefix_rule",
   "stopping_rule",
   "length_penalty",
   "chunked_top_k",
@@ -86,6 +93,7 @@ StepFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 
 PENALTIES = ("gnmt", "fairseq")
 STOPPING = ("exact", "finished")  # beam search's rules for when a sentence is done
+PREFIX_RULES = ("forced", "ctranslate2")  # how a target prefix counts (module doc)
 
 
 def stopping_rule(penalty: str, stopping: str | None = None) -> str:
@@ -186,6 +194,13 @@ def _two_stage_top_k(x, n: int):
   return vals, (j // m) * vocab + tok
 
 
+def check_prefix_rule(rule: str) -> str:
+  """``rule`` if it is one of PREFIX_RULES, else ValueError naming it."""
+  if rule not in PREFIX_RULES:
+    raise ValueError(f"prefix_rule={rule!r}: must be one of {PREFIX_RULES}")
+  return rule
+
+
 def prefix_token(prefix, t):
   """The token ``prefix`` ``[batch, P]`` forces at step ``t`` (``[]``, or ``[batch]``: each
   entry at its own step): ``[batch]`` int32, PAD where nothing is forced (past a row's prefix)."""
@@ -239,9 +254,11 @@ def _decode(
   segment=None,
   scores: bool = False,
   prefix=None,
+  prefix_rule: str = "forced",
 ):
   """Shared loop of greedy/sampling; ``choose(logp [batch, vocab], t) -> [batch]`` tokens. With
   ``scores``: (ids, summed log-probabilities [batch], per-token ones [batch, max_len])."""
+  keep = check_prefix_rule(prefix_rule) == "forced"
   if max_lens is not None:
     max_lens = jnp.asarray(max_lens, jnp.int32)
 
@@ -254,7 +271,7 @@ def _decode(
     logits, cache = step_fn(prev[:, None], cache)
     logp = distribution.log_probs(logits)
     if prefix is not None:
-      logp = distribution.force(logp, prefix_token(prefix, t))
+      logp = distribution.force(logp, prefix_token(prefix, t), keep)
     tok = choose(logp, t).astype(jnp.int32)
     if max_lens is not None:
       forced = t + 1 >= max_lens
@@ -306,6 +323,7 @@ def greedy_search(
   segment=None,
   scores: bool = False,
   prefix=None,
+  prefix_rule: str = "forced",
 ):
   """Argmax decoding; stops early once every sequence has emitted EOS.
 
@@ -314,7 +332,8 @@ def greedy_search(
     max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
     grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
     scores: also return the log-probabilities of the tokens chosen.
-    prefix: optional ``[batch, P]`` target prefixes (module doc).
+    prefix, prefix_rule: optional ``[batch, P]`` target prefixes and how they count (module
+      doc).
   Returns:
     ids ``[batch, max_len]`` int32, PAD after EOS; with ``scores``, (ids, their summed
     log-probability ``[batch]`` float32, each token's ``[batch, max_len]``), an EOS forced by
@@ -334,6 +353,7 @@ def greedy_search(
     segment,
     scores,
     prefix,
+    prefix_rule,
   )
 
 
@@ -352,13 +372,14 @@ def sample(
   segment=None,
   scores: bool = False,
   prefix=None,
+  prefix_rule: str = "forced",
 ):
   """Ancestral sampling from ``softmax(logits / temperature)``, optionally over the top-k only.
 
   Step ``t`` uses ``jax.random.fold_in(rng, t)``, so the output is a deterministic
   function of ``rng``. ``top_k=0`` samples from the full vocabulary; ``top_k=1``
-  (or a Python ``temperature == 0``) equals ``greedy_search``. ``prefix`` as the module doc
-  says (its tokens forced, whatever the temperature).
+  (or a Python ``temperature == 0``) equals ``greedy_search``. ``prefix`` and ``prefix_rule``
+  as the module doc says (its tokens forced, whatever the temperature).
 
   Returns:
     ids ``[batch, max_len]`` int32, PAD after EOS; with ``scores`` as ``greedy_search``'s (the
@@ -376,13 +397,25 @@ def sample(
       segment=segment,
       scores=scores,
       prefix=prefix,
+      prefix_rule=prefix_rule,
     )
 
   def choose(logp, t):
     return distribution.choose(logp, jax.random.fold_in(rng, t), temperature, top_k)
 
   return _decode(
-    step_fn, cache, batch_size, max_len, choose, eos_id, max_lens, grow, segment, scores, prefix
+    step_fn,
+    cache,
+    batch_size,
+    max_len,
+    choose,
+    eos_id,
+    max_lens,
+    grow,
+    segment,
+    scores,
+    prefix,
+    prefix_rule,
   )
 
 
@@ -467,12 +500,13 @@ def beam_advance(
   max_lens=None,
   max_len: int,
   prefix=None,
+  prefix_rule: str = "forced",
 ):
   """One step of ``beam_search`` on the step function's ``logits`` ``[batch*beam, vocab]``:
   the new state (its ``cache`` left as it was) and, per new beam, the beam it continues
   (``[batch, beam]``, for ``gather_beams`` of the cache). ``s.t`` may be ``[batch]``, every
-  entry at its own step (continuous batching, model/pool.py); ``stopping`` and ``prefix``
-  (``[batch, P]``) as ``beam_search``'s."""
+  entry at its own step (continuous batching, model/pool.py); ``stopping``, ``prefix``
+  (``[batch, P]``) and ``prefix_rule`` as ``beam_search``'s."""
   b, k = s.tok.shape
   t = s.t
   lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
@@ -480,8 +514,9 @@ def beam_advance(
   logp = distribution.log_probs(logits)
   vocab = logp.shape[-1]
   logp = logp.reshape(b, k, vocab)
+  keep = check_prefix_rule(prefix_rule) == "forced"
   if prefix is not None:
-    logp = distribution.force(logp, prefix_token(prefix, t)[:, None])
+    logp = distribution.force(logp, prefix_token(prefix, t)[:, None], keep)
   if max_lens is not None:
     eos_only = jnp.where(jnp.arange(vocab) == eos_id, 0.0, NEG_INF)
     forced = (t + 1 >= jnp.asarray(max_lens, jnp.int32))[:, None, None]
@@ -493,6 +528,13 @@ def beam_advance(
   src, tok = flat // vocab, (flat % vocab).astype(jnp.int32)
   seqs = write_step(_take_beams(s.live_seqs, src), tok, t)
   is_eos = tok == eos_id
+  dropped = None
+  if prefix is not None and not keep:
+    # CTranslate2's rule at a sentence's first step after its prefix: EOS only as the best
+    # candidate; one further down becomes a dead live hypothesis, holding its slot.
+    first = jnp.asarray(t) == jnp.sum(prefix != PAD_ID, axis=1)  # [b]
+    dropped = first[:, None] & is_eos & (jnp.arange(2 * k) > 0)
+    is_eos, vals = is_eos & ~dropped, jnp.where(dropped, NEG_INF, vals)
 
   # Finished: EOS among the top k, merged with the previous finished set.
   new_fin = is_eos[:, :k] & (vals[:, :k] > NEG_INF) & ~s.done[:, None]
@@ -512,7 +554,12 @@ def beam_advance(
     fin_tokp = _take_beams(jnp.concatenate([s.fin_tokp, tokp[:, :k]], axis=1), keep)
 
   # Live: best k non-EOS continuations; the cache follows its source beams.
-  live_logp, pick = lax.top_k(jnp.where(is_eos, NEG_INF, vals), k)
+  if dropped is None:
+    live_logp, pick = lax.top_k(jnp.where(is_eos, NEG_INF, vals), k)
+  else:  # the first k non-EOS candidates by rank, dropped ones dead in their slots
+    _, pick = lax.top_k(jnp.where(is_eos, NEG_INF, -jnp.arange(2 * k, dtype=vals.dtype)), k)
+    live_logp, again = lax.top_k(jnp.take_along_axis(vals, pick, axis=1), k)
+    pick = jnp.take_along_axis(pick, again, axis=1)
   live_seqs = _take_beams(seqs, pick)
   live_tok = jnp.take_along_axis(tok, pick, axis=1)
   if s.live_tokp is not None:
@@ -580,6 +627,7 @@ def beam_search(
   segment=None,
   token_scores: bool = False,
   prefix=None,
+  prefix_rule: str = "forced",
 ):
   """Beam search with the GNMT length penalty (Wu et al. 2016; Vaswani et al. 2017), or with
   fairseq's and CTranslate2's (``penalty='fairseq'``).
@@ -622,7 +670,8 @@ def beam_search(
     grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
     token_scores: also return each hypothesis' per-token log-probabilities.
     prefix: optional ``[batch, P]`` target prefixes (module doc): every hypothesis of a sentence
-      starts with its prefix, whose log-probability its score counts.
+      starts with its prefix, whose log-probability its score counts ('forced' ``prefix_rule``)
+      or not ('ctranslate2').
   Returns:
     ids ``[batch, beam, max_len]`` int32 (PAD after EOS) and scores ``[batch, beam]``
     float32, sorted best first. Slots with no hypothesis at all (only possible when
@@ -635,6 +684,7 @@ def beam_search(
   if penalty not in PENALTIES:
     raise ValueError(f"beam_search: penalty={penalty!r} is not one of {PENALTIES}")
   stopping = stopping_rule(penalty, stopping)
+  check_prefix_rule(prefix_rule)
 
   def body(s: _BeamState) -> _BeamState:
     logits, cache = step_fn(s.tok.reshape(b * k, 1), s.cache)
@@ -648,6 +698,7 @@ def beam_search(
       max_lens=max_lens,
       max_len=max_len,
       prefix=prefix,
+      prefix_rule=prefix_rule,
     )
     return s._replace(cache=gather_beams(cache, parents, b, k))
 

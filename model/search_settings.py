@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from model.search import PENALTIES, STOPPING, stopping_rule
+from model.search import PENALTIES, PREFIX_RULES, STOPPING, stopping_rule
 
 
 def _help(text: str) -> dict:
@@ -63,6 +63,14 @@ class SearchSettings:
       "penalty's own, exact for gnmt and finished for fairseq."
     ),
   )
+  prefix_rule: str = dataclasses.field(
+    default="forced",
+    metadata=_help(
+      "How a target prefix counts: forced (its tokens' log-probabilities in the scores, as "
+      "forced decoding) or ctranslate2 (CTranslate2's target_prefix: they count 0, and beam "
+      "search ends right after the prefix only where EOS is the best token)."
+    ),
+  )
 
   def __post_init__(self):
     for name, minimum in (
@@ -86,6 +94,8 @@ class SearchSettings:
       raise ValueError(f"length_penalty={self.length_penalty!r}: must be one of {PENALTIES}")
     if self.stopping is not None and self.stopping not in STOPPING:
       raise ValueError(f"stopping={self.stopping!r}: must be one of {STOPPING} (or None)")
+    if self.prefix_rule not in PREFIX_RULES:
+      raise ValueError(f"prefix_rule={self.prefix_rule!r}: must be one of {PREFIX_RULES}")
     if self.top_k and not self.sampling:
       raise ValueError(
         f"top_k={self.top_k} applies to sampling only: set a temperature (e.g. 1) or drop top_k"
@@ -113,10 +123,13 @@ class SearchSettings:
     """The settings with the fields that do not change the computation reset, so that settings
     searching the same way share one compiled program (e.g. alpha when greedy; `stopping` unset
     when it names the length penalty's own rule)."""
+    rule = dict(prefix_rule=self.prefix_rule)
     if self.sampling:
-      return SearchSettings(1, 0.0, "gnmt", self.max_extra_len, self.temperature, self.top_k, 1)
+      return SearchSettings(
+        1, 0.0, "gnmt", self.max_extra_len, self.temperature, self.top_k, 1, **rule
+      )
     if self.beam_size == 1:
-      return SearchSettings(1, 0.0, "gnmt", self.max_extra_len)
+      return SearchSettings(1, 0.0, "gnmt", self.max_extra_len, **rule)
     if self.stopping == stopping_rule(self.length_penalty):
       return self.replace(stopping=None)
     return self

@@ -136,45 +136,64 @@ def test_beam_search_with_the_fairseq_length_penalty_equals_ours(exported, alpha
   assert theirs == ours
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("beam", [1, 4])
-def test_target_prefix_equals_ctranslate2s(exported, beam):
-  """Each sentence with a target prefix of 0-3 words (CTranslate2's `target_prefix`): greedy
-  search and beam search without a length penalty translate as CTranslate2 does, token for
-  token, but for one rule of CTranslate2's beam search: at the first step after the prefix it
-  keeps EOS only as the best candidate (src/decoding.cc, update_sample_with_prefix, its issue
-  #277), where ours keeps every finished candidate. (With alpha > 0 the ranking differs by
-  design: ours scores the whole hypothesis, the prefix included, as forced decoding does;
-  CTranslate2 adds 0 for the prefix's tokens and scores the continuation alone.)"""
-  restored, model, translator = exported.restored, exported.model, exported.translator
-  texts = _sentences(restored, 120)
+def _prefixed(exported, count=120):
+  """(texts, prefix ids, CTranslate2's target prefixes) of `count` sentences, each with a prefix
+  of its first 0-3 words, and a function translating them with CTranslate2's target_prefix."""
+  restored, translator = exported.restored, exported.translator
+  texts = _sentences(restored, count)
   pieces = ce.Pieces(restored.vocab)
   prefixes = [" ".join(t.split()[: i % 4]) for i, t in enumerate(texts)]
   prefix_ids = [restored.vocab.encode(p) for p in prefixes]
-  how = dict(alpha=0.0, length_penalty="fairseq")  # CTranslate2's stopping rule
-  ours = _ours(restored, model, texts, prefixes=prefix_ids, beam_size=beam, **how)
-  theirs = ce.translate_tokens(
-    translator,
-    [pieces.source(t) for t in texts],
-    target_prefixes=[pieces.source(p) for p in prefixes],
-    beam_size=beam,
-    length_penalty=0.0,
-  )
-  theirs = [pieces.ids(t) for t in theirs]
+  assert sum(map(bool, prefix_ids)) >= count * 2 // 3
+
+  def theirs(beam, alpha):
+    tokens = ce.translate_tokens(
+      translator,
+      [pieces.source(t) for t in texts],
+      target_prefixes=[pieces.source(p) for p in prefixes],
+      beam_size=beam,
+      length_penalty=alpha,
+    )
+    return [pieces.ids(t) for t in tokens]
+
+  return texts, prefix_ids, theirs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("beam, alpha", [(1, 0.0), (4, 0.0), (4, 1.0)])
+def test_the_ctranslate2_prefix_rule_equals_ctranslate2s_target_prefix(exported, beam, alpha):
+  """`prefix_rule='ctranslate2'`: greedy search and beam search with the fairseq penalty, alpha 0
+  and 1, translate every sentence with a target prefix as CTranslate2's `target_prefix` does,
+  token for token."""
+  texts, prefix_ids, theirs = _prefixed(exported)
+  how = dict(beam_size=beam, alpha=alpha, length_penalty="fairseq", prefix_rule="ctranslate2")
+  ours = _ours(exported.restored, exported.model, texts, prefixes=prefix_ids, **how)
   assert all(o[: len(p)] == p for o, p in zip(ours, prefix_ids))
-  assert sum(map(bool, prefix_ids)) >= 80
-  # The sentences CTranslate2's rule touches: our beam search ended right at the prefix though
-  # EOS was not the best first free token (greedy search, which takes the best, went on).
-  # CTranslate2 cannot end there, so it goes on; everywhere else the two are equal.
-  ruled = set()
-  if beam > 1:
-    greedy = _ours(restored, model, texts, prefixes=prefix_ids, beam_size=1, **how)
-    ended = {i for i, (o, p) in enumerate(zip(ours, prefix_ids)) if o == p}
-    ruled = {i for i in ended if greedy[i] != prefix_ids[i]}
-    assert ended - ruled  # the rule's other side is met too: EOS the best, both end there
-    for i in ruled:
-      assert theirs[i][: len(prefix_ids[i])] == prefix_ids[i]
-      assert len(theirs[i]) > len(prefix_ids[i]), i
+  assert theirs(beam, alpha) == ours
+
+
+@pytest.mark.slow
+def test_the_forced_prefix_rule_differs_from_ctranslate2s_where_its_rules_do(exported):
+  """The default `prefix_rule='forced'`, beam search without a length penalty (where counting the
+  prefix's log-probability or not ranks alike): equal to CTranslate2's `target_prefix` token for
+  token, but where CTranslate2's EOS rule applies: at the first step after the prefix it keeps EOS
+  only as the best candidate (src/decoding.cc, update_sample_with_prefix, its issue #277), where
+  ours keeps every finished candidate."""
+  restored, model = exported.restored, exported.model
+  texts, prefix_ids, theirs = _prefixed(exported)
+  how = dict(alpha=0.0, length_penalty="fairseq")
+  ours = _ours(restored, model, texts, prefixes=prefix_ids, beam_size=4, **how)
+  theirs = theirs(4, 0.0)
+  # The sentences the rule touches: our beam search ended right at the prefix though EOS was not
+  # the best first free token (greedy search, which takes the best, went on). CTranslate2 cannot
+  # end there, so it goes on; everywhere else the two are equal.
+  greedy = _ours(restored, model, texts, prefixes=prefix_ids, beam_size=1, **how)
+  ended = {i for i, (o, p) in enumerate(zip(ours, prefix_ids)) if o == p}
+  ruled = {i for i in ended if greedy[i] != prefix_ids[i]}
+  assert ended - ruled  # the rule's other side is met too: EOS the best, both end there
+  for i in ruled:
+    assert theirs[i][: len(prefix_ids[i])] == prefix_ids[i]
+    assert len(theirs[i]) > len(prefix_ids[i]), i
   assert len(ruled) < len(texts) // 3  # most sentences are compared token for token
   kept = [i for i in range(len(texts)) if i not in ruled]
   assert [theirs[i] for i in kept] == [ours[i] for i in kept]

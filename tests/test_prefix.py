@@ -101,6 +101,35 @@ def test_hypotheses_start_with_the_prefix_and_score_as_forced_decoding(transform
     np.testing.assert_allclose(scores[i, h], total, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["greedy", "fairseq"])
+def test_the_ctranslate2_rule_scores_the_continuation_alone(transformer, name):
+  """prefix_rule='ctranslate2': the prefix's tokens score 0, the continuation's tokens as forced
+  decoding scores them, and beam search's score is their sum over the whole hypothesis' length
+  penalty; no beam hypothesis ends right at a non-empty prefix unless EOS is the best token
+  there (greedy search's choice)."""
+  model, params, generator = transformer
+  settings = SETTINGS[name].replace(prefix_rule="ctranslate2")
+  ids, scores, tokp = _search(generator, params, settings)
+  greedy = _search(generator, params, SETTINGS["greedy"])[0]
+  hyps = [(i, h, _hypothesis(ids[i, h])) for i in range(len(SOURCES)) for h in range(ids.shape[1])]
+  hyps = [(i, h, hyp) for i, h, hyp in hyps if np.isfinite(scores[i, h])]
+  forced, _ = _forced(model, params, [(i, hyp) for i, _, hyp in hyps])
+  for row, (i, h, hyp) in enumerate(hyps):
+    n, p = len(hyp), len(PREFIXES[i])
+    assert hyp[:p] == PREFIXES[i]
+    want = forced[row, :n].copy()
+    want[:p] = 0.0
+    if n == max(len(SOURCES[i]), p + 1) + EXTRA and hyp[-1] == EOS_ID:
+      want[-1] = 0.0  # an EOS forced at the length limit costs 0, as in the search
+    np.testing.assert_allclose(tokp[i, h, :n], want, rtol=1e-5, atol=1e-5)
+    total = want.sum()
+    if settings.beam_size > 1:
+      total /= search.length_penalty(n, settings.alpha, settings.length_penalty)
+      if n == p + 1:  # ended right at the prefix: EOS was the best token there
+        assert _hypothesis(greedy[i, 0]) == hyp, (i, h)
+    np.testing.assert_allclose(scores[i, h], total, rtol=1e-5, atol=1e-5)
+
+
 def test_greedy_goes_on_from_the_prefix_by_the_teacher_forced_argmax(transformer):
   model, params, generator = transformer
   ids, _, _ = _search(generator, params, SETTINGS["greedy"])
@@ -144,10 +173,12 @@ def test_every_model_type_and_an_ensemble_follow_the_prefix(kind):
     np.testing.assert_allclose(tokp[i, 0, :n], forced[row, :n], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["greedy", "gnmt"])
-def test_continuous_batching_equals_the_length_batches(transformer, name):
+@pytest.mark.parametrize(
+  "name, rule", [("greedy", "forced"), ("gnmt", "forced"), ("fairseq", "ctranslate2")]
+)
+def test_continuous_batching_equals_the_length_batches(transformer, name, rule):
   model, params, generator = transformer
-  settings = SETTINGS[name].replace(num_hypotheses=1)
+  settings = SETTINGS[name].replace(num_hypotheses=1, prefix_rule=rule)
   sources = SENTENCES  # more than the pool holds
   prefixes = (PREFIXES * 2)[: len(sources)]
   batched = generator.translate_all(params, sources, settings, prefixes=prefixes, scores=True)
