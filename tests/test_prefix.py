@@ -218,9 +218,9 @@ def test_bad_prefixes_are_refused_in_one_line(transformer, prefix, message):
 @pytest.mark.slow
 def test_the_api_and_decode_py_translate_from_a_prefix(uninterrupted, tmp_path):
   """Translator.run(target_prefixes=...) and decode.py --target_prefix give the same
-  translations, each starting with its prefix's text (an empty prefix, or an empty sentence,
-  as without); a prefix file of another length is one line naming both counts, before any
-  decoding."""
+  translations (with either prefix_rule), each starting with its prefix's text (an empty prefix,
+  or an empty sentence, as without); a prefix file of another length is one line naming both
+  counts, before any decoding."""
   _, workdir = uninterrupted
   translator = Translator.load(workdir, dtype="float32")
   sources = ["w1 w2 w3", "", "w5 w6 w7 w8", "w3 w4", "w2 w9 w4 w1"]
@@ -244,6 +244,12 @@ def test_the_api_and_decode_py_translate_from_a_prefix(uninterrupted, tmp_path):
   ran = run_in_process("decode.py", *flags, f"--target_prefix={tmp_path / 'prefix.txt'}")
   assert ran.returncode == 0, ran.stderr[-2000:]
   assert ran.stdout.splitlines() == got.texts
+  rule = translator.run(sources, target_prefixes=prefixes, prefix_rule="ctranslate2", **how)
+  ran = run_in_process(
+    "decode.py", *flags, f"--target_prefix={tmp_path / 'prefix.txt'}", "--prefix_rule=ctranslate2"
+  )
+  assert ran.returncode == 0, ran.stderr[-2000:]
+  assert ran.stdout.splitlines() == rule.texts
   (tmp_path / "short.txt").write_text("w1\n")
   ran = run_in_process("decode.py", *flags, f"--target_prefix={tmp_path / 'short.txt'}")
   last = ran.stderr.strip().splitlines()[-1]
