@@ -135,15 +135,17 @@ class SearchSettings:
     return self
 
   def describe(self) -> str:
-    """'beam search (beam 5, alpha 1, fairseq length penalty)', for logs."""
+    """'beam search (beam 5, alpha 1, fairseq length penalty)', for logs; a prefix rule other
+    than the default is named after the search."""
+    rule = "" if self.prefix_rule == "forced" else f", {self.prefix_rule} prefix rule"
     if self.sampling:
-      return f"sampling at temperature {self.temperature:g} (top_k {self.top_k})"
+      return f"sampling at temperature {self.temperature:g} (top_k {self.top_k}){rule}"
     if self.beam_size == 1:
-      return "greedy search"
+      return f"greedy search{rule}"
     form = "" if self.length_penalty == "gnmt" else f", {self.length_penalty} length penalty"
     if self.stopping is not None and self.stopping != stopping_rule(self.length_penalty):
       form += f", {self.stopping} stopping"
-    return f"beam search (beam {self.beam_size}, alpha {self.alpha:g}{form})"
+    return f"beam search (beam {self.beam_size}, alpha {self.alpha:g}{form}){rule}"
 
 
 FIELDS = tuple(field.name for field in dataclasses.fields(SearchSettings))

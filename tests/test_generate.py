@@ -496,6 +496,13 @@ def test_search_settings_check_themselves_and_share_programs():
     "beam search (beam 5, alpha 1, fairseq length penalty, exact stopping)"
   )
   assert beam.replace(stopping="finished").describe() == beam.describe()
+  # The prefix rule: its own program in every search, named in the log when not the default.
+  for settings in (greedy, sampled, beam):
+    ct2 = settings.replace(prefix_rule="ctranslate2")
+    assert ct2.program() != settings.program() and ct2.program().prefix_rule == "ctranslate2"
+    assert ct2.describe() == settings.describe() + ", ctranslate2 prefix rule"
+  with pytest.raises(ValueError, match="prefix_rule='soft': must be one of"):
+    beam.replace(prefix_rule="soft")
   with pytest.raises(dataclasses.FrozenInstanceError):
     beam.beam_size = 2
   with pytest.raises(ValueError, match="beam_size=0"):
