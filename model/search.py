@@ -47,8 +47,9 @@ scores count the prefix as forced decoding does. 'ctranslate2': CTranslate2's ``
 rules, so that its exports translate alike: the forced tokens count 0 (a score is the
 continuation's log-probability, over the whole hypothesis' length penalty), and at a sentence's
 first step after its prefix beam search keeps EOS only where it is the best token (CTranslate2
-drops EOS from all candidates but the first there). The forced EOS of ``max_lens`` wins over a
-prefix: give room for it (model/generate.py does).
+drops EOS from all candidates but the first there; an empty prefix in a given ``prefix`` too, as
+there). The forced EOS of ``max_lens`` wins over a prefix: give room for it (model/generate.py
+does).
 """
 
 from __future__ import annotations
