@@ -6,11 +6,12 @@ serving path on CPUs, no JAX involved.
 
 The search flags are decode.py's (cli/search_flags.py: the same names, help and defaults), but
 for `--length_penalty`, whose default here is fairseq: CTranslate2 searches with that penalty
-only, so the export translates as `decode.py --length_penalty=fairseq` does. Options it cannot
-honour (sampling, a GNMT beam search, `--stopping=exact`) are refused with one line. Translations
-one per line in input order (an empty line gives an empty line); with references the sacreBLEU
-score lines go to stdout, or to stderr when the translations do. Exit status 2: bad usage or
-input; 1: a failure while running.
+only, so the export translates as `decode.py --length_penalty=fairseq` does; and there is no
+`--prefix_rule`, as this command takes no target prefix. Options it cannot honour (sampling, a
+GNMT beam search, `--stopping=exact`) are refused with one line. Translations one per line in
+input order (an empty line gives an empty line); with references the sacreBLEU score lines go to
+stdout, or to stderr when the translations do. Exit status 2: bad usage or input; 1: a failure
+while running.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from inference.ctranslate2_translate import load, search_options
 from inference.metrics import corpus_metrics as score
 from model.search_settings import SearchSettings
 
-# The only ones CTranslate2 searches with.
-SEARCH_DEFAULTS = {"length_penalty": "fairseq", "prefix_rule": "ctranslate2"}
+SEARCH_DEFAULTS = {"length_penalty": "fairseq"}  # the only one CTranslate2 searches with
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -49,10 +49,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   define_search_flags(
     flag_values,
     SEARCH_DEFAULTS,
-    {
-      "length_penalty": "CTranslate2 searches with fairseq only.",
-      "prefix_rule": "CTranslate2's own (this command takes no prefix).",
-    },
+    {"length_penalty": "CTranslate2 searches with fairseq only."},
+    omit=("prefix_rule",),  # this command takes no prefix
   )
   flags.DEFINE_integer("threads", 0, "CPU threads; 0 = all cores.", **define)
   check_flag("threads", Int(0), flag_values)

@@ -23,14 +23,16 @@ def define_search_flags(
   flag_values: flags.FlagValues = flags.FLAGS,
   defaults: dict | None = None,
   notes: dict[str, str] | None = None,
+  omit: tuple[str, ...] = (),
 ) -> None:
-  """Defines a flag for each SearchSettings field but `num_hypotheses`: its default the field's
-  unless `defaults` gives another (None: the caller fills it in), its help the field's followed by
+  """Defines a flag for each SearchSettings field but `num_hypotheses` and those in `omit` (a
+  command without their input keeps the fields' defaults): its default the field's unless
+  `defaults` gives another (None: the caller fills it in), its help the field's followed by
   `notes[name]` where given."""
   defaults, notes = defaults or {}, notes or {}
   define = dict(flag_values=flag_values)
   for field in dataclasses.fields(SearchSettings):
-    if field.name in EXCEPT:
+    if field.name in EXCEPT or field.name in omit:
       continue
     default = defaults.get(field.name, field.default)
     help_text = field.metadata["help"] + (f" {notes[field.name]}" if field.name in notes else "")
@@ -47,8 +49,10 @@ def define_search_flags(
 
 
 def search_fields(flag_values: flags.FlagValues = flags.FLAGS, num_hypotheses: int = 1) -> dict:
-  """The SearchSettings fields the flags give, with `num_hypotheses`; a flag whose value is None
-  is left out (the caller's default applies)."""
-  fields = {name: flag_values[name].value for name in FIELDS if name not in EXCEPT}
+  """The SearchSettings fields the flags give, with `num_hypotheses`; a flag whose value is None,
+  or a field with no flag (`define_search_flags`' `omit`), is left out (the default applies)."""
+  fields = {
+    name: flag_values[name].value for name in FIELDS if name not in EXCEPT and name in flag_values
+  }
   fields["num_hypotheses"] = num_hypotheses
   return {name: value for name, value in fields.items() if value is not None}

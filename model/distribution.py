@@ -77,8 +77,9 @@ def force(logp, tok, keep: bool = True):
   adds nothing to a score); rows with `tok` = PAD unchanged."""
   ids = jnp.arange(logp.shape[-1])
   tok = jnp.asarray(tok)[..., None]
-  forced = logp if keep else jnp.zeros_like(logp)
-  return jnp.where(tok == PAD_ID, logp, jnp.where(ids == tok, forced, -jnp.inf))
+  if keep:
+    return jnp.where((tok == PAD_ID) | (ids == tok), logp, -jnp.inf)
+  return jnp.where(tok == PAD_ID, logp, jnp.where(ids == tok, 0.0, -jnp.inf))
 
 
 def choose(logp, key=None, temperature: float = 0.0, top_k: int = 0):

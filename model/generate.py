@@ -111,8 +111,13 @@ def generate(
   else:
     state = decoder_state(model, params, inputs, max_decode_len, use_cache, segment)
   step = _only_ids_below(state.step, num_ids)
-  loop = dict(max_lens=max_lens, grow=state.grow, segment=state.segment, prefix=prefix)
-  loop["prefix_rule"] = settings.prefix_rule
+  loop = dict(
+    max_lens=max_lens,
+    grow=state.grow,
+    segment=state.segment,
+    prefix=prefix,
+    prefix_rule=settings.prefix_rule,
+  )
   want = OUTPUTS.index(outputs) + 1  # how many of ids, scores, token scores
   if settings.sampling or settings.beam_size == 1:
     if settings.sampling:

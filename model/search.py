@@ -386,38 +386,15 @@ def sample(
     ids ``[batch, max_len]`` int32, PAD after EOS; with ``scores`` as ``greedy_search``'s (the
     log-probabilities of the untempered distribution).
   """
+  loop = dict(eos_id=eos_id, max_lens=max_lens, grow=grow, segment=segment, scores=scores)
+  loop.update(prefix=prefix, prefix_rule=prefix_rule)
   if isinstance(temperature, (int, float)) and temperature == 0:
-    return greedy_search(
-      step_fn,
-      cache,
-      batch_size,
-      max_len,
-      eos_id=eos_id,
-      max_lens=max_lens,
-      grow=grow,
-      segment=segment,
-      scores=scores,
-      prefix=prefix,
-      prefix_rule=prefix_rule,
-    )
+    return greedy_search(step_fn, cache, batch_size, max_len, **loop)
 
   def choose(logp, t):
     return distribution.choose(logp, jax.random.fold_in(rng, t), temperature, top_k)
 
-  return _decode(
-    step_fn,
-    cache,
-    batch_size,
-    max_len,
-    choose,
-    eos_id,
-    max_lens,
-    grow,
-    segment,
-    scores,
-    prefix,
-    prefix_rule,
-  )
+  return _decode(step_fn, cache, batch_size, max_len, choose, **loop)
 
 
 class _BeamState(NamedTuple):
@@ -685,7 +662,6 @@ def beam_search(
   if penalty not in PENALTIES:
     raise ValueError(f"beam_search: penalty={penalty!r} is not one of {PENALTIES}")
   stopping = stopping_rule(penalty, stopping)
-  check_prefix_rule(prefix_rule)
 
   def body(s: _BeamState) -> _BeamState:
     logits, cache = step_fn(s.tok.reshape(b * k, 1), s.cache)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from model.search import PENALTIES, PREFIX_RULES, STOPPING, stopping_rule
+from model.search import PENALTIES, STOPPING, check_prefix_rule, stopping_rule
 
 
 def _help(text: str) -> dict:
@@ -94,8 +94,7 @@ class SearchSettings:
       raise ValueError(f"length_penalty={self.length_penalty!r}: must be one of {PENALTIES}")
     if self.stopping is not None and self.stopping not in STOPPING:
       raise ValueError(f"stopping={self.stopping!r}: must be one of {STOPPING} (or None)")
-    if self.prefix_rule not in PREFIX_RULES:
-      raise ValueError(f"prefix_rule={self.prefix_rule!r}: must be one of {PREFIX_RULES}")
+    check_prefix_rule(self.prefix_rule)
     if self.top_k and not self.sampling:
       raise ValueError(
         f"top_k={self.top_k} applies to sampling only: set a temperature (e.g. 1) or drop top_k"

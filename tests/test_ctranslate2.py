@@ -436,6 +436,7 @@ def test_translate_command_has_decode_py_search_flags_and_defaults():
   names = ("beam_size", "alpha", "length_penalty", "max_extra_len", "temperature", "top_k")
   names += ("stopping",)
   assert all(name in theirs for name in names)
+  assert "prefix_rule" in ours and "prefix_rule" not in theirs  # it takes no prefix
   pairs = {n: (ours[n].default, theirs[n].default) for n in names}
   differ = {n: pair for n, pair in pairs.items() if pair[0] != pair[1]}
   assert differ == {"length_penalty": ("gnmt", "fairseq"), "max_extra_len": (None, 50)}
