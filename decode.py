@@ -93,7 +93,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     "auto",
     list(DTYPES),
     "Computation dtype; auto: bfloat16 where the devices multiply it natively (GPUs, TPUs, CPUs "
-    "with AMX or AVX512-BF16), else float32 (core/cpu.py).",
+    "with AMX or AVX512-BF16), else float32 (core/cpu.py); int8: int8 products from matrices "
+    "quantized per output channel, as CTranslate2's int8 (Transformer models).",
     **f,
   )
   flags.DEFINE_integer(

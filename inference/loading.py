@@ -3,6 +3,7 @@ compiled searches' store opened, its parameters placed on the devices it decodes
 
     restored, programs = restore(workdir, "average:5", compilation_cache=True)
     loaded = place(restored, dtype="bfloat16")   # .model, .params, .devices, .rows
+    loaded = place(restored, dtype="int8")       # .params with int8 matrices (model/quantize.py)
 
 Loading changes no logger: `inference.quiet_library_logs()` hides, as the command lines do, the
 library warnings that describe expected states (Orbax's on restoring a checkpoint without
@@ -18,11 +19,15 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from core.cpu import native_dtype
+from core.errors import UsageError
 from inference.compilation_cache import enable as enable_compilation_cache
 from inference.program_store import ProgramStore
 from inference.restore import Restored, load_for_inference
 from model.build import build_model
+from model.config import INT8
+from model.quantize import quantize_matrices
 
+INT8_TYPES = ("transformer", "decoder_only")  # the models whose products are model/layers.py's
 PROGRAMS = "programs"  # the subfolder of the compilation cache where compiled searches are kept
 
 
@@ -63,8 +68,10 @@ def place(restored: Restored, *, dtype: str | None = "auto", devices=None) -> Lo
   device of an accelerator (batches split over them), or one CPU device (several CPU devices
   share the same cores). `dtype='bfloat16'` decodes with bfloat16 matrices and float32 sums
   (docs/experiments.md, "Decoding speed", compares it with float32; on CPUs without bfloat16
-  units it is slower), 'auto' chooses by the devices (core/cpu.py), None keeps the training
-  config's model.dtype (`inference.translator.DTYPES` are the ones decoding offers)."""
+  units it is slower), 'int8' quantizes every matrix once here and decodes with int8 products
+  (model/quantize.py; Transformer models only), 'auto' chooses by the devices (core/cpu.py), None
+  keeps the training config's model.dtype (`inference.translator.DTYPES` are the ones decoding
+  offers)."""
   if devices is None:
     devices = jax.local_devices()
     devices = devices[:1] if devices[0].platform == "cpu" else devices
@@ -72,9 +79,17 @@ def place(restored: Restored, *, dtype: str | None = "auto", devices=None) -> Lo
   reason = "as asked" if dtype is not None else "the training config's model.dtype"
   if dtype == "auto":
     dtype, reason = native_dtype(devices[0].platform)
+  if dtype == INT8 and model_cfg.get("type", "transformer") not in INT8_TYPES:
+    raise UsageError(
+      f"dtype='int8': int8 products are for model.type {' or '.join(INT8_TYPES)}, "
+      f"not {model_cfg.type!r}"
+    )
   if dtype is not None:
     model_cfg.dtype = dtype
   mesh = Mesh(np.asarray(list(devices)), ("batch",))
-  params = jax.device_put(restored.params, NamedSharding(mesh, PartitionSpec()))
+  params = restored.params
+  if dtype == INT8:  # once, on the host (numpy: nothing to compile), not in every decoding call
+    params = quantize_matrices(params, int(restored.ensemble))
+  params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
   rows = NamedSharding(mesh, PartitionSpec("batch"))
   return Loaded(build_model(model_cfg), model_cfg.dtype, reason, list(devices), params, rows)

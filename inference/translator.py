@@ -48,7 +48,7 @@ OPTION_RULES = {
   "batching": Choice("length", "continuous"),
   "pool_size": Int(min=1),
 }
-DTYPES = ("auto", "float32", "bfloat16")  # auto: core/cpu.py's choice for the devices
+DTYPES = ("auto", "float32", "bfloat16", "int8")  # auto: core/cpu.py's choice for the devices
 # Padded source tokens per batch by default, per platform. On CPUs small batches win: a batch
 # runs until its slowest sentence ends, and a larger one gains little per step there
 # (docs/experiments.md, "Decoding speed", has the measurements).

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 
 # The computation dtypes a model may take, by name.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# Decoding only: int8 products (model/quantize.py), float32 everywhere else.
+INT8 = "int8"
 ATTENTION_IMPLS = ("xla", "cudnn")
 
 
@@ -17,8 +19,10 @@ class TransformerConfig:
   """Hyperparameters of the encoder-decoder (paper section 3 and table 3).
 
   `num_layers` is per stack (N in the paper). `dtype` is the computation dtype; parameters are
-  always float32. `attention_impl='cudnn'` uses `jax.nn.dot_product_attention`'s cuDNN kernel
-  (GPU, bfloat16/float16 only) wherever there is no attention dropout (training with
+  always float32. 'int8' is for decoding: products in int8 from matrices quantized before the
+  search (model/decoder_state.py's `matrices_for_decoding`), float32 everywhere else.
+  `attention_impl='cudnn'` uses `jax.nn.dot_product_attention`'s cuDNN kernel (GPU,
+  bfloat16/float16 only) wherever there is no attention dropout (training with
   `attention_dropout_rate > 0` takes the 'xla' path, which applies it); 'xla' is the reference.
   """
 
@@ -53,8 +57,8 @@ class TransformerConfig:
     for field in ("dropout_rate", "attention_dropout_rate"):
       if not 0.0 <= getattr(self, field) < 1.0:
         bad(field, "must be in [0, 1)")
-    if self.dtype not in DTYPES:
-      bad("dtype", f"must be one of {sorted(DTYPES)}")
+    if self.dtype not in DTYPES and self.dtype != INT8:
+      bad("dtype", f"must be one of {sorted([*DTYPES, INT8])}")
     if self.attention_impl not in ATTENTION_IMPLS:
       bad("attention_impl", f"must be one of {ATTENTION_IMPLS}")
     if self.attention_impl == "cudnn" and self.dtype == "float32":
@@ -74,7 +78,7 @@ class TransformerConfig:
 
   @property
   def compute_dtype(self):
-    return DTYPES[self.dtype]
+    return jnp.float32 if self.dtype == INT8 else DTYPES[self.dtype]
 
   @classmethod
   def from_config(cls, model_cfg: Any, **overrides) -> TransformerConfig:

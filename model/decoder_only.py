@@ -37,10 +37,10 @@ from model.config import TransformerConfig
 from model.dropout import Dropout
 from model.layers import (
   DecoderLayer,
+  Dense,
   Embed,
   layer_norm,
   maybe_remat,
-  product_in_float32,
   sinusoidal_encoding,
 )
 from model.special_tokens import SEP_ID
@@ -77,17 +77,7 @@ class CausalStack(nn.Module):
     y = y[:, project_from:]
     if cfg.share_embeddings:
       return embed.attend(y)
-    return nn.Dense(
-      cfg.vocab_size,
-      dtype=cfg.compute_dtype,
-      param_dtype=jnp.float32,
-      dot_general=product_in_float32,
-      kernel_init=nn.with_logical_partitioning(
-        nn.initializers.xavier_uniform(), ("embed", "vocab")
-      ),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-      name="logits",
-    )(y)
+    return Dense(cfg.vocab_size, ("embed", "vocab"), cfg.compute_dtype, name="logits")(y)
 
 
 def _default_positions(valid, seg):

@@ -18,6 +18,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from model import cache, distribution
+from model.config import INT8
+from model.quantize import quantize_matrices
 from model.special_tokens import EOS_ID
 
 
@@ -40,10 +42,14 @@ def cached_step(model, params, source=None):
 _MATRICES = ("kernel", "embedding")  # the parameters that products read (model/layers.py)
 
 
-def matrices_in_compute_dtype(model, params):
-  """`params` with every matrix the model multiplies by (its `kernel` and `embedding` leaves) in
-  the model's computation dtype: cast once per decoding, where XLA:CPU would cast each one again
-  in every step of the search loop. Nothing changes in float32."""
+def matrices_for_decoding(model, params, leading: int = 0):
+  """`params` with every matrix the model multiplies by (its `kernel` and `embedding` leaves) as
+  its products take it: cast to the computation dtype, or quantized (model/quantize.py) for
+  model.dtype 'int8'; once per decoding, where XLA:CPU would convert each one again in every step
+  of the search loop. Nothing changes in float32, nor for matrices already quantized.
+  `leading`: axes in front of every leaf (1 for an ensemble's stacked members)."""
+  if getattr(model.config, "dtype", None) == INT8:
+    return quantize_matrices(params, leading)
   dtype = model.config.compute_dtype
   if dtype == jnp.float32:
     return params
@@ -118,7 +124,7 @@ def decoder_state(
       "t": jnp.int32(0),
     }
     return DecoderState(_uncached_step(model, params), state)
-  params = matrices_in_compute_dtype(model, params)
+  params = matrices_for_decoding(model, params)
   length, grows = _cache_length(model, params, inputs, max_decode_len, segment)
   initial = initial_cache(model, params, inputs, length)
   return DecoderState(
@@ -143,7 +149,7 @@ def ensemble_decoder_state(
   indices) are the same for every member and kept once.
   """
   distribution.members(params, "ensemble")
-  params = matrices_in_compute_dtype(model, params)
+  params = matrices_for_decoding(model, params, leading=1)
   first = jax.tree_util.tree_map(lambda x: x[0], params)
   length, grows = _cache_length(model, first, inputs, max_decode_len, segment)
   initial = jax.vmap(lambda p: initial_cache(model, p, inputs, length))(params)  # [members, ...]

@@ -12,12 +12,14 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax.linen import initializers
 
 from model import attention as attn
 from model import cache
 from model.config import TransformerConfig
 from model.dropout import Dropout
+from model.quantize import Int8Matrix, int8_product, take_rows
 
 _dense_init = initializers.xavier_uniform()
 
@@ -26,21 +28,15 @@ def _kernel(names: tuple[str, ...], init=_dense_init):
   return nn.with_logical_partitioning(init, names)
 
 
-def product_in_float32(lhs, rhs, dimension_numbers, precision=None, *, keep_float32=False):
-  """`lax.dot_general` summing in float32 whatever the operands' dtype; the result in their dtype
-  (float32 with `keep_float32`). For float32 operands it is plain `lax.dot_general`; bfloat16
-  ones then run as XLA:CPU's bfloat16 products with float32 accumulation (AMX or avx512_bf16
-  where the CPU has them), not as a float32 product rounded to bfloat16, which on CPUs is as slow
-  as float32 or slower (docs/experiments.md, "Decoding speed"). Flax's `dot_general` hook."""
-  out = jax.lax.dot_general(
-    lhs, rhs, dimension_numbers, precision, preferred_element_type=jnp.float32
-  )
-  return out if keep_float32 else out.astype(jnp.result_type(lhs, rhs))
-
-
-def product(subscripts: str, x: jax.Array, w: jax.Array, dtype, out_dtype=None) -> jax.Array:
-  """`jnp.einsum(subscripts, x, w)` with both operands in `dtype`, summed in float32
-  (`product_in_float32`); the result in `out_dtype` (default `dtype`)."""
+def product(subscripts: str, x: jax.Array, w, dtype, out_dtype=None) -> jax.Array:
+  """`jnp.einsum(subscripts, x, w)` with both operands in `dtype`, summed in float32 whatever
+  their dtype; the result in `out_dtype` (default `dtype`). bfloat16 operands then run as XLA:CPU's
+  bfloat16 products with float32 sums (AMX or avx512_bf16 where the CPU has them), not as a float32
+  product rounded to bfloat16, which on CPUs is as slow as float32 or slower (docs/experiments.md,
+  "Decoding speed"). An `Int8Matrix` `w` (decoding with model.dtype 'int8', model/quantize.py)
+  makes it an int8 product."""
+  if isinstance(w, Int8Matrix):
+    return int8_product(subscripts, x, w, out_dtype or dtype)
   out = jnp.einsum(subscripts, x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
   return out.astype(out_dtype or dtype)
 
@@ -85,12 +81,48 @@ class Embed(nn.Module):
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     """[batch, length] ids -> [batch, length, d_model]."""
-    return (jnp.take(self.embedding, tokens, axis=0) * jnp.sqrt(self.d_model)).astype(self.dtype)
+    table = self.embedding
+    rows = take_rows(table, tokens) if isinstance(table, Int8Matrix) else jnp.take(table, tokens, 0)
+    return (rows * jnp.sqrt(self.d_model)).astype(self.dtype)
 
   def attend(self, x: jax.Array, out_dtype=None) -> jax.Array:
     """[batch, length, d_model] -> [batch, length, vocab] logits (x Eᵀ), in `out_dtype` (default
     the computation dtype)."""
     return product("bld,vd->blv", x, self.embedding, self.dtype, out_dtype)
+
+
+class Dense(nn.Module):
+  """y = x W + b over x's last `inputs` axes: the parameters of `nn.Dense` (`inputs=1`) or
+  `nn.DenseGeneral` over several input axes, kernel [*input axes, features] (Xavier over the
+  flattened [inputs, features], as those initialise it) and bias [features], logical axis names
+  `axes` (the kernel's) and `axes[-1]` (the bias's); the product is `product`'s, the bias added
+  in `dtype`, the result in `out_dtype` (default `dtype`)."""
+
+  features: int
+  axes: tuple[str, ...]
+  dtype: jnp.dtype = jnp.float32
+  inputs: int = 1
+  bias: bool = True
+  out_dtype: jnp.dtype | None = None
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[..., *input axes] -> [..., features]."""
+    shape = (*x.shape[x.ndim - self.inputs :], self.features)
+
+    def init(rng, shape, dtype=jnp.float32):
+      flat = _kernel(self.axes)(rng, (int(np.prod(shape[:-1])), shape[-1]), dtype)
+      return nn.meta.replace_boxed(flat, jnp.reshape(flat.unbox(), shape))
+
+    kernel = self.param("kernel", init, shape, jnp.float32)
+    letters = "abcdefghijklmnopqrstuvwxyz"[: x.ndim + 1]
+    split = x.ndim - self.inputs
+    kept, summed, out = letters[:split], letters[split:-1], letters[-1]
+    y = product(f"{kept}{summed},{summed}{out}->{kept}{out}", x, kernel, self.dtype, self.out_dtype)
+    if not self.bias:
+      return y
+    init = nn.with_logical_partitioning(initializers.zeros, self.axes[-1:])
+    return y + self.param("bias", init, (self.features,), jnp.float32).astype(self.dtype)
 
 
 class HeadsKernel(nn.Module):
@@ -136,7 +168,8 @@ class MultiHeadAttention(nn.Module):
     over the mesh's tensor axis, a concatenation would interleave the shards and make XLA move
     data between devices before and after every product."""
     cfg = self.config
-    w = jnp.stack([HeadsKernel(cfg, name=name)() for name in names], axis=1)
+    kernels = [HeadsKernel(cfg, name=name)() for name in names]
+    w = jax.tree_util.tree_map(lambda *k: jnp.stack(k, axis=1), *kernels)
     y = product("bld,dnhk->blnhk", x, w, cfg.compute_dtype)
     return [y[:, :, i] for i in range(len(names))]
 
@@ -195,15 +228,8 @@ class MultiHeadAttention(nn.Module):
   def _out(self, out):
     """[batch, q_len, heads, d_v] -> [batch, q_len, d_model] (W^O)."""
     cfg = self.config
-    return nn.DenseGeneral(
-      cfg.d_model,
-      axis=(-2, -1),
-      use_bias=False,
-      kernel_init=_kernel(("heads", "kv", "embed")),
-      dtype=cfg.compute_dtype,
-      param_dtype=jnp.float32,
-      dot_general=product_in_float32,
-      name="out",
+    return Dense(
+      cfg.d_model, ("heads", "kv", "embed"), cfg.compute_dtype, inputs=2, bias=False, name="out"
     )(out)
 
   # Decode-time caches are stored heads-major, [batch, heads, length, d_k]: the layout the
@@ -308,25 +334,8 @@ class FeedForward(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """[batch, length, d_model] -> [batch, length, d_model]."""
     cfg = self.config
-    h = nn.Dense(
-      cfg.d_ff,
-      kernel_init=_kernel(("embed", "mlp")),
-      bias_init=nn.with_logical_partitioning(initializers.zeros, ("mlp",)),
-      dtype=cfg.compute_dtype,
-      param_dtype=jnp.float32,
-      dot_general=product_in_float32,
-      name="wi",
-    )(x)
-    h = nn.relu(h)
-    return nn.Dense(
-      cfg.d_model,
-      kernel_init=_kernel(("mlp", "embed")),
-      bias_init=nn.with_logical_partitioning(initializers.zeros, ("embed",)),
-      dtype=cfg.compute_dtype,
-      param_dtype=jnp.float32,
-      dot_general=product_in_float32,
-      name="wo",
-    )(h)
+    h = nn.relu(Dense(cfg.d_ff, ("embed", "mlp"), cfg.compute_dtype, name="wi")(x))
+    return Dense(cfg.d_model, ("mlp", "embed"), cfg.compute_dtype, name="wo")(h)
 
 
 def layer_norm(name: str, config: TransformerConfig) -> nn.LayerNorm:

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from model import cache, distribution, search
-from model.decoder_state import cached_step, initial_cache, matrices_in_compute_dtype
+from model.decoder_state import cached_step, initial_cache, matrices_for_decoding
 from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID, PAD_ID
 
@@ -151,7 +151,9 @@ def empty_pool(spec: PoolSpec, params) -> Pool:
   """A pool with every slot empty (zero caches)."""
   inputs = jax.ShapeDtypeStruct((1, spec.source_len), jnp.int32)
   source, carried = jax.eval_shape(
-    lambda p, i: _sentence_cache(spec, matrices_in_compute_dtype(spec.model, p), i), params, inputs
+    lambda p, i: _sentence_cache(spec, matrices_for_decoding(spec.model, p, spec.ensemble), i),
+    params,
+    inputs,
   )
 
   def zeros(leaf, axis):  # one sentence's entry -> every slot's
@@ -277,7 +279,7 @@ def advance(
   Returns:
     the pool, the sentences finished (`Finished`) and how many queue rows were taken.
   """
-  params = matrices_in_compute_dtype(spec.model, params)
+  params = matrices_for_decoding(spec.model, params, spec.ensemble)
   slots, k, width = spec.pool_size, spec.beam_size, spec.max_decode_len
 
   def refill(c: _Loop) -> _Loop:

@@ -9,8 +9,6 @@ Incremental decoding: `init_cache` once per batch, then `decode_step` per target
 
 from __future__ import annotations
 
-import functools
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -20,11 +18,11 @@ from model.config import TransformerConfig
 from model.dropout import Dropout
 from model.layers import (
   DecoderLayer,
+  Dense,
   Embed,
   EncoderLayer,
   layer_norm,
   maybe_remat,
-  product_in_float32,
   sinusoidal_encoding,
 )
 
@@ -122,16 +120,9 @@ class Decoder(nn.Module):
     if cfg.share_embeddings:
       logits = self.embed.attend(y, jnp.float32 if decode else None)
     else:
-      logits = nn.Dense(
-        cfg.vocab_size,
-        dtype=cfg.compute_dtype,
-        param_dtype=jnp.float32,
-        dot_general=functools.partial(product_in_float32, keep_float32=decode),
-        kernel_init=nn.with_logical_partitioning(
-          nn.initializers.xavier_uniform(), ("embed", "vocab")
-        ),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-        name="logits",
+      out_dtype = jnp.float32 if decode else None
+      logits = Dense(
+        cfg.vocab_size, ("embed", "vocab"), cfg.compute_dtype, out_dtype=out_dtype, name="logits"
       )(y)
     return logits
 

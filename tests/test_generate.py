@@ -434,8 +434,8 @@ def test_bfloat16_decoding_casts_the_matrices_once_and_stays_close(tiny):
   sentences."""
   model, params = tiny
   fast = build_model(dict(model.config.__dict__, type="transformer", dtype="bfloat16"))
-  assert decoder_state.matrices_in_compute_dtype(model, params) is params
-  cast = traverse_util.flatten_dict(decoder_state.matrices_in_compute_dtype(fast, params))
+  assert decoder_state.matrices_for_decoding(model, params) is params
+  cast = traverse_util.flatten_dict(decoder_state.matrices_for_decoding(fast, params))
   assert {p[-1] for p, x in cast.items() if x.dtype == jnp.bfloat16} == {"kernel", "embedding"}
   assert {p[-1] for p, x in cast.items() if x.dtype == jnp.float32} == {"bias", "scale"}
   cache = decoder_state.initial_cache(fast, params, jnp.asarray(padded(SOURCES)), 8)

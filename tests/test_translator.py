@@ -6,6 +6,7 @@ import io
 import logging
 import re
 
+import jax
 import numpy as np
 import pytest
 
@@ -203,3 +204,41 @@ def test_no_compilation_cache_unless_asked(workdirs, tmp_path, monkeypatch):
     translator = Translator.load(workdirs["transformer"], compilation_cache=off)
     assert translator.generator._programs is None
   assert not any(tmp_path.iterdir())
+
+
+def test_int8_decoding_quantizes_once_and_stays_close(workdirs):
+  """dtype='int8' (decode.py --dtype=int8): the matrices placed once as int8 (model/quantize.py),
+  translations mostly those of float32, the search's scores those forced decoding of the same
+  hypotheses gives in int8, continuous batching equal to length batches (each row quantized on
+  its own, so no row depends on its neighbours), decode.py the same as the API; a model whose
+  products are not model/layers.py's is refused before any work."""
+  from model.quantize import Int8Matrix
+
+  sentences = [s for s in SENTENCES if s] + ["w2 w4 w6 w8", "w9 w7 w5", "w11 w1 w3 w12 w2"]
+  for kind in ("decoder_only", "transformer"):
+    int8 = Translator.load(workdirs[kind], dtype="int8")
+    assert int8.dtype == "int8", int8.dtype
+    leaves = jax.tree_util.tree_leaves(int8.params, is_leaf=lambda x: isinstance(x, Int8Matrix))
+    assert sum(isinstance(x, Int8Matrix) for x in leaves) >= 6, kind
+    exact = Translator.load(workdirs[kind], dtype="float32").translate(sentences, beam_size=3)
+    result = int8.run(sentences, beam_size=3, return_scores=True)
+    same = sum(a == b for a, b in zip(result.texts, exact))
+    assert same >= len(sentences) // 2, (kind, result.texts, exact)
+  settings = int8.settings()
+  for i, (source, text) in enumerate(zip(sentences, result.texts)):
+    forced = _forced(int8, source, text, len(result.source_ids[i]) + settings.max_extra_len)
+    penalty = ((5 + len(forced)) / 6) ** settings.alpha
+    assert result.scores[i][0] == pytest.approx(forced.sum() / penalty, abs=2e-3), source
+  pooled = int8.run(sentences, beam_size=3, batching="continuous", pool_size=2)
+  assert pooled.texts == result.texts
+  cli = run_in_process(
+    "decode.py",
+    f"--workdir={workdirs['transformer']}",
+    "--beam_size=3",
+    "--dtype=int8",
+    stdin="".join(f"{s}\n" for s in sentences),
+  )
+  assert cli.returncode == 0, cli.stderr[-3000:]
+  assert cli.stdout.split("\n")[:-1] == result.texts
+  with pytest.raises(UsageError, match=r"dtype='int8': int8 products are for model.type .*'rnn'"):
+    Translator.load(workdirs["rnn"], dtype="int8")

@@ -1,0 +1,111 @@
+"""int8 products for decoding, as CTranslate2's int8 computes them: every parameter matrix
+quantized once, symmetric per output channel (scale = max |w| / 127 over the axes a product sums
+over); each product's input quantized per row as it comes (scale = max |x| / 127 over the same
+axes); the int8 × int8 product summed in int32, then scaled back to float32. Everything between
+products (attention, softmax, LayerNorm, residuals) stays float32.
+
+    params = quantize_matrices(params)       # `kernel` / `embedding` leaves -> Int8Matrix
+    y = int8_product("bld,vd->blv", x, params["embed"]["embedding"])   # [b, l, v] float32
+
+XLA:CPU runs the int8 × int8 -> int32 product as a library kernel (YNNPACK: AMX where the CPU
+has it; docs/experiments.md measures it per CPU kind).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+LEVELS = 127  # symmetric: -127..127, so that a sign flip never overflows
+
+
+@struct.dataclass
+class Int8Matrix:
+  """A quantized matrix: `values` int8 in the matrix's own shape; `scale` float32 in the same
+  shape with the summed axes of size 1, so that `values * scale` is the matrix again (to within
+  half a step per entry)."""
+
+  values: jax.Array
+  scale: jax.Array
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return self.values.shape
+
+
+def quantize(x, axes: tuple[int, ...]) -> Int8Matrix:
+  """`x` as int8 with one scale per slice over `axes` (max |x| there / 127; an all-zero slice
+  gets scale 1). A numpy `x` is quantized by numpy (on the host, nothing compiled), to the same
+  values as jax gives."""
+  xp = np if isinstance(x, np.ndarray) else jnp
+  x = x.astype(np.float32)
+  # Multiplications by reciprocals: XLA rewrites divisions so, numpy does not (same results).
+  scale = xp.max(xp.abs(x), axis=axes, keepdims=True) * np.float32(1 / LEVELS)
+  scale = xp.where(scale > 0, scale, np.float32(1))
+  inverse = np.float32(1) / scale  # x times it, as XLA computes x / scale
+  values = xp.clip(xp.round(x * inverse), -LEVELS, LEVELS).astype(np.int8)
+  return Int8Matrix(values, scale)
+
+
+def dequantize(m: Int8Matrix) -> jax.Array:
+  """The float32 matrix `m` stands for."""
+  return m.values.astype(jnp.float32) * m.scale
+
+
+def take_rows(m: Int8Matrix, ids: jax.Array) -> jax.Array:
+  """Rows `ids` of a [rows, d] matrix quantized per row (an embedding): [*ids.shape, d] float32."""
+  return dequantize(Int8Matrix(jnp.take(m.values, ids, axis=0), jnp.take(m.scale, ids, axis=0)))
+
+
+def int8_product(subscripts: str, x: jax.Array, w: Int8Matrix, out_dtype=jnp.float32):
+  """`jnp.einsum(subscripts, x, w)` with `x` quantized per row over the summed axes and an int32
+  sum, scaled back and returned in `out_dtype`. The output's letters must be x's kept letters then
+  w's (as every product of model/layers.py is written), and `w` quantized over the axes summed
+  here."""
+  inputs, out = subscripts.split("->")
+  xs, ws = inputs.split(",")
+  x_kept = "".join(c for c in xs if c in out)
+  w_kept = "".join(c for c in ws if c in out)
+  if out != x_kept + w_kept or "." in subscripts:
+    raise ValueError(f"int8_product: {subscripts!r} must write x's kept axes, then w's")
+  x_summed = tuple(i for i, c in enumerate(xs) if c not in out)
+  w_summed = tuple(i for i, c in enumerate(ws) if c not in out)
+  if any(w.scale.shape[i] != 1 for i in w_summed):
+    raise ValueError(
+      f"int8_product: the matrix's scale {w.scale.shape} varies over the axes {subscripts!r} "
+      "sums; quantize it over them"
+    )
+  q = quantize(x, x_summed)
+  total = jnp.einsum(subscripts, q.values, w.values, preferred_element_type=jnp.int32)
+  x_scale = jnp.squeeze(q.scale, x_summed).reshape(
+    tuple(x.shape[i] for i, c in enumerate(xs) if c in out) + (1,) * len(w_kept)
+  )
+  w_scale = jnp.squeeze(w.scale, w_summed)
+  return (total.astype(jnp.float32) * x_scale * w_scale).astype(out_dtype)
+
+
+# The axes each parameter matrix's products sum over, by the layouts of model/layers.py: a kernel
+# [inputs..., outputs] sums its first axis, W^O [heads, d_k, d_model] its first two; the embedding
+# [vocab, d_model] is read by rows and multiplied as x Eᵀ, summing d_model.
+_SUMMED_BY_MODULE = {"out": (0, 1)}
+
+
+def quantize_matrices(params, leading: int = 0):
+  """`params` with each `kernel` and `embedding` leaf an `Int8Matrix` (leaves already quantized
+  stay as they are); biases and LayerNorm parameters stay float32. `leading`: axes in front of
+  every leaf (1 for an ensemble's stacked members), which no scale spans."""
+
+  def leaf(path, x):
+    names = [getattr(k, "key", None) for k in path]
+    if isinstance(x, Int8Matrix) or names[-1] not in ("kernel", "embedding"):
+      return x
+    if names[-1] == "embedding":
+      axes = (x.ndim - 1,)
+    else:
+      parent = names[-2] if len(names) > 1 else None
+      axes = tuple(leading + a for a in _SUMMED_BY_MODULE.get(parent, (0,)))
+    return quantize(x, axes)
+
+  return jax.tree_util.tree_map_with_path(leaf, params, is_leaf=lambda v: isinstance(v, Int8Matrix))

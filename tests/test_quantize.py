@@ -1,0 +1,139 @@
+"""int8 products (model/quantize.py): the quantization, the product against a numpy computation of
+CTranslate2's int8 rule, which axes each matrix is quantized over, and a model decoding with them
+(model.dtype 'int8') against the same model in float32."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from model import decoder_state
+from model.build import abstract_params, build_model
+from model.quantize import Int8Matrix, dequantize, int8_product, quantize, quantize_matrices
+from tests.helpers import tiny_config
+
+CONFIG = tiny_config(**{"model.num_layers": 2}).model.to_dict()  # d_model 32, 4 heads, d_ff 64
+VOCAB = CONFIG["vocab_size"]
+
+
+def _np_int8_product(x, w):
+  """x [m, k] @ w [k, n] as CTranslate2's int8: x per row, w per column, symmetric, 127 levels;
+  integer sums in int64."""
+
+  def q(a, axis):
+    scale = np.abs(a).max(axis=axis, keepdims=True) / np.float32(127)
+    return np.clip(np.round(a / scale), -127, 127).astype(np.int64), scale
+
+  xq, sx = q(x, 1)
+  wq, sw = q(w, 0)
+  return (xq @ wq).astype(np.float32) * sx * sw
+
+
+def _random_params(config, seed=0):
+  """Matrices and biases drawn at 1/sqrt(fan) scale; LayerNorm scales 1."""
+  rng = np.random.default_rng(seed)
+  flat = traverse_util.flatten_dict(abstract_params(config))
+  draw = lambda x: rng.standard_normal(x.shape) / np.sqrt(x.shape[-1])
+  return traverse_util.unflatten_dict(
+    {
+      p: (np.ones(x.shape) if p[-1] == "scale" else draw(x)).astype(np.float32)
+      for p, x in flat.items()
+    }
+  )
+
+
+def test_quantize_keeps_each_entry_within_half_a_step():
+  w = np.random.default_rng(0).standard_normal((16, 3, 8)).astype(np.float32)
+  w[:, 1, 2] = 0.0  # an all-zero channel
+  m = quantize(jnp.asarray(w), (0,))
+  assert m.values.dtype == jnp.int8 and m.scale.shape == (1, 3, 8)
+  assert np.asarray(m.scale)[0, 1, 2] == 1.0 and not np.asarray(m.values)[:, 1, 2].any()
+  assert np.abs(np.asarray(m.values)).max() == 127
+  step = np.asarray(m.scale)
+  assert np.all(np.abs(np.asarray(dequantize(m)) - w) <= step / 2 + 1e-7)
+
+
+def test_the_int8_product_is_ctranslate2s_rule():
+  rng = np.random.default_rng(1)
+  x = rng.standard_normal((6, 5, 24)).astype(np.float32)
+  w = rng.standard_normal((24, 10)).astype(np.float32)
+  got = int8_product("bld,df->blf", jnp.asarray(x), quantize(jnp.asarray(w), (0,)))
+  want = _np_int8_product(x.reshape(30, 24), w).reshape(6, 5, 10)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+  exact = x @ w
+  assert np.abs(np.asarray(got) - exact).max() < 0.03 * np.abs(exact).max()
+
+
+def test_the_int8_product_over_two_summed_axes_and_its_errors():
+  """W^O's product sums heads and d_k (`blhk,hkd->bld`); a matrix quantized over other axes
+  than the product sums, or subscripts in another order, are refused."""
+  rng = np.random.default_rng(2)
+  x = rng.standard_normal((2, 3, 4, 8)).astype(np.float32)
+  w = rng.standard_normal((4, 8, 16)).astype(np.float32)
+  got = int8_product("blhk,hkd->bld", jnp.asarray(x), quantize(jnp.asarray(w), (0, 1)))
+  want = _np_int8_product(x.reshape(6, 32), w.reshape(32, 16)).reshape(2, 3, 16)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="varies over the axes"):
+    int8_product("blhk,hkd->bld", jnp.asarray(x), quantize(jnp.asarray(w), (0,)))
+  with pytest.raises(ValueError, match="kept axes"):
+    int8_product("blhk,hkd->lbd", jnp.asarray(x), quantize(jnp.asarray(w), (0, 1)))
+
+
+@pytest.mark.parametrize("share_embeddings", [True, False])
+def test_every_matrix_is_quantized_over_the_axes_its_product_sums(share_embeddings):
+  config = dict(CONFIG, share_embeddings=share_embeddings)
+  params = _random_params(config)
+  flat = traverse_util.flatten_dict(
+    quantize_matrices(params), is_leaf=lambda p, x: isinstance(x, Int8Matrix)
+  )
+  scales = {"/".join(p[-2:]): x.scale.shape for p, x in flat.items() if isinstance(x, Int8Matrix)}
+  kinds = {p[-1] for p, x in flat.items() if not isinstance(x, Int8Matrix)}
+  assert kinds == {"bias", "scale"}, kinds
+  h, d, k = 4, 32, 8
+  assert scales["query/kernel"] == (1, h, k) and scales["out/kernel"] == (1, 1, d)
+  assert scales["wi/kernel"] == (1, 64) and scales["wo/kernel"] == (1, d)
+  assert scales["embed/embedding"] == (VOCAB, 1)
+  if not share_embeddings:
+    assert scales["logits/kernel"] == (1, VOCAB)
+  again = quantize_matrices(quantize_matrices(params))  # already quantized: kept
+  np.testing.assert_array_equal(
+    again["decoder"]["layer_0"]["ffn"]["wi"]["kernel"].values,
+    flat[("decoder", "layer_0", "ffn", "wi", "kernel")].values,
+  )
+  stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), params, _random_params(config, 1))
+  members = quantize_matrices(stacked, leading=1)["encoder"]["layer_1"]["self_attention"]["out"]
+  assert members["kernel"].scale.shape == (2, 1, 1, d)
+
+
+def test_a_model_decoding_in_int8_stays_close_to_float32():
+  """decode_step's logits through the int8 matrices `matrices_for_decoding` makes, against the
+  float32 model: close, and the same argmax for nearly every row."""
+  params = _random_params(CONFIG, 3)
+  f32, i8 = build_model(CONFIG), build_model(dict(CONFIG, dtype="int8"))
+  quantized = decoder_state.matrices_for_decoding(i8, params)
+  assert isinstance(quantized["decoder"]["layer_0"]["ffn"]["wo"]["kernel"], Int8Matrix)
+  assert decoder_state.matrices_for_decoding(f32, params) is params
+  inputs = jnp.asarray(np.random.default_rng(4).integers(3, VOCAB, (16, 7)), jnp.int32)
+  ids = jnp.asarray(np.random.default_rng(5).integers(3, VOCAB, (16, 1)), jnp.int32)
+
+  @jax.jit(static_argnums=0)
+  def logits(model, p):
+    cache = decoder_state.initial_cache(model, p, inputs, 8)
+    out, _ = model.apply({"params": p, **cache}, ids, method="decode_step", mutable=True)
+    return out.reshape(ids.shape[0], -1)  # [rows, vocab]
+
+  exact, approx = np.asarray(logits(f32, params)), np.asarray(logits(i8, quantized))
+  assert np.abs(approx - exact).max() < 0.05 * np.abs(exact).max()
+  assert np.mean(approx.argmax(-1) == exact.argmax(-1)) >= 0.9
+  assert not np.array_equal(approx, exact)  # the int8 path ran
+
+
+def test_numpy_quantizes_as_jax_does():
+  """inference/loading.py quantizes restored (numpy) parameters on the host; a search quantizes
+  jax arrays: the same int8 values and scales."""
+  w = 0.05 * np.random.default_rng(6).standard_normal((512, 4, 256)).astype(np.float32)
+  host, traced = quantize(w, (0,)), jax.jit(quantize, static_argnums=1)(jnp.asarray(w), (0,))
+  assert isinstance(host.values, np.ndarray) and host.values.dtype == np.int8
+  np.testing.assert_array_equal(host.values, np.asarray(traced.values))
+  np.testing.assert_array_equal(host.scale, np.asarray(traced.scale))
