@@ -29,6 +29,8 @@ from benchmark.records import (
 from core.errors import RunError, UsageError
 from model import decoder_state, search
 from model.build import build_model, init_variables
+from model.config import INT8
+from model.quantize import quantize_matrices
 from model.special_tokens import EOS_ID, PAD_ID
 
 
@@ -144,6 +146,8 @@ def decode_runner(config, options: Options, flax: bool = False) -> Runner:
   out = []
   params = None
   if flax:
+    if config.model.dtype == INT8:
+      raise UsageError("flax examples/wmt has no int8 products: set config.model.dtype to a float")
     if not use_cache:
       raise UsageError("flax examples/wmt decodes only with its cache (decode_cache=True)")
     if beam == 1:
@@ -161,9 +165,12 @@ def decode_runner(config, options: Options, flax: bool = False) -> Runner:
     n_params = count_params(params)
     decode = fixed_length_decoder(model, beam, decode_len, use_cache)
     implementation = "this repository"
+    # int8: quantized once, untimed, as decode.py does at load; `params` stay float32 (a peer
+    # exports them).
+    timed = jax.jit(quantize_matrices)(params) if config.model.dtype == INT8 else params
 
     def call():
-      out[:] = [decode(params, inputs).block_until_ready()]
+      out[:] = [decode(timed, inputs).block_until_ready()]
 
   def record(first, times):
     return _decode_record(

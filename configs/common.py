@@ -92,8 +92,8 @@ FIELDS: dict[str, Field] = {
   ),
   "model.dtype": Field(
     "float32",
-    "computation dtype (params, Adam state float32); auto: bfloat16 where native (core/cpu.py)",
-    Choice("float32", "bfloat16", "float16", "auto"),
+    "computation dtype (params, Adam float32); auto: native bfloat16 or float32; int8: decoding",
+    Choice("float32", "bfloat16", "float16", "auto", "int8"),
   ),
   "model.remat": Field(
     False, "recompute each layer's activations in the backward pass (less memory)", Bool()

@@ -4,6 +4,7 @@ length limit; every weight is mapped (post- and pre-LN, tied and separate embedd
 be exported, and bad command lines, are one-line errors; the benchmark's peer decodes our
 benchmark model's own weights to exactly bench.decode_len tokens."""
 
+import dataclasses
 import json
 import pathlib
 from typing import Any, NamedTuple
@@ -24,8 +25,10 @@ from inference import ctranslate2_export as ce
 from inference.generator import translate_all
 from inference.restore import load_for_inference
 from model.build import build_model, init_variables
+from model.quantize import Int8Matrix
 from model.special_tokens import EOS_ID
 from tests.helpers import run_in_process, run_py, tiny_config
+from training.validate import check_config
 
 ctranslate2 = pytest.importorskip(
   "ctranslate2",
@@ -348,6 +351,37 @@ def _bench_config(beam):
   c.model.update(vocab_size=64, num_layers=1)
   c.bench.update(batch_size=4, seq_len=8, decode_len=6, beam_size=beam)
   return c
+
+
+def test_bench_times_int8_products_and_the_peer_exports_the_float_weights(monkeypatch):
+  """bench.py --mode=decode with model.dtype=int8: our runner decodes with the matrices quantized
+  once, before the timed calls (model/quantize.py), its record says int8, and the peer is handed
+  the float32 parameters; training in int8 is refused."""
+  config = _bench_config(2)
+  config.model.dtype = "int8"
+  seen = []
+  decoder = decoding.fixed_length_decoder
+
+  def spy(*args):
+    decode = decoder(*args)
+    return lambda params, inputs: seen.append(params) or decode(params, inputs)
+
+  monkeypatch.setattr(decoding, "fixed_length_decoder", spy)
+  options = Options(mode="decode", steps=1, warmup=0, ctranslate2=True)
+  ours = decoding.decode_runner(config, options)
+  ours.call()
+  ours.call()
+  assert ours.record(0.1, [0.01])["dtype"] == "int8"
+  (params,) = {id(p): p for p in seen}.values()  # the same quantized tree every call
+  kernel = params["decoder"]["layer_0"]["ffn"]["wi"]["kernel"]
+  assert isinstance(kernel, Int8Matrix) and kernel.values.dtype == np.int8
+  assert all(x.dtype == np.float32 for x in jax.tree_util.tree_leaves(ours.params))
+  only_int8 = dataclasses.replace(options, ctranslate2_compute_types=("int8",))
+  (runner,) = decoding.ctranslate2_runners(config, only_int8, ours.params)
+  runner.call()
+  assert runner.record(0.1, [0.01])["compute_type"] == "int8"
+  with pytest.raises(UsageError, match="model.dtype='int8' is for decoding only"):
+    check_config(config, "train")
 
 
 @pytest.mark.parametrize("beam", [1, 2])

@@ -75,6 +75,11 @@ def _check_model(config) -> None:
 
 
 def _check_training(config) -> None:
+  if config.model.dtype == "int8":
+    raise UsageError(
+      "config error: model.dtype='int8' is for decoding only (decode.py --dtype=int8, "
+      "bench.py --mode=decode); train in float32 or bfloat16"
+    )
   if config.model.dtype == "float16":
     raise UsageError(
       "config error: model.dtype='float16' cannot train here: there is no loss scaling, so small "
