@@ -38,6 +38,7 @@ from inference.restore import Restored
 from inference.scoring import PairScore, PairScorer
 from model import generate
 from model.batching import bucket_length
+from model.decoder_state import matrices_for_decoding
 from model.search_settings import FIELDS, SearchSettings, with_keywords
 
 # What `run`'s options besides the search settings may be; decode.py checks its flags of the same
@@ -414,6 +415,7 @@ class Translator:
     params = self.restored.params
     if self.restored.ensemble:
       params = jax.tree_util.tree_map(lambda x: x[-1], params)
+    params = matrices_for_decoding(self.model, params)  # int8: the matrices decoding multiplies
     return attention_weights(self.model, params, source, translations.output_ids[index])
 
 

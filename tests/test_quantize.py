@@ -101,9 +101,13 @@ def test_every_matrix_is_quantized_over_the_axes_its_product_sums(share_embeddin
     again["decoder"]["layer_0"]["ffn"]["wi"]["kernel"].values,
     flat[("decoder", "layer_0", "ffn", "wi", "kernel")].values,
   )
-  stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), params, _random_params(config, 1))
-  members = quantize_matrices(stacked, leading=1)["encoder"]["layer_1"]["self_attention"]["out"]
-  assert members["kernel"].scale.shape == (2, 1, 1, d)
+  # An ensemble's members stacked on a leading axis: each quantized as it would be alone.
+  members = [params, _random_params(config, 1)]
+  stacked = quantize_matrices(jax.tree_util.tree_map(lambda *a: np.stack(a), *members), leading=1)
+  for i, member in enumerate(members):
+    alone = jax.tree_util.tree_leaves(quantize_matrices(member))
+    for got, want in zip(jax.tree_util.tree_leaves(stacked), alone, strict=True):
+      np.testing.assert_array_equal(got[i], want)
 
 
 def test_a_model_decoding_in_int8_stays_close_to_float32():

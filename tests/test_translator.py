@@ -231,6 +231,8 @@ def test_int8_decoding_quantizes_once_and_stays_close(workdirs):
     assert result.scores[i][0] == pytest.approx(forced.sum() / penalty, abs=2e-3), source
   pooled = int8.run(sentences, beam_size=3, batching="continuous", pool_size=2)
   assert pooled.texts == result.texts
+  weights = int8.attention(result, 0)  # forced through the same int8 matrices
+  np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
   cli = run_in_process(
     "decode.py",
     f"--workdir={workdirs['transformer']}",
