@@ -30,10 +30,6 @@ class Int8Matrix:
   values: jax.Array
   scale: jax.Array
 
-  @property
-  def shape(self) -> tuple[int, ...]:
-    return self.values.shape
-
 
 def quantize(x, axes: tuple[int, ...]) -> Int8Matrix:
   """`x` as int8 with one scale per slice over `axes` (max |x| there / 127; an all-zero slice
@@ -87,8 +83,9 @@ def int8_product(subscripts: str, x: jax.Array, w: Int8Matrix, out_dtype=jnp.flo
 
 
 # The axes each parameter matrix's products sum over, by the layouts of model/layers.py: a kernel
-# [inputs..., outputs] sums its first axis, W^O [heads, d_k, d_model] its first two; the embedding
-# [vocab, d_model] is read by rows and multiplied as x Eᵀ, summing d_model.
+# sums its first axis (Dense [d_in, d_out]; W^Q, W^K, W^V [d_model, heads, d_k]), W^O [heads, d_k,
+# d_model] its first two; the embedding [vocab, d_model] is read by rows and multiplied as x Eᵀ,
+# summing d_model.
 _SUMMED_BY_MODULE = {"out": (0, 1)}
 
 
