@@ -77,8 +77,8 @@ def _check_model(config) -> None:
 def _check_training(config) -> None:
   if config.model.dtype == "int8":
     raise UsageError(
-      "config error: model.dtype='int8' is for decoding only (decode.py --dtype=int8, "
-      "bench.py --mode=decode); train in float32 or bfloat16"
+      "config error: model.dtype='int8' is for decoding only (int8 products from trained "
+      "matrices); train in float32 or bfloat16"
     )
   if config.model.dtype == "float16":
     raise UsageError(
