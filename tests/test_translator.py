@@ -140,11 +140,18 @@ def _forced(translator, source: str, text: str, limit: int) -> np.ndarray:
   """Each token's log-probability of `text` (EOS last) given `source`, by forced decoding under
   the searches' distribution (`score_pairs`, a pass independent of the search); an EOS at the
   sentence's length limit `limit` (tokens with EOS) costs 0, as the search forces it."""
-  (pair,) = translator.score_pairs([source], [text], as_search=True)
-  tokens = pair.token_log_probs.astype(np.float64)
-  if len(tokens) >= limit:
-    tokens[-1] = 0.0
-  return tokens
+  return _forced_all(translator, [source], [text], [limit])[0]
+
+
+def _forced_all(translator, sources, texts, limits) -> list[np.ndarray]:
+  """`_forced` of each pair, scored together."""
+  scored = []
+  for pair, limit in zip(translator.score_pairs(sources, texts, as_search=True), limits):
+    tokens = pair.token_log_probs.astype(np.float64)
+    if len(tokens) >= limit:
+      tokens[-1] = 0.0
+    scored.append(tokens)
+  return scored
 
 
 def test_nbest_with_scores_and_scoring_pairs(workdirs):
@@ -207,40 +214,44 @@ def test_no_compilation_cache_unless_asked(workdirs, tmp_path, monkeypatch):
 
 
 def test_int8_decoding_quantizes_once_and_stays_close(workdirs):
-  """dtype='int8' (decode.py --dtype=int8): the matrices placed once as int8 (model/quantize.py),
-  translations mostly those of float32, the search's scores those forced decoding of the same
-  hypotheses gives in int8, continuous batching equal to length batches (each row quantized on
-  its own, so no row depends on its neighbours), decode.py the same as the API; a model whose
-  products are not model/layers.py's is refused before any work."""
+  """dtype='int8' (decode.py --dtype=int8): the matrices placed once as int8 (model/quantize.py);
+  translations mostly those of float32 (tests/test_quantize.py compares the logits); the search's
+  scores those forced decoding of the same hypotheses gives in int8; continuous batching equal to
+  length batches (each row quantized on its own, so no row depends on its neighbours); decode.py
+  the same as the API; a model whose products are not model/layers.py's refused."""
   from model.quantize import Int8Matrix
 
   sentences = [s for s in SENTENCES if s] + ["w2 w4 w6 w8", "w9 w7 w5", "w11 w1 w3 w12 w2"]
+  stdin = "".join(f"{s}\n" for s in sentences)
+  results = {}
   for kind in ("decoder_only", "transformer"):
     int8 = Translator.load(workdirs[kind], dtype="int8")
     assert int8.dtype == "int8", int8.dtype
     leaves = jax.tree_util.tree_leaves(int8.params, is_leaf=lambda x: isinstance(x, Int8Matrix))
     assert sum(isinstance(x, Int8Matrix) for x in leaves) >= 6, kind
-    exact = Translator.load(workdirs[kind], dtype="float32").translate(sentences, beam_size=3)
-    result = int8.run(sentences, beam_size=3, return_scores=True)
-    same = sum(a == b for a, b in zip(result.texts, exact))
-    assert same >= len(sentences) // 2, (kind, result.texts, exact)
+    results[kind] = int8.run(sentences, beam_size=3, return_scores=True)
+  cli = run_in_process(
+    "decode.py",
+    f"--workdir={workdirs['decoder_only']}",
+    "--beam_size=3",
+    "--dtype=int8",
+    stdin=stdin,
+  )
+  assert cli.returncode == 0, cli.stderr[-3000:]
+  assert cli.stdout.split("\n")[:-1] == results["decoder_only"].texts
+  result = results["transformer"]  # int8 is the transformer's from here on
+  exact = Translator.load(workdirs["transformer"], dtype="float32").translate(
+    sentences, beam_size=3
+  )
+  assert sum(a == b for a, b in zip(result.texts, exact)) >= len(sentences) // 2, result.texts
   settings = int8.settings()
-  for i, (source, text) in enumerate(zip(sentences, result.texts)):
-    forced = _forced(int8, source, text, len(result.source_ids[i]) + settings.max_extra_len)
+  limits = [len(ids) + settings.max_extra_len for ids in result.source_ids]
+  for i, forced in enumerate(_forced_all(int8, sentences, result.texts, limits)):
     penalty = ((5 + len(forced)) / 6) ** settings.alpha
-    assert result.scores[i][0] == pytest.approx(forced.sum() / penalty, abs=2e-3), source
+    assert result.scores[i][0] == pytest.approx(forced.sum() / penalty, abs=2e-3), sentences[i]
   pooled = int8.run(sentences, beam_size=3, batching="continuous", pool_size=2)
   assert pooled.texts == result.texts
   weights = int8.attention(result, 0)  # forced through the same int8 matrices
   np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
-  cli = run_in_process(
-    "decode.py",
-    f"--workdir={workdirs['transformer']}",
-    "--beam_size=3",
-    "--dtype=int8",
-    stdin="".join(f"{s}\n" for s in sentences),
-  )
-  assert cli.returncode == 0, cli.stderr[-3000:]
-  assert cli.stdout.split("\n")[:-1] == result.texts
   with pytest.raises(UsageError, match=r"dtype='int8': int8 products are for model.type .*'rnn'"):
     Translator.load(workdirs["rnn"], dtype="int8")
