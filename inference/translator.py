@@ -38,7 +38,6 @@ from inference.restore import Restored
 from inference.scoring import PairScore, PairScorer
 from model import generate
 from model.batching import bucket_length
-from model.decoder_state import matrices_for_decoding
 from model.search_settings import FIELDS, SearchSettings, with_keywords
 
 # What `run`'s options besides the search settings may be; decode.py checks its flags of the same
@@ -412,10 +411,9 @@ class Translator:
     source = translations.source_ids[index]
     if source is None:
       raise UsageError(f"sentence {index} is empty: no attention to show")
-    params = self.restored.params
+    params = self.params  # as placed for decoding: int8's matrices quantized there, once
     if self.restored.ensemble:
       params = jax.tree_util.tree_map(lambda x: x[-1], params)
-    params = matrices_for_decoding(self.model, params)  # int8: the matrices decoding multiplies
     return attention_weights(self.model, params, source, translations.output_ids[index])
 
 

@@ -19,7 +19,7 @@ from jax import lax
 
 from model import cache, distribution
 from model.config import INT8
-from model.quantize import quantize_matrices
+from model.quantize import MATRICES, quantize_matrices
 from model.special_tokens import EOS_ID
 
 
@@ -39,9 +39,6 @@ def cached_step(model, params, source=None):
   return step
 
 
-_MATRICES = ("kernel", "embedding")  # the parameters that products read (model/layers.py)
-
-
 def matrices_for_decoding(model, params, leading: int = 0):
   """`params` with every matrix the model multiplies by (its `kernel` and `embedding` leaves) as
   its products take it: cast to the computation dtype, or quantized (model/quantize.py) for
@@ -54,7 +51,7 @@ def matrices_for_decoding(model, params, leading: int = 0):
   if dtype == jnp.float32:
     return params
   return jax.tree_util.tree_map_with_path(
-    lambda path, x: x.astype(dtype) if getattr(path[-1], "key", None) in _MATRICES else x, params
+    lambda path, x: x.astype(dtype) if getattr(path[-1], "key", None) in MATRICES else x, params
   )
 
 

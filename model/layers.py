@@ -102,7 +102,7 @@ class Dense(nn.Module):
   axes: tuple[str, ...]
   dtype: jnp.dtype = jnp.float32
   inputs: int = 1
-  bias: bool = True
+  use_bias: bool = True
   out_dtype: jnp.dtype | None = None
 
   @nn.compact
@@ -119,7 +119,7 @@ class Dense(nn.Module):
     split = x.ndim - self.inputs
     kept, summed, out = letters[:split], letters[split:-1], letters[-1]
     y = product(f"{kept}{summed},{summed}{out}->{kept}{out}", x, kernel, self.dtype, self.out_dtype)
-    if not self.bias:
+    if not self.use_bias:
       return y
     init = nn.with_logical_partitioning(initializers.zeros, self.axes[-1:])
     return y + self.param("bias", init, (self.features,), jnp.float32).astype(self.dtype)
@@ -229,7 +229,7 @@ class MultiHeadAttention(nn.Module):
     """[batch, q_len, heads, d_v] -> [batch, q_len, d_model] (W^O)."""
     cfg = self.config
     return Dense(
-      cfg.d_model, ("heads", "kv", "embed"), cfg.compute_dtype, inputs=2, bias=False, name="out"
+      cfg.d_model, ("heads", "kv", "embed"), cfg.compute_dtype, inputs=2, use_bias=False, name="out"
     )(out)
 
   # Decode-time caches are stored heads-major, [batch, heads, length, d_k]: the layout the

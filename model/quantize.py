@@ -19,6 +19,7 @@ import numpy as np
 from flax import struct
 
 LEVELS = 127  # symmetric: -127..127, so that a sign flip never overflows
+MATRICES = ("kernel", "embedding")  # the parameters that model/layers.py's products read
 
 
 @struct.dataclass
@@ -96,7 +97,7 @@ def quantize_matrices(params, leading: int = 0):
 
   def leaf(path, x):
     names = [getattr(k, "key", None) for k in path]
-    if isinstance(x, Int8Matrix) or names[-1] not in ("kernel", "embedding"):
+    if isinstance(x, Int8Matrix) or names[-1] not in MATRICES:
       return x
     if names[-1] == "embedding":
       axes = (x.ndim - 1,)

@@ -24,6 +24,7 @@ from core.cpu import native_dtype
 from core.errors import UsageError
 from data import multi30k
 from model.build import hyperparameters
+from model.config import INT8
 from model.special_tokens import NUM_SPECIAL
 
 PURPOSES = ("train", "bench_train", "bench_decode")
@@ -75,7 +76,7 @@ def _check_model(config) -> None:
 
 
 def _check_training(config) -> None:
-  if config.model.dtype == "int8":
+  if config.model.dtype == INT8:
     raise UsageError(
       "config error: model.dtype='int8' is for decoding only (int8 products from trained "
       "matrices); train in float32 or bfloat16"
