@@ -4,12 +4,13 @@ import os
 
 # XLA:CPU compiles unoptimized (LLVM -O0, fusions by the older elemental emitters): the tests
 # check results, not speed, and compiling is most of the suite's time (the two flags cut a
-# compile-bound file's CPU time by half or more; train.py's 5-step job process 11.7 s -> 5.4 s).
+# compile-bound file's CPU time by half or more), each module emitted as one piece (no split for
+# a parallel LLVM codegen that two busy cores cannot use).
 # Subprocesses keep them (tests/helpers.py cpu_env).
 os.environ.setdefault(
   "XLA_FLAGS",
   "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-  " --xla_cpu_use_fusion_emitters=false",
+  " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1",
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compile each distinct step once per test session, also across the train.py / decode.py
