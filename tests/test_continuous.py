@@ -9,7 +9,6 @@ translates it: greedy, beam search with both length penalties, an ensemble, and 
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
@@ -56,7 +55,7 @@ def tiny(kind="transformer", seed=None):
     share_embeddings=False,
   )
   model = build_model(cfg)
-  ones = jnp.ones((1, 4), jnp.int32)
+  ones = np.ones((1, 4), np.int32)
   shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), ones, ones)["params"])
   rng = np.random.default_rng(seed)
 
@@ -82,26 +81,39 @@ def padded(sentences, width=SOURCE_LEN):
 
 
 # ----------------------------------------------------------------------------- per-row indices
-def _cache(model, params, inputs, length):
-  state = decoder_state.decoder_state(model, params, jnp.asarray(inputs), length, segment=None)
-  return state.step, state.cache
+DECODE_LEN = 8  # the self-attention buffers of the decoder states below
+
+
+@functools.cache
+def _decoder():
+  """(step, cache) of model/decoder_state.py's `decoder_state` of the Transformer over
+  SENTENCES[:3] (buffers for DECODE_LEN positions, no segments): the cache it starts from and its
+  step function, each one program for the whole module (the step builds the same state from the
+  parameters and sources, then steps it)."""
+  model, params = tiny()
+  inputs = padded(SENTENCES[:3])
+
+  def state(p, x):
+    return decoder_state.decoder_state(model, p, x, DECODE_LEN, segment=None)
+
+  cache = jax.jit(lambda p, x: state(p, x).cache)(params, inputs)
+  step = jax.jit(lambda p, x, ids, carried: state(p, x).step(ids, carried))
+  return functools.partial(step, params, inputs), cache
 
 
 def _per_row(carried, rows):
-  return jax.tree_util.tree_map(lambda x: jnp.full((rows,), x) if x.ndim == 0 else x, carried)
+  return jax.tree_util.tree_map(lambda x: np.full((rows,), x) if x.ndim == 0 else x, carried)
 
 
 def test_per_row_decode_indices_equal_the_shared_ones():
   """The Transformer's decode indices as [rows] vectors (all equal) give exactly the logits and
   caches of the shared scalar ones, step after step."""
-  model, params = tiny()
-  step, shared = _cache(model, params, padded(SENTENCES[:3]), 6)
-  step = jax.jit(step)
+  step, shared = _decoder()
   leaves = jax.tree_util.tree_leaves(shared[model_cache.STATE])
   assert leaves and all(x.ndim == 0 for x in leaves)  # today's path: scalars
   rows = _per_row(shared, 3)
   for token in (0, 7, 12, 5):
-    ids = jnp.full((3, 1), token, jnp.int32)
+    ids = np.full((3, 1), token, np.int32)
     want, shared = step(ids, shared)
     got, rows = step(ids, rows)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -113,33 +125,53 @@ def test_per_row_decode_indices_equal_the_shared_ones():
 def test_rows_at_different_steps_each_continue_their_own_prefix():
   """A cache whose rows come from searches at different steps (each row its own index and
   position) continues every row exactly as its own search does."""
-  model, params = tiny()
-  inputs = padded(SENTENCES[:3])
-  step, first = _cache(model, params, inputs, 8)
-  step = jax.jit(step)
+  step, first = _decoder()
   tokens = np.array([[0, 9, 4, 13, 7], [0, 5, 5, 21, 3], [0, 17, 8, 6, 11]], np.int32)
   caches, logits = [first], []
   for t in range(tokens.shape[1]):
-    out, nxt = step(jnp.asarray(tokens[:, t : t + 1]), caches[-1])
+    out, nxt = step(tokens[:, t : t + 1], caches[-1])
     caches.append(nxt)
     logits.append(np.asarray(out))
   at = [3, 1, 4]  # row r continues from step at[r]
   # Row r of the cache after at[r] steps; the scalar counters become [rows] vectors.
-  row = lambda x, r: x[r] if x.ndim else x
+  row = lambda x, r: np.asarray(x[r] if x.ndim else x)
   mixed = jax.tree_util.tree_map(
-    lambda *xs: jnp.stack([row(xs[t], r) for r, t in enumerate(at)]), *caches
+    lambda *xs: np.stack([row(xs[t], r) for r, t in enumerate(at)]), *caches
   )
-  ids = jnp.asarray(tokens[np.arange(3), at][:, None])
+  ids = tokens[np.arange(3), at][:, None]
   got, _ = step(ids, mixed)
   for r, t in enumerate(at):
     np.testing.assert_array_equal(np.asarray(got)[r], logits[t][r])
 
 
 # ----------------------------------------------------------------------------- the pool
-def batch_at_once(model, params, sentences=SENTENCES, **settings):
+_GENERATORS: dict = {}  # this module's batch searches: one Generator per (model, ensemble)
+
+
+def _generator(model, ensemble=False):
+  if (model, ensemble) not in _GENERATORS:
+    _GENERATORS[model, ensemble] = generator.Generator(model, ensemble=ensemble)
+  return _GENERATORS[model, ensemble]
+
+
+def batch_at_once(model, params, ensemble=False, **settings):
   """Each sentence's best translation (no EOS) by model/generate.py's batch-at-once search."""
-  outputs = generator.translate_all(model, params, sentences, max_extra_len=EXTRA, **settings)
+  settings = SearchSettings(max_extra_len=EXTRA, **settings)
+  outputs = _generator(model, ensemble).translate_all(params, SENTENCES, settings)
   return [o.tolist() for o in outputs]
+
+
+def batch_nbest(model, params, **settings):
+  """Each sentence's `NBest` by the batch-at-once search: all beam_size hypotheses, best first,
+  with their scores and per-token log-probabilities."""
+  settings = SearchSettings(max_extra_len=EXTRA, **settings)
+  every = settings.replace(num_hypotheses=settings.beam_size)
+  return _generator(model).translate_all(params, SENTENCES, every, token_scores=True)
+
+
+def batch_best(model, params, **settings):
+  """Each sentence's best translation (no EOS) by the batch-at-once search of `batch_nbest`."""
+  return [found.ids[0].tolist() for found in batch_nbest(model, params, **settings)]
 
 
 POOLS = continuous.PoolPrograms()  # this module's compiled pools, shared by its tests
@@ -164,21 +196,45 @@ SEARCHES = {
 
 
 @pytest.mark.parametrize("how", list(SEARCHES))
-def test_each_sentence_translates_as_in_a_batch(how):
+def test_each_sentence_translates_and_scores_as_in_a_batch(how):
+  """Each sentence's best translation through the pool is the batch-at-once search's, and with
+  `token_scores=True` every finished sentence carries its hypotheses' scores and per-token
+  log-probabilities, the same as the batch-at-once search returns (greedy search and beam
+  search with both length penalties and each stopping rule, all of the beam's hypotheses)."""
   model, params = tiny()
-  assert pooled(model, params, **SEARCHES[how]) == batch_at_once(model, params, **SEARCHES[how])
+  settings = SearchSettings(max_extra_len=EXTRA, **SEARCHES[how])
+  batch = batch_nbest(model, params, **SEARCHES[how])
+  best = pooled(model, params, settings=settings, token_scores=True)
+  assert best == [want.ids[0].tolist() for want in batch]
+  finished = continuous.decode_continuous(
+    model,
+    params,
+    SENTENCES,
+    settings,
+    source_len=SOURCE_LEN,
+    pool_size=3,
+    token_scores=True,
+    programs=POOLS,
+  )
+  for done in finished:
+    want = batch[done.index]
+    assert [generate.strip(row).tolist() for row in done.ids] == [h.tolist() for h in want.ids]
+    np.testing.assert_allclose(done.scores, want.scores, rtol=1e-5, atol=1e-5)
+    for row, tokens in zip(done.token_scores, want.token_scores):
+      np.testing.assert_allclose(row[: len(tokens)], tokens, rtol=1e-5, atol=1e-5)
+      assert not row[len(tokens) :].any()
 
 
 def test_the_list_is_not_degenerate():
   """The outputs the tests compare differ between sentences and searches (the stopping rules
   too), and some sentences stop at EOS before their length limit while others are cut there."""
   model, params = tiny()
-  greedy = batch_at_once(model, params, **SEARCHES["greedy"])
-  beam = batch_at_once(model, params, **SEARCHES["beam-gnmt"])
+  greedy = batch_best(model, params, **SEARCHES["greedy"])
+  beam = batch_best(model, params, **SEARCHES["beam-gnmt"])
   assert len({tuple(o) for o in greedy}) >= 6 and greedy != beam
   for how, other in (("beam-gnmt-finished", "exact"), ("beam-fairseq-exact", "finished")):
     rule = dict(SEARCHES[how], stopping=other)
-    assert batch_at_once(model, params, **SEARCHES[how]) != batch_at_once(model, params, **rule)
+    assert batch_best(model, params, **SEARCHES[how]) != batch_best(model, params, **rule)
   natural = [len(o) + 1 < len(s) + EXTRA for o, s in zip(greedy, SENTENCES)]
   assert any(natural) and not all(natural), natural
 
@@ -202,10 +258,10 @@ def test_an_ensemble_translates_as_in_a_batch():
   model, first = tiny()
   _, second = tiny(seed=3)
   both = jax.tree_util.tree_map(lambda a, b: np.stack([a, b]), first, second)
-  how = dict(SEARCHES["beam-fairseq"], ensemble=True)
-  want = batch_at_once(model, both, **how)
-  assert want != batch_at_once(model, first, **SEARCHES["beam-fairseq"])
-  assert pooled(model, both, **how) == want
+  how = SEARCHES["beam-fairseq"]
+  want = batch_at_once(model, both, ensemble=True, **how)
+  assert want != batch_best(model, first, **how)
+  assert pooled(model, both, ensemble=True, **how) == want
 
 
 def test_sampling_reproduces_itself_whatever_the_pool():
@@ -217,7 +273,7 @@ def test_sampling_reproduces_itself_whatever_the_pool():
   assert pooled(model, params, **how) == first
   assert pooled(model, params, pool_size=5, **how) == first
   assert pooled(model, params, temperature=1.0, rng=jax.random.key(8)) != first
-  greedy = batch_at_once(model, params, **SEARCHES["greedy"])
+  greedy = batch_best(model, params, **SEARCHES["greedy"])
   assert first != greedy
   assert pooled(model, params, temperature=1.5, top_k=1) == greedy
 
@@ -230,9 +286,11 @@ def test_sampling_draws_from_the_model_distribution():
   sentence, temperature = SENTENCES[0], 1.0
   outputs = pooled(model, params, [sentence] * 400, pool_size=5, temperature=temperature)
   first = np.bincount([o[0] if o else EOS_ID for o in outputs], minlength=24) / 400
-  step, cache = _cache(model, params, padded([sentence]), 4)
-  logits, _ = step(jnp.zeros((1, 1), jnp.int32), cache)
-  want = np.asarray(jax.nn.softmax(logits[0] / temperature))
+  step, cache = _decoder()  # its row 0 is `sentence`
+  logits, _ = step(np.zeros((3, 1), np.int32), cache)
+  logits = np.asarray(logits[0], np.float64) / temperature
+  want = np.exp(logits - logits.max())
+  want /= want.sum()
   assert np.abs(first - want).max() < 0.06, (first.round(3), want.round(3))
   assert (want > 0.05).sum() >= 3  # several likely first tokens: the test can tell
 
@@ -242,7 +300,7 @@ def test_one_program_serves_every_list_and_few_steps_per_call_change_nothing():
   their `PoolPrograms` keeps (a call without one compiles its own); device calls of at most 2
   steps, handed one sentence at a time, give the same outputs."""
   model, params = tiny()
-  how = dict(beam_size=2, alpha=0.3)
+  how = dict(SEARCHES["beam-gnmt"], token_scores=True)  # a program of the tests above
   with Compilations("jit(advance)") as compiled:
     whole = pooled(model, params, **how)
     first = compiled.count  # 1, or 0 where this process compiled the same program before
@@ -261,9 +319,10 @@ def test_streamed_sentences_come_out_with_their_index_and_scores():
   index, its hypotheses and their scores, best first."""
   model, params = tiny()
   settings = SearchSettings(max_extra_len=EXTRA, **SEARCHES["beam-gnmt"])
-  best, seen = pooled(model, params, settings=settings), []
+  options = dict(pool_size=3, token_scores=True, programs=POOLS)  # test_each_...'s program
+  best, seen = pooled(model, params, settings=settings, **options), []
   for done in continuous.decode_continuous(
-    model, params, iter(SENTENCES), settings, source_len=SOURCE_LEN, pool_size=3
+    model, params, iter(SENTENCES), settings, source_len=SOURCE_LEN, **options
   ):
     assert done.ids.shape == (3, SOURCE_LEN + EXTRA) and done.scores.shape == (3,)
     assert np.all(np.diff(done.scores) <= 0) and np.isfinite(done.scores[0])
@@ -287,24 +346,3 @@ def test_bad_arguments_are_named():
   with pytest.raises(ValueError, match="pool_size=0"):  # when called, before any sentence is read
     continuous.decode_continuous(model, params, iter(()), source_len=8, pool_size=0)
   assert continuous.translate_continuous(model, params, []) == []
-
-
-def test_the_pool_returns_the_scores_of_the_batch_search():
-  """With `token_scores=True` every finished sentence carries its hypotheses' scores and
-  per-token log-probabilities, the same as the batch-at-once search returns (greedy search and
-  beam search with each stopping rule, all of the beam's hypotheses)."""
-  model, params = tiny()
-  for how in ("greedy", "beam-fairseq", "beam-gnmt-finished", "beam-fairseq-exact"):
-    settings = SearchSettings(max_extra_len=EXTRA, **SEARCHES[how])
-    every = settings.replace(num_hypotheses=settings.beam_size)
-    batch = generator.Generator(model).translate_all(params, SENTENCES, every, token_scores=True)
-    finished = continuous.decode_continuous(
-      model, params, SENTENCES, settings, source_len=SOURCE_LEN, pool_size=3, token_scores=True
-    )
-    for done in finished:
-      want = batch[done.index]
-      assert [generate.strip(row).tolist() for row in done.ids] == [h.tolist() for h in want.ids]
-      np.testing.assert_allclose(done.scores, want.scores, rtol=1e-5, atol=1e-5)
-      for row, tokens in zip(done.token_scores, want.token_scores):
-        np.testing.assert_allclose(row[: len(tokens)], tokens, rtol=1e-5, atol=1e-5)
-        assert not row[len(tokens) :].any()

@@ -10,8 +10,9 @@ and the Python API (tests/test_translator.py's workdirs) and CTranslate2's `targ
 (tests/test_ctranslate2.py) are checked there.
 """
 
+import functools
+
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -28,7 +29,9 @@ from tests.test_continuous import EXTRA, SENTENCES, tiny
 
 SOURCES = SENTENCES[:6]
 PREFIXES = [[5, 7], [], [9], [4, 4, 4], [12, 3, 8, 10, 6, 11, 2], []]
-WIDTH = 8  # > the longest prefix: every row ends in PAD
+# > the longest prefix: every row ends in PAD; Generator.translate_all's width of these prefixes
+# (model/batching.py prefix_width), so that it runs the programs of `_search` below.
+WIDTH = 32
 SETTINGS = {
   "greedy": SearchSettings(beam_size=1, max_extra_len=EXTRA),
   "gnmt": SearchSettings(beam_size=3, alpha=1.5, max_extra_len=EXTRA, num_hypotheses=3),
@@ -57,16 +60,27 @@ def _hypothesis(row) -> list[int]:
   return row[: row.index(EOS_ID) + 1] if EOS_ID in row else [t for t in row if t != PAD_ID]
 
 
+ROWS = 3 * len(SOURCES)  # the most hypotheses the searches above return
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _forced_program(model, params, sources, targets, ensemble):
+  tokp, _ = scoring.score(model, params, sources, targets, ensemble=ensemble, as_search=True)
+  logits = None if ensemble else model.apply({"params": params}, sources, targets)
+  return tokp, logits
+
+
 def _forced(model, params, hypotheses, ensemble=False):
   """Forced decoding of each (source, hypothesis) under the searches' distribution: token
-  log-probabilities [n, width] and the teacher-forced float32 logits (one model only)."""
-  sources = padded([SOURCES[i] for i, _ in hypotheses], 32)
-  targets = padded([h for _, h in hypotheses], 64)
-  tokp, _ = scoring.score(model, params, sources, targets, ensemble=ensemble, as_search=True)
-  logits = None
-  if not ensemble:
-    logits = model.apply({"params": params}, jnp.asarray(sources), jnp.asarray(targets))
-  return np.asarray(tokp), logits
+  log-probabilities [n, width] and the teacher-forced float32 logits (one model only); computed
+  over `ROWS` rows (the first repeated), one program per model."""
+  rows = [(SOURCES[i], h) for i, h in hypotheses]
+  rows += rows[:1] * (ROWS - len(rows))
+  sources = padded([source for source, _ in rows], 32)
+  targets = padded([h for _, h in rows], 64)
+  tokp, logits = _forced_program(model, params, sources, targets, ensemble)
+  n = len(hypotheses)
+  return np.asarray(tokp)[:n], None if logits is None else np.asarray(logits)[:n]
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +149,7 @@ def test_greedy_goes_on_from_the_prefix_by_the_teacher_forced_argmax(transformer
   ids, _, _ = _search(generator, params, SETTINGS["greedy"])
   hyps = [(i, _hypothesis(ids[i, 0])) for i in range(len(SOURCES))]
   _, logits = _forced(model, params, hyps)
-  logits = np.asarray(logits).copy()
+  logits = logits.copy()
   logits[..., PAD_ID] = -np.inf
   for row, (i, hyp) in enumerate(hyps):
     free = range(len(PREFIXES[i]), len(hyp) - 1)  # the last token may be a forced EOS
@@ -161,7 +175,7 @@ def test_every_model_type_and_an_ensemble_follow_the_prefix(kind):
   model, params = tiny(kind)
   ensemble = kind == "transformer"
   if ensemble:
-    params = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), params, tiny(kind, 7)[1])
+    params = jax.tree_util.tree_map(lambda a, b: np.stack([a, b]), params, tiny(kind, 7)[1])
   generator = Generator(model, ensemble=ensemble)
   ids, scores, tokp = _search(generator, params, SETTINGS["greedy"])
   hyps = [(i, _hypothesis(ids[i, 0])) for i in range(len(SOURCES))]
@@ -177,21 +191,25 @@ def test_every_model_type_and_an_ensemble_follow_the_prefix(kind):
   "name, rule", [("greedy", "forced"), ("gnmt", "forced"), ("fairseq", "ctranslate2")]
 )
 def test_continuous_batching_equals_the_length_batches(transformer, name, rule):
+  """Through a pool of 3 (fewer than the sentences), each sentence's hypotheses and their
+  scores are those `Generator.translate_all` finds from the same prefix, best first, each
+  starting with its prefix."""
   model, params, generator = transformer
-  settings = SETTINGS[name].replace(num_hypotheses=1, prefix_rule=rule)
-  sources = SENTENCES  # more than the pool holds
-  prefixes = (PREFIXES * 2)[: len(sources)]
-  batched = generator.translate_all(params, sources, settings, prefixes=prefixes, scores=True)
+  settings = SETTINGS[name].replace(prefix_rule=rule)
+  batched = generator.translate_all(
+    params, SOURCES, settings, prefixes=PREFIXES, token_scores=True
+  )  # the programs of `_search`: the same shapes and settings
   pooled = {
     h.index: h
     for h in continuous.decode_continuous(
-      model, params, sources, settings, source_len=32, pool_size=3, prefixes=prefixes
+      model, params, SOURCES, settings, source_len=32, pool_size=3, prefixes=PREFIXES
     )
   }
+  assert sorted(pooled) == list(range(len(SOURCES)))
   for i, want in enumerate(batched):
-    assert list(want.ids[0][: len(prefixes[i])]) == prefixes[i]
-    np.testing.assert_array_equal(strip(pooled[i].ids[0]), want.ids[0])
-    np.testing.assert_allclose(pooled[i].scores[0], want.scores[0], rtol=1e-5, atol=1e-5)
+    assert list(want.ids[0][: len(PREFIXES[i])]) == PREFIXES[i]
+    assert [strip(row).tolist() for row in pooled[i].ids] == [h.tolist() for h in want.ids]
+    np.testing.assert_allclose(pooled[i].scores, want.scores, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
