@@ -24,6 +24,7 @@ from inference.program_store import ProgramStore
 from model import batching, decoder_state, generate
 from model import cache as model_cache
 from model.build import abstract_params, build_model
+from model.decoder_state import DECODE_SEGMENT
 from model.search_settings import SearchSettings, with_keywords
 from tests.helpers import Compilations
 
@@ -88,12 +89,13 @@ class _Translate:
   """`inference.generator.translate` and `translate_all`, but through one kept `Generator` per
   (model, options), as a caller decoding repeatedly holds one."""
 
+  DEFAULTS = dict(num_ids=None, ensemble=False, use_cache=True, segment=DECODE_SEGMENT)
+
   @staticmethod
   def _generator(model, options):
-    own = {
-      k: options.pop(k) for k in ("num_ids", "ensemble", "use_cache", "segment") if k in options
-    }
-    key = (model, tuple(sorted(own.items())))
+    own = {k: options.pop(k) for k in _Translate.DEFAULTS if k in options}
+    # Keyed by every option's value: an option given at its default is the default generator.
+    key = (model, tuple(sorted({**_Translate.DEFAULTS, **own}.items())))
     if key not in _GENERATORS:
       _GENERATORS[key] = Generator(model, **own)
     return _GENERATORS[key]
@@ -132,7 +134,7 @@ def reference(tiny):
     while not out or out[-1] != EOS:
       targets = np.full((1, width), EOS, np.int32)  # filler after the prefix: not padding
       targets[0, : len(out)] = out
-      logits = np.array(logits_fn(params, padded([src]), targets)[0, len(out)])
+      logits = np.array(logits_fn(params, padded([src]), targets))[0, len(out)]
       logits[PAD] = -np.inf
       out.append(EOS if len(out) + 1 >= len(src) + EXTRA else int(np.argmax(logits)))
     outputs.append(out)
@@ -196,11 +198,16 @@ def test_beam_cached_equals_uncached(tiny):
 @pytest.mark.slow
 def test_growing_cache_changes_nothing(tiny):
   """Self-attention buffers grown 3 positions at a time (several compiled loop segments) give
-  exactly the translations of buffers allocated for the whole output, greedy and beam."""
+  exactly the translations of buffers allocated for the whole output, greedy and beam (those of
+  the default segment, which at this output width allocates the whole output at once: the
+  programs the other tests compile)."""
   model, params = tiny
   inputs = padded(SOURCES)
+  width = SRC_LEN + EXTRA
+  whole_at_once = (width, False)  # (positions allocated first, whether they grow)
+  assert decoder_state._cache_length(model, params, inputs, width, DECODE_SEGMENT) == whole_at_once
   for beam in (1, 2):
-    whole = kept.translate(model, params, inputs, beam_size=beam, max_extra_len=EXTRA, segment=None)
+    whole = kept.translate(model, params, inputs, beam_size=beam, max_extra_len=EXTRA)
     grown = kept.translate(model, params, inputs, beam_size=beam, max_extra_len=EXTRA, segment=3)
     np.testing.assert_array_equal(grown, whole, err_msg=f"beam {beam}")
   with pytest.raises(ValueError, match="segment"):
@@ -343,40 +350,56 @@ def test_cache_follows_reordered_hypotheses(tiny):
   """Beam search reorders the per-hypothesis cache entries and keeps the cross-attention ones
   once per sentence. After random reorders, every hypothesis's cached logits must equal the
   teacher-forced logits of its own prefix."""
-  import jax.numpy as jnp
-
   from model import search
 
   model, params = tiny
   beams, steps = 3, 5
-  inputs = jnp.asarray(padded(SOURCES[:2]))
+  inputs = padded(SOURCES[:2])
   batch = inputs.shape[0]
-  # Buffers of 2 positions grown by 2 (then 1) as the steps go: reordering must carry the
-  # grown buffers along too.
-  step, cache, grow, segment = decoder_state.decoder_state(model, params, inputs, steps, segment=2)
-  assert grow is not None and segment == 2
-  step = jax.jit(step)
-  teacher_forced = jax.jit(lambda src, tgt: model.apply({"params": params}, src, tgt))
-  cache = search.expand_to_beams(cache, beams)
+  # The random reorders and tokens, and the prefixes they make, drawn first: the cached steps
+  # and the teacher-forced runs are then one program.
   rng = np.random.default_rng(0)
   prefixes = np.zeros((batch * beams, 0), np.int32)
-  ids = np.zeros((batch * beams, 1), np.int32)
+  ids = [np.zeros((batch * beams, 1), np.int32)]
+  targets, parents = [], []
   for t in range(steps):
-    if t and t % segment == 0:
-      cache = grow(cache, min(segment, steps - t))
-    logits, cache = step(jnp.asarray(ids), cache)
-    targets = np.concatenate([prefixes, np.full((batch * beams, steps - t), EOS)], axis=1)
-    full = teacher_forced(jnp.repeat(inputs, beams, axis=0), jnp.asarray(targets))
-    # (position t of the teacher-forced run sees the shifted prefix)
-    np.testing.assert_allclose(
-      np.asarray(logits)[:, 2:], np.asarray(full[:, t, 2:]), rtol=1e-4, atol=1e-4
+    targets.append(np.concatenate([prefixes, np.full((batch * beams, steps - t), EOS)], axis=1))
+    # Each new hypothesis continues a random parent of the same sentence.
+    parents.append(rng.integers(0, beams, (batch, beams)))
+    rows = (parents[-1] + np.arange(batch)[:, None] * beams).reshape(-1)
+    ids.append(rng.integers(3, 24, (batch * beams, 1)).astype(np.int32))
+    prefixes = np.concatenate([prefixes[rows], ids[-1]], axis=1)
+  seen = {}
+
+  @jax.jit
+  def cached_and_forced(params, inputs, ids, targets, parents):
+    # Buffers of 2 positions grown by 2 (then 1) as the steps go: reordering must carry the
+    # grown buffers along too.
+    step, cache, grow, segment = decoder_state.decoder_state(
+      model, params, inputs, steps, segment=2
     )
-    # Reorder: each new hypothesis continues a random parent of the same sentence.
-    parents = rng.integers(0, beams, (batch, beams))
-    cache = search.gather_beams(cache, jnp.asarray(parents), batch, beams)
-    rows = (parents + np.arange(batch)[:, None] * beams).reshape(-1)
-    ids = rng.integers(3, 24, (batch * beams, 1)).astype(np.int32)
-    prefixes = np.concatenate([prefixes[rows], ids], axis=1)
+    seen.update(grows=grow is not None, segment=segment)
+    cache = search.expand_to_beams(cache, beams)
+    cached = []
+    for t in range(steps):
+      if t and t % segment == 0:
+        cache = grow(cache, min(segment, steps - t))
+      logits, cache = step(ids[t], cache)
+      cached.append(logits)
+      cache = search.gather_beams(cache, parents[t], batch, beams)
+    # Every step's prefixes teacher-forced in one run (rows are independent): position t of
+    # step t's rows sees the shifted prefix.
+    n = batch * beams
+    sources = jnp.tile(jnp.repeat(inputs, beams, axis=0), (steps, 1))
+    full = model.apply({"params": params}, sources, jnp.concatenate(targets))
+    return cached, [full[t * n : (t + 1) * n, t] for t in range(steps)]
+
+  cached, forced = cached_and_forced(params, inputs, ids[:steps], targets, parents)
+  assert seen == {"grows": True, "segment": 2}
+  for logits, full in zip(cached, forced):
+    np.testing.assert_allclose(
+      np.asarray(logits)[:, 2:], np.asarray(full)[:, 2:], rtol=1e-4, atol=1e-4
+    )
 
 
 def stack(*trees):
@@ -406,24 +429,42 @@ def test_ensemble_step_is_the_log_of_the_mean_probability(tiny):
   reading its own cache: checked for three steps of forced tokens."""
   model, params_a = tiny
   _, params_b = random_model(num_layers=1, seed=5, eos_bias=0.0)
-  inputs = jnp.asarray(padded(SOURCES[:3]))
-  singles = [decoder_state.decoder_state(model, p, inputs, 8) for p in (params_a, params_b)]
-  ens = decoder_state.ensemble_decoder_state(model, stack(params_a, params_b), inputs, 8)
-  caches = [s.cache for s in singles]
-  cache = ens.cache
-  for token in (0, 7, 12):
-    ids = jnp.full((3, 1), token, jnp.int32)
-    outs = [s.step(ids, c) for s, c in zip(singles, caches)]
-    caches = [c for _, c in outs]
-    mixed, cache = ens.step(ids, cache)
-    logp = [np.asarray(jax.nn.log_softmax(logits), np.float64) for logits, _ in outs]
+  inputs = padded(SOURCES[:3])
+  tokens = (0, 7, 12)
+
+  @jax.jit
+  def steps(params_a, params_b, both, inputs):
+    """Per forced token: each member's logits alone [2, 3, vocab], and the ensemble's."""
+    singles = [decoder_state.decoder_state(model, p, inputs, 8) for p in (params_a, params_b)]
+    ens = decoder_state.ensemble_decoder_state(model, both, inputs, 8)
+
+    def step(carried, token):
+      caches, cache = carried
+      ids = jnp.full((3, 1), token, jnp.int32)
+      outs = [s.step(ids, c) for s, c in zip(singles, caches)]
+      mixed, cache = ens.step(ids, cache)
+      return ([c for _, c in outs], cache), (jnp.stack([x for x, _ in outs]), mixed)
+
+    carried = ([s.cache for s in singles], ens.cache)
+    return jax.lax.scan(step, carried, jnp.asarray(tokens, jnp.int32))[1]
+
+  alone, mixed = map(np.asarray, steps(params_a, params_b, stack(params_a, params_b), inputs))
+  for logits, got in zip(alone, mixed):
+    logp = [_log_softmax(x) for x in logits]
     want = np.logaddexp(logp[0], logp[1]) - np.log(2)  # log((p_a + p_b) / 2)
-    np.testing.assert_allclose(np.asarray(mixed), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
     assert not np.allclose(np.exp(logp[0]), np.exp(logp[1]), atol=1e-3)
   with pytest.raises(ValueError, match="leading"):
     bad = stack(params_a, params_b)
     bad["decoder"]["logits"]["bias"] = bad["decoder"]["logits"]["bias"][:1]
     decoder_state.ensemble_decoder_state(model, bad, inputs, 8)
+
+
+def _log_softmax(logits):
+  """log softmax over the last axis, in float64 numpy."""
+  x = np.asarray(logits, np.float64)
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 @pytest.mark.slow
@@ -438,17 +479,23 @@ def test_bfloat16_decoding_casts_the_matrices_once_and_stays_close(tiny):
   cast = traverse_util.flatten_dict(decoder_state.matrices_for_decoding(fast, params))
   assert {p[-1] for p, x in cast.items() if x.dtype == jnp.bfloat16} == {"kernel", "embedding"}
   assert {p[-1] for p, x in cast.items() if x.dtype == jnp.float32} == {"bias", "scale"}
-  cache = decoder_state.initial_cache(fast, params, jnp.asarray(padded(SOURCES)), 8)
-  logits, _ = fast.apply(
-    {"params": params, **cache},
-    jnp.zeros((len(SOURCES), 1), jnp.int32),
-    method="decode_step",
-    mutable=model_cache.CARRIED,
-  )
+
+  def first_step(params, inputs):
+    cache = decoder_state.initial_cache(fast, params, inputs, 8)
+    logits, _ = fast.apply(
+      {"params": params, **cache},
+      jnp.zeros((len(SOURCES), 1), jnp.int32),
+      method="decode_step",
+      mutable=model_cache.CARRIED,
+    )
+    return logits, cache
+
+  # Their dtypes, as traced (the same as computed, with nothing to compile).
+  logits, cache = jax.eval_shape(first_step, params, padded(SOURCES))
   self_attention = cache[model_cache.TARGET]["decoder"]["layer_0"]["self_attention"]
   assert logits.dtype == jnp.float32 and self_attention["cached_key"].dtype == jnp.uint16
   rows = 0
-  for beam in (1, 3):
+  for beam in (1, 2):  # float32's programs are the other tests'
     exact, close = (
       np.asarray(kept.translate(m, params, padded(SOURCES), beam_size=beam, max_extra_len=EXTRA))
       for m in (model, fast)
@@ -539,8 +586,8 @@ def test_programs_kept_on_disk_are_read_back_without_tracing(tiny, tmp_path, mon
   (XLA_FLAGS here) names another file."""
   model, params = tiny
   inputs = padded(SOURCES)
-  settings = SearchSettings(beam_size=3, max_extra_len=EXTRA)
-  expected = np.asarray(Generator(model)(params, inputs, settings))
+  settings = SearchSettings(beam_size=1, max_extra_len=EXTRA)
+  expected = np.asarray(kept.translate(model, params, inputs, settings))  # as without a store
   store = ProgramStore(tmp_path)
   with Compilations("jit(_kept_search)") as compiled:
     ids = Generator(model, programs=store)(params, inputs, settings)
@@ -555,8 +602,10 @@ def test_programs_kept_on_disk_are_read_back_without_tracing(tiny, tmp_path, mon
     np.testing.assert_array_equal(generator(params, inputs, settings), expected)
     np.testing.assert_array_equal(generator(params, inputs, settings), expected)  # kept in memory
   assert (traced.count, c.count, again.loaded, again.compiled) == (0, 0, 1, 0)
-  short = Generator(model)(params, inputs[:3], settings)
-  np.testing.assert_array_equal(generator(params, inputs[:3], settings), short)
+  short = padded(SOURCES[:3], 32)  # the shape translate_all's test decodes
+  np.testing.assert_array_equal(
+    generator(params, short, settings), kept.translate(model, params, short, settings)
+  )
   assert again.compiled == 1 and len(list(tmp_path.glob("*.program"))) == 2
 
   files[0].write_bytes(files[0].read_bytes()[:100])
