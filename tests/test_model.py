@@ -20,6 +20,11 @@ TINY = TransformerConfig(
 
 
 # ----------------------------------------------------------------------------- references
+# Compiling dominates this file's time: each function below compiles once per shape (an eager
+# call compiles each of its operations on its own).
+_attention = jax.jit(attention.dot_product_attention)
+
+
 def np_attention(q, k, v, mask):
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
   logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
@@ -40,15 +45,13 @@ def test_attention_matches_float64_reference(b, lq, lk, h, d):
   )
   mask = rng.random((b, 1, lq, lk)) > 0.4
   mask[0, 0, 0, :] = False  # one fully masked query row
-  out = attention.dot_product_attention(q, k, v, mask)
+  out = _attention(q, k, v, mask)
   ref = np_attention(q, k, v, mask)
   assert np.all(np.isfinite(out))
   np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-4)
   np.testing.assert_array_equal(np.asarray(out)[0, 0], 0.0)
   # No mask at all.
-  np.testing.assert_allclose(
-    attention.dot_product_attention(q, k, v), np_attention(q, k, v, True), atol=2e-5, rtol=1e-4
-  )
+  np.testing.assert_allclose(_attention(q, k, v), np_attention(q, k, v, True), atol=2e-5, rtol=1e-4)
 
 
 def test_masks_match_reference():
@@ -81,7 +84,7 @@ def test_masks_match_reference():
 
 def test_positional_encoding_formula():
   pos = np.array([[0, 1, 2, 7], [3, 0, 1, 2]])
-  pe = np.asarray(sinusoidal_encoding(jnp.asarray(pos), 16))
+  pe = np.asarray(jax.jit(sinusoidal_encoding, static_argnums=1)(pos, 16))
   i = np.arange(8)
   for b in range(2):
     for t in range(4):
@@ -100,6 +103,11 @@ def test_shift_right_restarts_each_segment():
   np.testing.assert_array_equal(shift_right(tgt, seg), [[0, 5, 6, 0, 7, 0]])
 
 
+_xent = jax.jit(smoothed_cross_entropy, static_argnums=3)
+_xent_grad = jax.jit(jax.grad(lambda *a: smoothed_cross_entropy(*a)[0]), static_argnums=3)
+_accuracy = jax.jit(token_accuracy)
+
+
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 def test_label_smoothed_loss_matches_one_hot_reference(eps):
   rng = np.random.default_rng(1)
@@ -111,27 +119,23 @@ def test_label_smoothed_loss_matches_one_hot_reference(eps):
   np.put_along_axis(q, tgt[..., None], 1 - eps, axis=-1)
   ent = -(q * np.log(np.where(q > 0, q, 1))).sum(-1)
   ref = ((-(q * logp).sum(-1) - ent) * w).sum()
-  loss, n = smoothed_cross_entropy(jnp.asarray(logits), jnp.asarray(tgt), jnp.asarray(w), eps)
+  loss, n = _xent(logits, tgt, w, eps)
   np.testing.assert_allclose(loss, ref, rtol=1e-5)
   assert float(n) == 3.0
   # Its gradient is (softmax - q) on weighted positions.
-  grad = jax.grad(lambda x: smoothed_cross_entropy(x, jnp.asarray(tgt), jnp.asarray(w), eps)[0])(
-    jnp.asarray(logits)
-  )
+  grad = _xent_grad(logits, tgt, w, eps)
   np.testing.assert_allclose(grad, (np.exp(logp) - q) * w[..., None], rtol=1e-4, atol=1e-6)
-  correct, n = token_accuracy(jnp.asarray(logits), jnp.asarray(tgt), jnp.asarray(w))
+  correct, n = _accuracy(logits, tgt, w)
   assert float(correct) == float(((logits.argmax(-1) == tgt) * w).sum())
   # A tie for the largest logit counts as correct.
-  tie, _ = token_accuracy(jnp.zeros((1, 2, 7)), jnp.asarray([[3, 0]]))
+  tie, _ = _accuracy(np.zeros((1, 2, 7), np.float32), np.asarray([[3, 0]]))
   assert float(tie) == 2.0
   # bfloat16 rounds 1.0 and 1.001 to one value: the arg-max decides, as greedy decoding would.
   near = jnp.asarray([[[1.0, 1.001, 0.0]]], jnp.bfloat16)
-  assert float(token_accuracy(near, jnp.asarray([[1]]))[0]) == 0.0
-  assert float(token_accuracy(near, jnp.asarray([[0]]))[0]) == 1.0
+  assert float(_accuracy(near, np.asarray([[1]]))[0]) == 0.0
+  assert float(_accuracy(near, np.asarray([[0]]))[0]) == 1.0
   # The minimum (predicting q exactly) is zero.
-  best, _ = smoothed_cross_entropy(
-    jnp.log(jnp.asarray(q, jnp.float32) + 1e-30), jnp.asarray(tgt), None, eps
-  )
+  best, _ = _xent(np.log(q.astype(np.float32) + np.float32(1e-30)), tgt, None, eps)
   assert abs(float(best)) < 1e-4
 
 
@@ -140,10 +144,10 @@ def test_label_smoothed_loss_matches_one_hot_reference(eps):
 def tiny():
   model = Transformer(TINY)
   rng = np.random.default_rng(0)
-  inputs = jnp.asarray(rng.integers(2, 40, (2, 9)), jnp.int32)
-  targets = jnp.asarray(rng.integers(2, 40, (2, 7)), jnp.int32)
-  params = nn.unbox(model.init(jax.random.key(0), inputs, targets)["params"])
-  apply = jax.jit(lambda p, i, t: model.apply({"params": p}, i, t))
+  inputs = rng.integers(2, 40, (2, 9)).astype(np.int32)
+  targets = rng.integers(2, 40, (2, 7)).astype(np.int32)
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), inputs, targets)["params"])
+  apply = jax.jit(lambda p, *a: model.apply({"params": p}, *a))
   return model, params, apply, inputs, targets
 
 
@@ -152,7 +156,8 @@ def test_causality(tiny):
   model, params, apply, inputs, targets = tiny
   base = apply(params, inputs, targets)
   for t in range(targets.shape[1]):
-    changed = targets.at[:, t].set((targets[:, t] + 7) % 38 + 2)
+    changed = targets.copy()
+    changed[:, t] = (targets[:, t] + 7) % 38 + 2
     out = apply(params, inputs, changed)
     np.testing.assert_array_equal(out[:, : t + 1], base[:, : t + 1])  # t predicts token t from < t
     if t + 1 < targets.shape[1]:
@@ -161,29 +166,35 @@ def test_causality(tiny):
 
 def test_padding_never_leaks(tiny):
   model, params, apply, inputs, targets = tiny
-  padded = inputs.at[:, 6:].set(0)
+  padded = inputs.copy()
+  padded[:, 6:] = 0
   base = apply(params, padded, targets)
+
+  @jax.jit
+  def poked(params):  # anything at all in the encoder output behind padding
+    encoded = model.apply({"params": params}, padded, method=Transformer.encode)
+    noise = 1e3 * jax.random.normal(jax.random.key(3), encoded[:, 6:].shape)
+    poked = encoded.at[:, 6:].set(noise)
+    return model.apply({"params": params}, poked, padded, targets, method=Transformer.decode)
+
   # More padding, or anything at all in the encoder output behind padding: same logits.
   np.testing.assert_allclose(
-    apply(params, jnp.pad(padded, ((0, 0), (0, 5))), targets), base, atol=1e-5
+    apply(params, np.pad(padded, ((0, 0), (0, 5))), targets), base, atol=1e-5
   )
-  encoded = model.apply({"params": params}, padded, method=Transformer.encode)
-  poked = encoded.at[:, 6:].set(1e3 * jax.random.normal(jax.random.key(3), encoded[:, 6:].shape))
-  out = model.apply({"params": params}, poked, padded, targets, method=Transformer.decode)
-  np.testing.assert_allclose(out, base, atol=1e-5)
+  np.testing.assert_allclose(poked(params), base, atol=1e-5)
 
 
 def test_packed_rows_equal_separate_sentences(tiny):
   model, params, apply, _, _ = tiny
   a_src, a_tgt = [5, 6, 7, 1], [8, 9, 1]
   b_src, b_tgt = [10, 11, 1], [12, 13, 14, 15, 1]
-  pack = lambda x, y: jnp.asarray([x + y + [0] * (10 - len(x) - len(y))], jnp.int32)
-  seg = lambda x, y: jnp.asarray([[1] * len(x) + [2] * len(y) + [0] * (10 - len(x) - len(y))])
-  pos = lambda x, y: jnp.asarray(
+  pack = lambda x, y: np.asarray([x + y + [0] * (10 - len(x) - len(y))], np.int32)
+  seg = lambda x, y: np.asarray([[1] * len(x) + [2] * len(y) + [0] * (10 - len(x) - len(y))])
+  pos = lambda x, y: np.asarray(
     [list(range(len(x))) + list(range(len(y))) + [0] * (10 - len(x) - len(y))]
   )
-  packed = model.apply(
-    {"params": params},
+  packed = apply(
+    params,
     pack(a_src, b_src),
     pack(a_tgt, b_tgt),
     pos(a_src, b_src),
@@ -191,8 +202,8 @@ def test_packed_rows_equal_separate_sentences(tiny):
     seg(a_src, b_src),
     seg(a_tgt, b_tgt),
   )
-  alone_a = apply(params, jnp.asarray([a_src]), jnp.asarray([a_tgt]))
-  alone_b = apply(params, jnp.asarray([b_src]), jnp.asarray([b_tgt]))
+  alone_a = apply(params, np.asarray([a_src]), np.asarray([a_tgt]))
+  alone_b = apply(params, np.asarray([b_src]), np.asarray([b_tgt]))
   np.testing.assert_allclose(packed[0, :3], alone_a[0], atol=1e-5)
   np.testing.assert_allclose(packed[0, 3:8], alone_b[0], atol=1e-5)
 
@@ -200,15 +211,20 @@ def test_packed_rows_equal_separate_sentences(tiny):
 def test_cached_decoding_equals_full_decoding(tiny):
   model, params, apply, inputs, targets = tiny
   full = apply(params, inputs, targets)
-  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
-  _, v = model.apply(
-    {"params": params},
-    encoded,
-    inputs,
-    targets.shape[1],
-    method=Transformer.init_cache,
-    mutable=model_cache.COLLECTIONS,
-  )
+
+  @jax.jit
+  def initial_cache(params):
+    encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+    return model.apply(
+      {"params": params},
+      encoded,
+      inputs,
+      targets.shape[1],
+      method=Transformer.init_cache,
+      mutable=model_cache.COLLECTIONS,
+    )[1]
+
+  v = initial_cache(params)
   source = {model_cache.SOURCE: v[model_cache.SOURCE]}
   cache = {kind: v[kind] for kind in model_cache.CARRIED}
   step = jax.jit(
@@ -219,7 +235,7 @@ def test_cached_decoding_equals_full_decoding(tiny):
       mutable=model_cache.CARRIED,
     )
   )
-  prev = shift_right(targets)
+  prev = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # the decoder's inputs: targets shifted right
   steps = []
   for t in range(targets.shape[1]):
     logits, cache = step(params, cache, prev[:, t : t + 1])
@@ -264,10 +280,7 @@ def test_forward_backward_finite(pre_ln, dtype):
   model = Transformer(cfg)
   inputs = jnp.ones((2, 6), jnp.int32)
   targets = jnp.full((2, 5), 3, jnp.int32)
-  params = nn.unbox(model.init(jax.random.key(0), inputs, targets)["params"])
-  assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(params))
 
-  @jax.jit
   def loss_fn(p):
     logits = model.apply(
       {"params": p}, inputs, targets, deterministic=False, rngs={"dropout": jax.random.key(1)}
@@ -275,7 +288,13 @@ def test_forward_backward_finite(pre_ln, dtype):
     assert logits.dtype == cfg.compute_dtype
     return smoothed_cross_entropy(logits, targets, None, 0.1)[0]
 
-  loss, grads = jax.value_and_grad(loss_fn)(params)
+  @jax.jit  # initialization, forward and backward: one compilation
+  def run():
+    params = nn.unbox(model.init(jax.random.key(0), inputs, targets)["params"])
+    return params, jax.value_and_grad(loss_fn)(params)
+
+  params, (loss, grads) = run()
+  assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(params))
   assert np.isfinite(loss)
   assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
 
@@ -286,8 +305,9 @@ def test_dropout_masks_keep_the_rate_independently_of_position_and_key(rate):
   from model.dropout import keep_mask
 
   shape = (64, 128, 128)  # 1M elements: the standard error of a fraction is <= 0.0005
-  a = np.asarray(keep_mask(jax.random.key(0), rate, shape))
-  b = np.asarray(keep_mask(jax.random.key(1), rate, shape))
+  masks = jax.jit(keep_mask, static_argnums=(1, 2))
+  a = np.asarray(masks(jax.random.key(0), rate, shape))
+  b = np.asarray(masks(jax.random.key(1), rate, shape))
   p, tol = 1.0 - rate, 0.003
   assert abs(a.mean() - p) < tol and abs(b.mean() - p) < tol
   # Independent across keys and between neighbours along every axis: P(both kept) = p².
@@ -300,14 +320,14 @@ def test_dropout_masks_keep_the_rate_independently_of_position_and_key(rate):
     per_slice = a.mean(axis=tuple(i for i in range(3) if i != axis))
     assert np.all(np.abs(per_slice - p) < 0.03), axis
   # A pure function of (key, shape).
-  np.testing.assert_array_equal(a, np.asarray(keep_mask(jax.random.key(0), rate, shape)))
+  np.testing.assert_array_equal(a, np.asarray(masks(jax.random.key(0), rate, shape)))
 
 
 def test_dropout_scales_kept_values_and_rejects_a_bad_rate():
   from model.dropout import Dropout, dropout
 
   x = jnp.arange(1.0, 1001.0, dtype=jnp.bfloat16).reshape(10, 100)
-  y = dropout(x, 0.2, jax.random.key(3))
+  y = jax.jit(dropout, static_argnums=1)(x, 0.2, jax.random.key(3))
   assert y.dtype == x.dtype and y.shape == x.shape
   kept = np.asarray(y != 0)
   np.testing.assert_array_equal(
@@ -376,12 +396,12 @@ def test_one_layer_forward_matches_numpy_reference():
   model = Transformer(cfg)
   inputs = np.array([[5, 9, 7, 12, 1], [8, 3, 1, 0, 0]], np.int32)
   targets = np.array([[6, 11, 4, 1], [13, 1, 0, 0]], np.int32)
-  params = nn.unbox(model.init(jax.random.key(0), inputs, targets)["params"])
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), inputs, targets)["params"])
   rng = np.random.default_rng(0)  # move every parameter (LayerNorm scales and biases included)
   params = jax.tree_util.tree_map(
     lambda a: (np.asarray(a) + 0.3 * rng.standard_normal(a.shape)).astype(np.float32), params
   )
-  got = np.asarray(model.apply({"params": params}, inputs, targets))
+  got = np.asarray(jax.jit(model.apply)({"params": params}, inputs, targets))
   want = np_transformer_one_layer(params, inputs, targets, cfg.d_model)
   ok = targets > 0
   np.testing.assert_allclose(got[ok], want[ok], rtol=1e-4, atol=1e-4)
@@ -391,13 +411,25 @@ def test_one_layer_forward_matches_numpy_reference():
 def test_remat_gives_same_gradients():
   inputs = jnp.asarray([[4, 5, 6, 1]])
   targets = jnp.asarray([[7, 8, 1]])
-  grads = []
-  for remat in (False, True):
-    model = Transformer(TransformerConfig(**{**TINY.__dict__, "remat": remat, "num_layers": 1}))
-    params = nn.unbox(model.init(jax.random.key(0), inputs, targets)["params"])
-    f = lambda p: smoothed_cross_entropy(model.apply({"params": p}, inputs, targets), targets)[0]
-    grads.append(jax.jit(jax.grad(f))(params))
-    jaxpr = str(jax.make_jaxpr(jax.grad(f))(params))
+  models = [
+    Transformer(TransformerConfig(**{**TINY.__dict__, "remat": remat, "num_layers": 1}))
+    for remat in (False, True)
+  ]
+  losses = [
+    lambda p, model=model: smoothed_cross_entropy(
+      model.apply({"params": p}, inputs, targets), targets
+    )[0]
+    for model in models
+  ]
+
+  @jax.jit  # both models' initialization and gradients: one compilation
+  def run():
+    params = [nn.unbox(m.init(jax.random.key(0), inputs, targets)["params"]) for m in models]
+    return params, [jax.grad(f)(p) for f, p in zip(losses, params)]
+
+  params, grads = run()
+  for remat, f, p in zip((False, True), losses, params):
+    jaxpr = str(jax.make_jaxpr(jax.grad(f))(p))
     assert ("checkpoint" in jaxpr or "remat" in jaxpr) == remat
   for a, b in zip(jax.tree_util.tree_leaves(grads[0]), jax.tree_util.tree_leaves(grads[1])):
     np.testing.assert_allclose(a, b, atol=1e-6)
@@ -405,36 +437,37 @@ def test_remat_gives_same_gradients():
 
 def test_unshared_embeddings_have_own_output_layer():
   model = Transformer(TransformerConfig(**{**TINY.__dict__, "share_embeddings": False}))
-  params = model.init(jax.random.key(0), jnp.ones((1, 3), jnp.int32), jnp.ones((1, 3), jnp.int32))
-  params = nn.unbox(params["params"])
+  ids = jax.ShapeDtypeStruct((1, 3), jnp.int32)
+  params = jax.eval_shape(model.init, jax.random.key(0), ids, ids)["params"]  # the tree only
   assert "target_embed" in params and "logits" in params["decoder"]
 
 
 # ----------------------------------------------------------------------------- bad input
 def test_bad_shapes_raise_value_errors_naming_arguments():
-  q = jnp.ones((2, 3, 4, 8))
+  """The shapes are checked before anything is computed: NumPy arguments, and the model's
+  initialization traced abstractly (`jax.eval_shape`), raise the same errors as eager calls."""
+  q = np.ones((2, 3, 4, 8), np.float32)
   with pytest.raises(ValueError, match="query, key and value"):
     attention.dot_product_attention(q[0], q, q)
   with pytest.raises(ValueError, match="mismatched shapes"):
-    attention.dot_product_attention(q, jnp.ones((2, 3, 4, 6)), q)
+    attention.dot_product_attention(q, np.ones((2, 3, 4, 6), np.float32), q)
   with pytest.raises(ValueError, match="mask shape"):
-    attention.dot_product_attention(q, q, q, jnp.ones((2, 1, 5, 3), bool))
+    attention.dot_product_attention(q, q, q, np.ones((2, 1, 5, 3), bool))
   with pytest.raises(ValueError, match="padding_mask: batch sizes differ"):
-    masks.padding_mask(jnp.ones((2, 3)), jnp.ones((3, 3)))
-  model = Transformer(TINY)
+    masks.padding_mask(np.ones((2, 3)), np.ones((3, 3)))
+  init = lambda *a, **k: jax.eval_shape(Transformer(TINY).init, jax.random.key(0), *a, **k)
   with pytest.raises(ValueError, match="inputs must be \\[batch, length\\]"):
-    model.init(jax.random.key(0), jnp.ones((3,), jnp.int32), jnp.ones((1, 3), jnp.int32))
+    init(np.ones((3,), np.int32), np.ones((1, 3), np.int32))
   with pytest.raises(ValueError, match="batch sizes differ"):
-    model.init(jax.random.key(0), jnp.ones((2, 3), jnp.int32), jnp.ones((1, 3), jnp.int32))
+    init(np.ones((2, 3), np.int32), np.ones((1, 3), np.int32))
   with pytest.raises(ValueError, match="targets_segmentation shape"):
-    model.init(
-      jax.random.key(0),
-      jnp.ones((1, 3), jnp.int32),
-      jnp.ones((1, 3), jnp.int32),
-      targets_segmentation=jnp.ones((1, 4), jnp.int32),
+    init(
+      np.ones((1, 3), np.int32),
+      np.ones((1, 3), np.int32),
+      targets_segmentation=np.ones((1, 4), np.int32),
     )
   with pytest.raises(ValueError, match="loss: logits"):
-    smoothed_cross_entropy(jnp.ones((2, 3, 5)), jnp.ones((2, 4), jnp.int32))
+    smoothed_cross_entropy(np.ones((2, 3, 5), np.float32), np.ones((2, 4), np.int32))
 
 
 def test_config_errors_are_clear():

@@ -81,10 +81,14 @@ def _no_pad(logits):
 _FAST_COMPILE = dict(xla_backend_optimization_level=0, xla_cpu_use_fusion_emitters=False)
 
 
+BASIC, SEARCH = "basic", "search"
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=_FAST_COMPILE)
-def _run(model, full, rng):
-  """Everything the tests check, for one model, in one compilation (`full` adds padding, packing,
-  causality and search)."""
+def _run(model, tier, rng):
+  """Everything the tests check, for one model, in one compilation: shapes, gradients and cached
+  decoding (BASIC); SEARCH adds padding, packing, causality, greedy, beam, grown and ensemble
+  search (and, decoder-only, the layout and the target-only projection)."""
   params = model.init(rng, INPUTS, TARGETS)["params"]
   apply = lambda *a, **k: model.apply({"params": params}, *a, **k)
 
@@ -121,10 +125,25 @@ def _run(model, full, rng):
     return _xent(logits, P_TGT)
 
   out["loss"], out["grads"] = jax.value_and_grad(loss)(params)
-  if not full:
+  if tier == BASIC:
     out["logits"] = apply(INPUTS, TARGETS)
     return out
+  out.update(_searches(model, params, step, cache))
+  # One teacher-forced batch: the targets, the changed targets and the greedy outputs.
+  rows = apply(jnp.tile(INPUTS, (3, 1)), jnp.concatenate([TARGETS, CHANGED, out["greedy"]]))
+  out["logits"], out["changed"], out["greedy_tf"] = jnp.split(rows, 3)
+  out["padded"] = apply(PADDED_INPUTS, TARGETS)
+  out["packed"] = apply(P_IN, P_TGT, P_IN_POS, P_TGT_POS, P_IN_SEG, P_TGT_SEG)
+  if isinstance(model, DecoderOnly):
+    out.update(_decoder_only_references(model, params, out["packed"]))
+  return out
 
+
+def _searches(model, params, step, cache):
+  """Greedy and beam search through `step` over the cache; beam search through
+  `decoder_state` with self-attention buffers grown 2 positions at a time, and through an
+  ensemble of two copies of the model."""
+  out = {}
   step_fn = lambda ids, cache: (lambda c, lg: (_no_pad(lg), c))(*step(cache, ids[:, 0]))
   batch = INPUTS.shape[0]
   out["greedy"] = search.greedy_search(step_fn, cache, batch, MAX_DECODE, max_lens=MAX_LENS)
@@ -157,18 +176,29 @@ def _run(model, full, rng):
     grow=ens.grow,
     segment=ens.segment,
   )
-  # One teacher-forced batch: the targets, the changed targets and the greedy outputs.
-  rows = apply(jnp.tile(INPUTS, (3, 1)), jnp.concatenate([TARGETS, CHANGED, out["greedy"]]))
-  out["logits"], out["changed"], out["greedy_tf"] = jnp.split(rows, 3)
-  out["padded"] = apply(PADDED_INPUTS, TARGETS)
-  out["packed"] = apply(P_IN, P_TGT, P_IN_POS, P_TGT_POS, P_IN_SEG, P_TGT_SEG)
-  if isinstance(model, DecoderOnly):  # the layout, written out by hand for sentence 1
-    seq = jnp.asarray([SRC[1] + [SEP_ID] + TGT[1][:-1]])
-    length = seq.shape[1]
-    full = CausalStack(model.config).apply(
-      {"params": params["decoder"]}, seq, jnp.arange(length)[None], masks.causal_mask(length), True
-    )
-    out["by_hand"] = full[0, len(SRC[1]) :]
+  return out
+
+
+def _decoder_only_references(model, params, packed):
+  """The decoder-only model's logits recomputed from its stack: for sentence 1 with the layout
+  written out by hand (`by_hand`), and for the packed rows with every source and target position
+  projected to the vocabulary, the target part sliced afterwards (`projected_all`), with the
+  label-smoothed losses of both and of the model's own logits of those rows (`packed`)."""
+  from model.loss import smoothed_cross_entropy
+
+  out = {}
+  seq = jnp.asarray([SRC[1] + [SEP_ID] + TGT[1][:-1]])
+  length = seq.shape[1]
+  stack = CausalStack(model.config)
+  full = stack.apply(
+    {"params": params["decoder"]}, seq, jnp.arange(length)[None], masks.causal_mask(length), True
+  )
+  out["by_hand"] = full[0, len(SRC[1]) :]
+  tokens, positions, mask = combined_sequence(P_IN, P_TGT, P_IN_POS, P_TGT_POS, P_IN_SEG, P_TGT_SEG)
+  every = stack.apply({"params": params["decoder"]}, tokens, positions, mask, True)
+  out["projected_all"] = every[:, P_IN.shape[1] :]
+  loss = lambda lg: smoothed_cross_entropy(lg, P_TGT, P_TGT > 0, 0.1)[0]
+  out["projected_loss"], out["projected_all_loss"] = loss(packed), loss(out["projected_all"])
   return out
 
 
@@ -200,28 +230,31 @@ def _decoder_only(pre_ln, share, layers):
   )
 
 
-# name -> (model, full): every model gets shapes, gradients and cached decoding; `full` ones also
-# padding, packing, causality and search (one per model type keeps the compile time down).
+# name -> (model, tier): every model gets shapes, gradients and cached decoding; SEARCH ones also
+# padding, packing, causality and search. Each model compiles once, so the set is kept small: the
+# four recurrent models cover every pair of values of cell, direction and attention (the options
+# that change the recurrent state and what the decoder reads), one of them with two layers and
+# unshared embeddings; one search model per decoder (context vector, attention, decoder-only).
 MODELS = {
-  "rnn-gru-bi-1": (lambda: _rnn("gru", True, 1), True),
-  "rnn-gru-uni-1": (lambda: _rnn("gru", False, 1), False),
-  "rnn-lstm-bi-1": (lambda: _rnn("lstm", True, 1), False),
-  "rnn-lstm-uni-2-unshared": (lambda: _rnn("lstm", False, 2, share=False), False),
-  "attention-lstm-bi-1": (lambda: _rnn("lstm", True, 1, attention=True), True),
-  "decoder_only-pre-unshared-2": (lambda: _decoder_only(True, False, 2), True),
+  "rnn-gru-bi-1": (lambda: _rnn("gru", True, 1), SEARCH),
+  "attention-gru-uni-1": (lambda: _rnn("gru", False, 1, attention=True), BASIC),
+  "rnn-lstm-uni-2-unshared": (lambda: _rnn("lstm", False, 2, share=False), BASIC),
+  "attention-lstm-bi-1": (lambda: _rnn("lstm", True, 1, attention=True), SEARCH),
+  "decoder_only-pre-unshared-2": (lambda: _decoder_only(True, False, 2), SEARCH),
 }
-FULL = [name for name, (_, full) in MODELS.items() if full]
+SEARCH_MODELS = [name for name, (_, tier) in MODELS.items() if tier == SEARCH]
+DECODER_ONLY = [name for name in MODELS if name.startswith("decoder_only")]
 
 
 @functools.cache
 def results(name):
-  make, full = MODELS[name]
-  return jax.tree_util.tree_map(np.asarray, _run(make(), full, jax.random.key(0)))
+  make, tier = MODELS[name]
+  return jax.tree_util.tree_map(np.asarray, _run(make(), tier, jax.random.key(0)))
 
 
 VALID = TARGETS > 0
 all_models = pytest.mark.parametrize("name", list(MODELS))
-full_models = pytest.mark.parametrize("name", FULL)
+search_models = pytest.mark.parametrize("name", SEARCH_MODELS)
 
 
 @pytest.mark.slow
@@ -243,13 +276,13 @@ def test_cached_decoding_equals_teacher_forcing(name):
   np.testing.assert_allclose(r["stepped"][VALID], r["logits"][VALID], atol=1e-5, rtol=1e-5)
 
 
-@full_models
+@search_models
 def test_source_padding_changes_nothing(name):
   r = results(name)
   np.testing.assert_allclose(r["padded"][VALID], r["logits"][VALID], atol=1e-5, rtol=1e-5)
 
 
-@full_models
+@search_models
 def test_packed_rows_equal_separate_sentences(name):
   r = results(name)
   for row, group in enumerate(PACK):
@@ -265,7 +298,7 @@ def test_packed_rows_equal_separate_sentences(name):
 
 
 @pytest.mark.slow
-@full_models
+@search_models
 def test_causality(name):
   """Logits at target position t see targets[:t] only."""
   r = results(name)
@@ -275,7 +308,7 @@ def test_causality(name):
   assert not np.allclose(r["changed"][:, CHANGED_AT + 1 :], r["logits"][:, CHANGED_AT + 1 :])
 
 
-@full_models
+@search_models
 def test_search_through_the_cache(name):
   r = results(name)
   greedy, beams, scores = r["greedy"], r["beams"], r["beam_scores"]
@@ -294,7 +327,7 @@ def test_search_through_the_cache(name):
 
 
 @pytest.mark.slow
-@full_models
+@search_models
 def test_growing_cache_changes_nothing(name):
   """Beam search over self-attention buffers grown 2 positions at a time (decoder-only) finds
   the same hypotheses as over full-length ones; recurrent states have nothing to grow."""
@@ -303,14 +336,14 @@ def test_growing_cache_changes_nothing(name):
   np.testing.assert_array_equal(r["beams_grown"], r["beams"])
 
 
-@full_models
+@search_models
 def test_ensemble_of_copies_searches_as_the_model(name):
   """`decoder_state.ensemble_decoder_state` over every model type's cache (recurrent states, the
   decoder-only rows and positions): two copies of a model find its beam hypotheses."""
   np.testing.assert_array_equal(results(name)["beams_ensemble"], results(name)["beams"])
 
 
-@pytest.mark.parametrize("name", [n for n in FULL if n.startswith("decoder_only")])
+@pytest.mark.parametrize("name", DECODER_ONLY)
 def test_decoder_only_layout(name):
   """The logits are those of `source <sep> target` at the SEP position and after: exactly one per
   target token, so a loss over targets never sees source positions."""
@@ -318,31 +351,26 @@ def test_decoder_only_layout(name):
   np.testing.assert_allclose(r["logits"][1, : len(TGT[1])], r["by_hand"], atol=1e-5, rtol=1e-5)
 
 
+@jax.jit
+def _shared_decoder_only_references():
+  """`_decoder_only_references` of a one-layer decoder-only model with shared embeddings."""
+  model = _decoder_only(True, True, 1)
+  params = model.init(jax.random.key(1), P_IN, P_TGT)["params"]
+  packed = model.apply({"params": params}, P_IN, P_TGT, P_IN_POS, P_TGT_POS, P_IN_SEG, P_TGT_SEG)
+  return {"packed": packed, **_decoder_only_references(model, params, packed)}
+
+
 @pytest.mark.slow
-def test_decoder_only_loss_unchanged_by_projecting_targets_only():
+@pytest.mark.parametrize("share", [False, True])
+def test_decoder_only_loss_unchanged_by_projecting_targets_only(share):
   """Only the target part is projected to the vocabulary; the loss (and the logits) equal those
-  of projecting every source and target position and slicing the target part afterwards."""
-  from model.loss import smoothed_cross_entropy
-
-  batch = (P_IN, P_TGT, P_IN_POS, P_TGT_POS, P_IN_SEG, P_TGT_SEG)
-
-  def losses(share):
-    model = _decoder_only(True, share, 1)
-    p = model.init(jax.random.key(1), P_IN, P_TGT)["params"]
-    logits = model.apply({"params": p}, *batch)
-    tokens, positions, mask = combined_sequence(*batch)
-    every = CausalStack(model.config).apply({"params": p["decoder"]}, tokens, positions, mask, True)
-    old = every[:, P_IN.shape[1] :]
-    loss = lambda lg: smoothed_cross_entropy(lg, P_TGT, P_TGT > 0, 0.1)[0]
-    return logits, old, loss(logits), loss(old)
-
-  # Both embedding choices, initialized and run in one compilation (an eager init compiles each
-  # of its operations on its own).
-  both = jax.jit(lambda: [losses(share) for share in (True, False)], compiler_options=_FAST_COMPILE)
-  for logits, old, loss, old_loss in both():
-    assert logits.shape == old.shape == (2, P_TGT.shape[1], VOCAB)
-    np.testing.assert_allclose(loss, old_loss, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(logits, old, rtol=1e-5, atol=1e-5)
+  of projecting every source and target position and slicing the target part afterwards; with
+  separate and with shared embeddings."""
+  r = _shared_decoder_only_references() if share else results(DECODER_ONLY[0])
+  logits, old = np.asarray(r["packed"]), np.asarray(r["projected_all"])
+  assert logits.shape == old.shape == (2, P_TGT.shape[1], VOCAB)
+  np.testing.assert_allclose(r["projected_loss"], r["projected_all_loss"], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(logits, old, rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- registry

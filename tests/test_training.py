@@ -87,6 +87,13 @@ def test_parallel_schemes_equal_one_device(reference_run, kind, mesh):
     assert mu.addressable_shards[0].data.size * 4 == mu.size  # Adam's moments sharded like wi
 
 
+# A data- and tensor-sharded mesh with dropout on: run by the dropout test, its compiled step
+# inspected by the tensor-parallel one (the same program: compiled once, from the session's
+# compilation cache the second time).
+DROP = {"model.dropout_rate": 0.3, "model.attention_dropout_rate": 0.3}
+DATA_TENSOR_MESH = {"mesh.data": 2, "mesh.fsdp": 1, "mesh.tensor": 4, **DROP}
+
+
 @pytest.mark.slow
 def test_dropout_on_a_mesh_equals_dropout_on_one_device(reference_run):
   """With dropout on, a data- and tensor-sharded step draws the same masks as one device
@@ -94,16 +101,9 @@ def test_dropout_on_a_mesh_equals_dropout_on_one_device(reference_run):
   match; the first loss differs from the same batch's without dropout, so the masks are really
   applied."""
   batches = fixed_batches(n=3)
-  drop = {"model.dropout_rate": 0.3, "model.attention_dropout_rate": 0.3}
-  ref, ref_state, _, _ = run_losses(tiny_config(num_devices=1, **drop), batches)
+  ref, ref_state, _, _ = run_losses(tiny_config(num_devices=1, **DROP), batches)
   losses, state, _, _ = run_losses(
-    tiny_config(
-      num_devices=8,
-      parallelism="mesh",
-      **{"mesh.data": 4, "mesh.fsdp": 1, "mesh.tensor": 2},
-      **drop,
-    ),
-    batches,
+    tiny_config(num_devices=8, parallelism="mesh", **DATA_TENSOR_MESH), batches
   )
   np.testing.assert_allclose(losses, ref, rtol=1e-4)
   atol = adam_atol(tiny_config(), len(batches))
@@ -135,7 +135,8 @@ def test_gradient_accumulation_equals_one_big_step(reference_run, devices, accum
 
 def compiled_mesh_step(**overrides):
   """(train_step partial, Parallel, compiled HLO text) of the tiny model's step jitted over an
-  8-device mesh with the given config overrides."""
+  8-device mesh with the given config overrides, as training/parallel.py jits it (a program a
+  run above compiled already comes from the session's compilation cache)."""
   import functools
 
   from jax.sharding import NamedSharding, PartitionSpec
@@ -156,15 +157,15 @@ def compiled_mesh_step(**overrides):
   )
   p = make_parallel(c)
   replicated = NamedSharding(p.mesh, PartitionSpec())
-  jitted = jax.jit(
+  jitted = jax.jit(  # as training/parallel.py jits it: the program a run of `c` compiled
     step,
     in_shardings=(p.state_sharding, par.batch_sharding(p.mesh), replicated),
     out_shardings=(p.state_sharding, replicated),
+    donate_argnums=(0,),
   )
+  # Lowered for the placed state's shapes and shardings: no state is built.
   hlo = (
-    jitted.lower(
-      p.init_state(jax.random.key(0)), p.place_batch(fixed_batches(1)[0]), jax.random.key(1)
-    )
+    jitted.lower(p.restore_target, p.place_batch(fixed_batches(1)[0]), jax.random.key(1))
     .compile()
     .as_text()
   )
@@ -191,8 +192,9 @@ def test_accumulation_on_a_data_mesh_gathers_nothing():
 def test_tensor_parallel_step_moves_no_activations_between_devices():
   """With the heads sharded over mesh.tensor, the query/key/value product must stay on each
   device's heads: concatenating the kernels along `heads` made XLA permute shards around every
-  attention layer (collective-permute in the compiled step)."""
-  _, _, hlo = compiled_mesh_step(**{"mesh.data": 2, "mesh.tensor": 4})
+  attention layer (collective-permute in the compiled step). Dropout on (the step the dropout
+  test ran): its masks move nothing either."""
+  _, _, hlo = compiled_mesh_step(**DATA_TENSOR_MESH)
   assert "collective-permute" not in hlo and "all-to-all" not in hlo
 
 
@@ -200,12 +202,15 @@ def test_tensor_parallel_step_moves_no_activations_between_devices():
 def test_nonfinite_update_is_skipped_and_counted(reference_run):
   batches, _, _ = reference_run
   p = make_parallel(tiny_config(num_devices=1))
-  state = p.init_state(jax.random.key(0))
-  state = state.replace(
-    params=jax.tree_util.tree_map(
-      lambda x: x.at[..., 0].set(jnp.nan) if x.ndim == 2 else x, state.params
-    )
-  )
+  fresh = p.host_state(p.init_state(jax.random.key(0)))
+
+  def poison(x):  # NaN in the first column of every matrix
+    x = np.array(x)
+    if x.ndim == 2:
+      x[..., 0] = np.nan
+    return x
+
+  state = p.place_state(fresh.replace(params=jax.tree_util.tree_map(poison, fresh.params)))
   before = p.host_state(state)
   new, m = p.train_step(state, batches[0], jax.random.key(1))
   after = p.host_state(new)
@@ -225,7 +230,7 @@ def test_nonfinite_update_is_skipped_and_counted(reference_run):
   from training.state import make_optimizer
 
   schedule = make_optimizer(tiny_config(num_devices=1))[1]
-  good = new.replace(params=p.init_state(jax.random.key(0)).params)
+  good = new.replace(params=p.place_state(fresh).params)
   _, m2 = p.train_step(good, batches[0], jax.random.key(2))
   assert int(m2["nonfinite"]) == 0
   np.testing.assert_allclose(float(m2["learning_rate"]), float(schedule(0)), rtol=1e-6)
@@ -333,7 +338,7 @@ def test_bad_parallel_settings_are_clear():
   with pytest.raises(ValueError, match="8 devices cannot be split into mesh"):
     par.make_mesh({"data": -1, "fsdp": 3, "tensor": 1})
   p = make_parallel(tiny_config(parallelism="pmap", num_devices=8))
-  state = p.init_state(jax.random.key(0))
+  state = p.abstract_state  # the batch is refused before the state is looked at
   bad = fixed_batches(1, rows=12)[0]
   with pytest.raises(ValueError, match="12 rows .* not divisible by the 8"):
     p.train_step(state, bad, jax.random.key(0))
