@@ -100,7 +100,7 @@ def test_a_process_hung_after_a_stop_signal_exits_after_stop_timeout_s(tmp_path)
     "--config.eval.bleu_sentences=0",
     "--config.model.num_layers=1",
     "--config.num_devices=1",
-    "--config.stop_timeout_s=4",
+    "--config.stop_timeout_s=2",
   ]
   proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 240
@@ -112,8 +112,8 @@ def test_a_process_hung_after_a_stop_signal_exits_after_stop_timeout_s(tmp_path)
   waited = time.time() - sent
   assert "hanging" in out  # the stop signal reached the loop, which then hung
   assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-  assert 4 <= waited < 60, waited
-  assert "SIGTERM received 4 s ago and the process has not stopped" in err
+  assert 2 <= waited < 60, waited
+  assert "SIGTERM received 2 s ago and the process has not stopped" in err
   steps = ckpt.available_steps(tmp_path)
   assert steps and steps[-1] % 2 == 0  # only the periodic checkpoints: no save after the signal
   assert load_for_inference(tmp_path).step == steps[-1]  # the last one is whole
