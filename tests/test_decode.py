@@ -41,21 +41,33 @@ def workdir(decode_workdir):
   return decode_workdir
 
 
-def test_stdin_to_stdout_in_input_order(workdir):
-  from inference import generator
-  from inference.restore import load_for_inference
-  from model.build import build_model
-  from model.special_tokens import EOS_ID
+SHORT = ["w1 w2 w3", "w5 w6 w7 w8 w9", "w3 w4", "w10 w11 w12 w13 w14 w15 w16"]
+LONG = " ".join(f"w{i}" for i in range(12))  # > model.max_len=8 tokens
+LINES = [SHORT[0], "", SHORT[1], LONG, SHORT[2], "   ", SHORT[3]]
 
-  short = ["w1 w2 w3", "w5 w6 w7 w8 w9", "w3 w4", "w10 w11 w12 w13 w14 w15 w16"]
-  long = " ".join(f"w{i}" for i in range(12))  # > model.max_len=8 tokens
-  lines = [short[0], "", short[1], long, short[2], "   ", short[3]]
-  proc = decode_py(
-    workdir,
+
+@pytest.fixture(scope="module")
+def piped(decode_workdir):
+  """decode.py in a process of its own, LINES piped to its stdin, at `--verbosity=1` (what it
+  logs is checked by test_default_verbosity_shows_no_library_chatter, what it writes by
+  test_stdin_to_stdout_in_input_order)."""
+  return decode_py(
+    decode_workdir,
     "--beam_size=1",
     f"--max_extra_len={EXTRA}",
-    stdin="".join(f"{line}\n" for line in lines),
+    "--verbosity=1",
+    stdin="".join(f"{line}\n" for line in LINES),
   )
+
+
+def test_stdin_to_stdout_in_input_order(workdir, piped):
+  from inference.generator import Generator
+  from inference.restore import load_for_inference
+  from model.build import build_model
+  from model.search_settings import SearchSettings
+  from model.special_tokens import EOS_ID
+
+  short, long, lines, proc = SHORT, LONG, LINES, piped
   out = proc.stdout.split("\n")
   assert out[-1] == "" and len(out) == len(lines) + 1, out
   assert out[1] == "" and out[5] == "", "empty (or blank) lines give empty lines"
@@ -77,18 +89,16 @@ def test_stdin_to_stdout_in_input_order(workdir):
   assert "truncated to it: line 4" in chunked.stderr, chunked.stderr[-2000:]
 
   # Each short sentence translated alone, in this process, gives the same line.
+  # (One generator: its calls, each of one sentence, compile the search once.)
   restored = load_for_inference(workdir)
-  model = build_model(restored.config.model)
+  search = Generator(build_model(restored.config.model))
+  settings = SearchSettings(beam_size=1, max_extra_len=EXTRA)
   vocab = restored.vocab
   for i, text in zip((0, 2, 4, 6), short):
-    alone = generator.translate_all(
-      model, restored.params, [vocab.encode(text) + [EOS_ID]], beam_size=1, max_extra_len=EXTRA
-    )[0]
+    alone = search.translate_all(restored.params, [vocab.encode(text) + [EOS_ID]], settings)[0]
     assert out[i] == vocab.decode(alone.tolist()), (i, text)
   # The truncated line is translated from its first 7 words (+ EOS).
-  cut = generator.translate_all(
-    model, restored.params, [vocab.encode(long)[:7] + [EOS_ID]], beam_size=1, max_extra_len=EXTRA
-  )[0]
+  cut = search.translate_all(restored.params, [vocab.encode(long)[:7] + [EOS_ID]], settings)[0]
   assert out[3] == vocab.decode(cut.tolist())
 
 
@@ -259,18 +269,14 @@ def test_bad_numbers_and_output_paths_fail_before_any_decoding(workdir, tmp_path
   assert not (tmp_path / "missing").exists()
 
 
-def test_default_verbosity_shows_no_library_chatter(workdir):
+def test_default_verbosity_shows_no_library_chatter(workdir, piped):
   """Orbax's INFO lines and missing-metadata warning, and JAX's TPU-backend probe, stay hidden
-  from a user's decode.py, also at `--verbosity=1`, which adds a few lines of the project's own:
-  what was read, each program fetched or compiled with its batch's shape, the time of each
-  phase; `--verbosity=2` (here in this process) brings the libraries' lines back."""
+  from a user's decode.py at `--verbosity=1` (the `piped` process; at the default verbosity in
+  test_lines_typed_at_a_terminal_are_translated_as_they_come), which adds a few lines of the
+  project's own: what was read, each program fetched or compiled with its batch's shape, the time
+  of each phase; `--verbosity=2` (here in this process) brings the libraries' lines back."""
   own = {path.name for path in REPO.rglob("*.py")}
-  quiet = decode_py(workdir, "--beam_size=1", stdin="w1 w2\n").stderr
-  lines = [line for line in quiet.splitlines() if line.strip()]
-  assert lines and all(("decode.py:" in line) for line in lines), quiet[-2000:]
-  dtype, why = native_dtype("cpu")  # --dtype=auto: the line says which and why
-  assert f"dtype {dtype} ({why}) on 1 cpu device(s)" in quiet, quiet[-2000:]
-  detail = decode_py(workdir, "--beam_size=1", "--verbosity=1", stdin="w1 w2\n").stderr
+  detail = piped.stderr
   lines = [line for line in detail.splitlines() if line.strip()]
   where = [re.match(r"[IWE]\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] ", line) for line in lines]
   assert all(where) and {m.group(1) for m in where} <= own, detail[-2000:]
@@ -283,7 +289,6 @@ def test_default_verbosity_shows_no_library_chatter(workdir):
   )
   assert phases and "translate" in phases.group(1), detail[-2000:]
   assert "compile or load" in phases.group(1) and "trace + lower" in phases.group(1)
-  assert "Time by phase" not in quiet
   loud = decode(workdir, "--beam_size=1", "--verbosity=2", stdin="w1 w2\n").stderr
   assert "orbax" in loud or "checkpoint.py" in loud, loud[-2000:]
   assert len(loud.splitlines()) > 2 * len(lines)
@@ -364,24 +369,31 @@ def test_nbest_lists_and_scoring_given_translations(workdir, tmp_path):
     assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1], proc.stderr
 
 
-def test_lines_typed_at_a_terminal_are_translated_as_they_come(workdir):
+def test_lines_typed_at_a_terminal_are_translated_as_they_come(workdir, piped):
   """stdin a terminal (a pseudo-terminal here): each line's translation is written as soon as the
-  line is entered, before the input ends, and equals the translation of the whole input."""
+  line is entered, before the input ends, and equals the translation of the same lines piped
+  (`piped`, same search); at the default verbosity its log is decode.py's own lines only (no
+  library chatter), among them which dtype `--dtype=auto` chose and why, and no phase times."""
   import os
   import pty
   import select
 
-  lines = ["w1 w2 w3", "w5 w6 w7 w8 w9"]
-  expected = decode(
-    workdir, "--beam_size=1", stdin="".join(f"{line}\n" for line in lines)
-  ).stdout.splitlines()
+  lines = [SHORT[0], SHORT[1]]
+  expected = piped.stdout.splitlines()
+  expected = [expected[LINES.index(line)] for line in lines]
   leader, follower = pty.openpty()
   proc = subprocess.Popen(
-    [sys.executable, "decode.py", f"--workdir={workdir}", "--beam_size=1"],
+    [
+      sys.executable,
+      "decode.py",
+      f"--workdir={workdir}",
+      "--beam_size=1",
+      f"--max_extra_len={EXTRA}",
+    ],
     cwd=REPO,
     stdin=follower,
     stdout=subprocess.PIPE,
-    stderr=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,  # a few lines: read once it ends
     env=one_device_env(),
   )
   os.close(follower)
@@ -393,6 +405,12 @@ def test_lines_typed_at_a_terminal_are_translated_as_they_come(workdir):
       assert proc.stdout.readline().decode().rstrip("\n") == translation
     os.write(leader, b"\x04")  # end of input (Ctrl-D)
     assert proc.wait(timeout=120) == 0
+    quiet = proc.stderr.read().decode()
   finally:
     proc.kill()
     os.close(leader)
+  lines = [line for line in quiet.splitlines() if line.strip()]
+  assert lines and all(("decode.py:" in line) for line in lines), quiet[-2000:]
+  dtype, why = native_dtype("cpu")  # --dtype=auto: the line says which and why
+  assert f"dtype {dtype} ({why}) on 1 cpu device(s)" in quiet, quiet[-2000:]
+  assert "Time by phase" not in quiet

@@ -27,11 +27,23 @@ def workdirs(model_type_workdirs):
   return model_type_workdirs
 
 
+_LOADED: dict = {}
+
+
+def loaded(workdir, dtype: str = "auto") -> Translator:
+  """`Translator.load(workdir, dtype=dtype)`, loaded once per module for the tests that do not
+  check loading itself: they share its compiled searches (the same settings compile once)."""
+  key = (str(workdir), dtype)
+  if key not in _LOADED:
+    _LOADED[key] = Translator.load(workdir, dtype=dtype)
+  return _LOADED[key]
+
+
 @pytest.mark.parametrize("kind", MODEL_TYPES)
 def test_the_api_and_decode_py_give_the_same_translations(workdirs, kind):
   """decode.py run in this process (tests/helpers.py run_in_process; tests/test_decode.py runs
   it as its own process too)."""
-  translator = Translator.load(workdirs[kind])
+  translator = loaded(workdirs[kind])
   stdin = "".join(f"{s}\n" for s in SENTENCES)
   api = translator.translate(SENTENCES, beam_size=2, max_extra_len=4)
   cli = run_in_process(
@@ -59,7 +71,7 @@ def test_the_readme_example_runs_as_written(workdirs, capsys):
 
 
 def test_long_sentences_are_cut_with_a_warning_and_options_are_checked(workdirs, caplog):
-  translator = Translator.load(workdirs["transformer"])
+  translator = loaded(workdirs["transformer"])
   long = " ".join(f"w{i % 30}" for i in range(40))  # > model.max_len=24 tokens
   with caplog.at_level(logging.WARNING):
     result = translator.run(["w1 w2", long, "  "], beam_size=1, max_extra_len=2)
@@ -90,14 +102,14 @@ def test_long_sentences_are_cut_with_a_warning_and_options_are_checked(workdirs,
 
 
 def test_decoding_over_two_devices_equals_one(workdirs):
-  """Batches split over two (simulated) devices translate as on one."""
-  import jax
-
-  one = Translator.load(workdirs["transformer"], devices=jax.local_devices()[:1])
+  """Batches split over two (simulated) devices translate as on one (the default on CPUs: the
+  first device; the search of test_the_api_and_decode_py_give_the_same_translations)."""
+  one = loaded(workdirs["transformer"])
+  assert one.devices == jax.local_devices()[:1]
   two = Translator.load(workdirs["transformer"], devices=jax.local_devices()[:2])
-  sentences = [s for s in SENTENCES if s] * 3
-  assert two.translate(sentences, beam_size=2, max_extra_len=3) == one.translate(
-    sentences, beam_size=2, max_extra_len=3
+  sentences = [s for s in SENTENCES if s]  # 4 rows: 2 on each device
+  assert two.translate(sentences, beam_size=2, max_extra_len=4) == one.translate(
+    sentences, beam_size=2, max_extra_len=4
   )
 
 
@@ -160,7 +172,7 @@ def test_nbest_with_scores_and_scoring_pairs(workdirs):
   again: beam search's the log-probability over the paper's ((5 + len) / 6) ** alpha, greedy
   search's the log-probability. float32: the cached search and the full pass round apart in
   bfloat16, which dtype='auto' picks on CPUs with native bfloat16 products."""
-  translator = Translator.load(workdirs["transformer"], dtype="float32")
+  translator = loaded(workdirs["transformer"], "float32")
   sentences = ["w1 w2 w3", "", "w4 w5 w6 w7"]
   alpha = 0.6
   result = translator.run(
@@ -191,8 +203,8 @@ def test_nbest_with_scores_and_scoring_pairs(workdirs):
 
 def test_continuous_batching_gives_the_same_translations(workdirs):
   """batching='continuous' (a pool of rows, inference/continuous.py) translates a list of mixed
-  lengths, with empty and over-long lines, as length batches do (float32)."""
-  translator = Translator.load(workdirs["transformer"])
+  lengths, with empty and over-long lines, as length batches do."""
+  translator = loaded(workdirs["transformer"])
   long = " ".join(f"w{i % 30}" for i in range(40))
   sentences = ["w1 w2 w3", "", long, "w4", "w5 w6 w7 w8 w9 w10", "w3 w2"] * 3
   for search in (dict(beam_size=1), dict(beam_size=3, alpha=1.0, length_penalty="fairseq")):
@@ -240,9 +252,7 @@ def test_int8_decoding_quantizes_once_and_stays_close(workdirs):
   assert cli.returncode == 0, cli.stderr[-3000:]
   assert cli.stdout.split("\n")[:-1] == results["decoder_only"].texts
   result = results["transformer"]  # int8 is the transformer's from here on
-  exact = Translator.load(workdirs["transformer"], dtype="float32").translate(
-    sentences, beam_size=3
-  )
+  exact = loaded(workdirs["transformer"], "float32").translate(sentences, beam_size=3)
   assert sum(a == b for a, b in zip(result.texts, exact)) >= len(sentences) // 2, result.texts
   settings = int8.settings()
   limits = [len(ids) + settings.max_extra_len for ids in result.source_ids]
