@@ -183,6 +183,14 @@ def test_flops_equal_the_models_matrix_products(fields):
   assert _matmul_flops(jaxpr.jaxpr) == flops.forward_flops(cfg, b, s, t)
 
 
+# The runs of `runs` made by bench_processes.run_child (bench.py in a child process, its record
+# read from the --json file run_child gives it): a decoding benchmark, and a bad flag.
+CHILDREN = {
+  "decode": ["--mode=decode", "--config.bench.decode_len=5", "--config.bench.beam_size=2"],
+  "bad_flag": ["--config.model.no_such_field=1"],
+}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """Starts the bench.py runs in the background, in two lanes that overlap each other and the
@@ -191,7 +199,9 @@ def runs(tmp_path_factory):
 
   All runs see 8 simulated devices, compile unoptimized (they check plumbing, not speed) and
   share one compilation cache: the sweep's first point is the single run's program, and the
-  two decoding runs initialize the same parameters.
+  two decoding runs initialize the same parameters. The runs named in CHILDREN go through
+  --separate_processes's `run_child` in flax's environment: finish(name) then gives the record
+  it returned, or raises the error it raised.
   """
   env = cpu_env(
     8,
@@ -212,15 +222,8 @@ def runs(tmp_path_factory):
       ),
     ],
     [
-      (
-        "decode",
-        [
-          "--mode=decode",
-          "--config.bench.decode_len=5",
-          "--config.bench.beam_size=2",
-          "--json={dir}/decode.json",
-        ],
-      ),
+      ("decode", CHILDREN["decode"]),
+      ("bad_flag", CHILDREN["bad_flag"]),
       (
         "decode_nocache",
         [
@@ -233,6 +236,7 @@ def runs(tmp_path_factory):
       ),
     ],
   ]
+  child_env = bench_processes.flax_environment(env)
   folders = {name: tmp_path_factory.mktemp(name) for lane in lanes for name, _ in lane}
   procs, stopping = [], threading.Event()
 
@@ -241,6 +245,12 @@ def runs(tmp_path_factory):
     for name, args in lane:
       if stopping.is_set():
         break
+      if name in CHILDREN:
+        try:
+          results[name] = bench_processes.run_child(SMALL + args, child_env)
+        except RunError as e:
+          results[name] = e
+        continue
       proc = subprocess.Popen(
         [
           sys.executable,
@@ -266,7 +276,10 @@ def runs(tmp_path_factory):
     futures.update((name, future) for name, _ in lane)
 
   def finish(name):
-    return futures[name].result(timeout=600)[name], folders[name]
+    result = futures[name].result(timeout=600)[name]
+    if isinstance(result, RunError):
+      raise result
+    return result, folders[name]
 
   yield finish
   stopping.set()
@@ -554,17 +567,16 @@ def test_paired_processes_alternate_and_give_flax_glibc_defaults(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_separate_process_reports_its_record_or_its_error(tmp_path):
-  """run_child runs bench.py for real: flax's environment (without flax's example, not installed
-  in the tests) gives a record with glibc's default host memory; a bad flag is one RunError that
-  quotes the child's error."""
-  env = bench_processes.flax_environment(cpu_env(1))
-  record = bench_processes.run_child(SMALL + ["--config.num_devices=1"], env)
+def test_a_separate_process_reports_its_record_or_its_error(runs):
+  """run_child runs bench.py for real (the decoding run of `runs`): flax's environment (without
+  flax's example, not installed in the tests) gives a record with glibc's default host memory;
+  a bad flag is one RunError that quotes the child's error."""
+  record, _ = runs("decode")
   assert record["host_memory"] == "process default"
   assert record["config"] == "configs/tiny.py" and record["implementation"] == "this repository"
   assert record["step_time_s"] > 0
   with pytest.raises(RunError, match="(?s)exit status.*config.model.no_such_field"):
-    bench_processes.run_child(SMALL + ["--config.model.no_such_field=1"], env)
+    runs("bad_flag")
 
 
 def test_paired_needs_flax_and_one_plain_benchmark():
@@ -860,9 +872,8 @@ def test_train_json_has_every_field(runs):
 
 @pytest.mark.slow
 def test_decode_json(runs):
-  proc, folder = runs("decode")
-  _ok(proc)
-  record = json.loads((folder / "decode.json").read_text())
+  """The decoding run's record, as bench.py wrote it to --json (read back by run_child)."""
+  record, _ = runs("decode")
   assert set(records.DECODE_FIELDS) <= set(record)
   assert record["mode"] == "decode" and record["decode_cache"] is True
   assert record["decode_len"] == 5 and record["beam_size"] == 2 and record["num_devices"] == 1

@@ -11,13 +11,14 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from core.errors import RunError, UsageError
 from inference.restore import load_for_inference
-from tests.helpers import REPO, assert_trees_equal, saved_params, train_losses
+from tests.helpers import REPO, assert_trees_equal, run_in_process, saved_params, train_losses
 from training import checkpoint as ckpt
 from training import workdir as wd
 from training.average import write_average
@@ -93,16 +94,36 @@ def _live_holder(workdir):
   (workdir / wd.LOCK_NAME).write_text(json.dumps(lock._record()))
 
 
-def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_path):
+STEPS = 30  # of the reference run and the run killed and resumed
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """An uninterrupted train.py run of STEPS steps (a checkpoint every 5), started in the background
+  when first asked for; returns finished() -> its workdir, once it has exited 0. Tests copy the
+  workdir before changing anything in it."""
+  work = tmp_path_factory.mktemp("reference")
+  proc = _start(work, f"--config.num_train_steps={STEPS}")
+
+  def finished():
+    assert proc.wait(timeout=300) == 0, proc.communicate()[1][-3000:]
+    return work
+
+  yield finished
+  if proc.poll() is None:
+    proc.kill()
+    proc.wait()
+
+
+def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_path, reference):
   """Three SIGKILLs at seeded random steps, the second while an asynchronous save is in flight
   (Orbax's `<step>.orbax-checkpoint-tmp` folder exists, and is still there after the kill), each
   followed by a resume: every train loss (the last record of each step: a resume replays the
   steps after its checkpoint) and the final parameters equal an uninterrupted run's. Each resume
   takes over the killed run's lock with a warning; the last one is given a live holder's lock and
   --take_over_lock."""
-  steps = 30
+  steps = STEPS
   kills = sorted(random.Random(29).sample(range(4, steps - 6), 3))
-  reference = _start(tmp_path / "reference", f"--config.num_train_steps={steps}")
   work = tmp_path / "killed"
   metrics = work / "metrics.jsonl"
   killed_pids, stderr = [], []
@@ -128,16 +149,16 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_p
   final = _start(work, f"--config.num_train_steps={steps}", "--take_over_lock")
   out, err = final.communicate(timeout=300)
   assert final.returncode == 0, err[-3000:]
-  assert reference.wait(timeout=300) == 0, reference.communicate()[1][-3000:]
+  uninterrupted = reference()
 
   for n in (1, 2):  # each resume took over the lock its killed predecessor left
     assert f"pid {killed_pids[n - 1]} is gone" in stderr[n], stderr[n][-3000:]
   assert f"pid {os.getpid()}" in err and "forced by take_over_lock" in err, err[-3000:]
   assert not (work / wd.LOCK_NAME).exists()
-  ours, theirs = train_losses(work), train_losses(tmp_path / "reference")
+  ours, theirs = train_losses(work), train_losses(uninterrupted)
   assert sorted(ours) == list(range(1, steps + 1))
   assert ours == theirs
-  assert_trees_equal(saved_params(work, steps), saved_params(tmp_path / "reference", steps))
+  assert_trees_equal(saved_params(work, steps), saved_params(uninterrupted, steps))
 
 
 # train.py whose file layer fails: the FAIL_SAVE-th step folder Orbax creates raises ENOSPC.
@@ -193,14 +214,17 @@ def test_a_save_that_fails_is_one_error_and_a_prompt_exit(tmp_path, steps, fail_
 
 def test_a_second_run_on_a_workdir_is_refused_and_the_first_unharmed(tmp_path):
   """The same command started twice (a requeued job whose first instance still runs): the second
-  is refused at once, exit status 2, one line naming the holder; the first goes on and, stopped
-  by SIGTERM, saves and exits 0 with each step in metrics.jsonl once."""
+  (train.py's command line run in this process: the refusal comes before any work) is refused at
+  once, exit status 2, one line naming the holder; the first goes on and, stopped by SIGTERM,
+  saves and exits 0 with each step in metrics.jsonl once."""
   first = _start(tmp_path, "--config.num_train_steps=100000")
   metrics = tmp_path / "metrics.jsonl"
   _wait(first, lambda: _steps_logged(metrics, 0), "the first step")
   t0 = time.time()
-  second = _start(tmp_path, "--config.num_train_steps=100000")
-  _, err = second.communicate(timeout=120)
+  second = run_in_process(
+    "train.py", *ARGS, f"--workdir={tmp_path}", "--config.num_train_steps=100000"
+  )
+  err = second.stderr
   refused_after = time.time() - t0
   first.send_signal(signal.SIGTERM)
   _, first_err = first.communicate(timeout=120)
@@ -292,12 +316,12 @@ def test_a_run_whose_lock_was_taken_stops(tmp_path):
     lock.release()
 
 
-def test_readers_ignore_the_lock_and_it_follows_the_umask(uninterrupted, tmp_path):
-  """decode.py's loading and cli.average read a workdir whose lock a run holds, and leave
-  the lock alone; the lock file, like the rest of the workdir, follows the umask."""
-  _, full = uninterrupted
+def test_readers_ignore_the_lock_and_it_follows_the_umask(reference, tmp_path):
+  """decode.py's loading and cli.average read a workdir (a copy of the reference run's) whose
+  lock a run holds, and leave the lock alone; the lock file, like the rest of the workdir,
+  follows the umask."""
   work = tmp_path / "w"
-  shutil.copytree(full, work)
+  shutil.copytree(reference(), work)
   previous = os.umask(0o022)
   try:
     lock = wd.WorkdirLock(work).acquire()
@@ -306,7 +330,7 @@ def test_readers_ignore_the_lock_and_it_follows_the_umask(uninterrupted, tmp_pat
   try:
     before = (work / wd.LOCK_NAME).read_bytes()
     assert stat.S_IMODE((work / wd.LOCK_NAME).stat().st_mode) == 0o644
-    assert load_for_inference(work).step == 12
+    assert load_for_inference(work).step == STEPS
     assert write_average(work, 2).exists()
     assert (work / wd.LOCK_NAME).read_bytes() == before
   finally:
@@ -314,33 +338,48 @@ def test_readers_ignore_the_lock_and_it_follows_the_umask(uninterrupted, tmp_pat
 
 
 _TAKER = """
-import sys, time
+import sys
 from core.errors import UsageError
 from training.workdir import WorkdirLock
-time.sleep(max(float(sys.argv[2]) - time.time(), 0))
+print("ready", flush=True)
+sys.stdin.readline()  # "go", written to the four takers at once
 try:
   lock = WorkdirLock(sys.argv[1]).acquire()
 except UsageError:
-  print("refused")
+  print("refused", flush=True)
 else:
-  print("won")
-  time.sleep(3)  # held while the others try
+  print("won", flush=True)
+  sys.stdin.readline()  # held until the others have tried (stdin closed)
   lock.release()
 """
 
 
 def test_of_several_takers_of_a_dead_lock_one_wins(tmp_path):
+  """Four processes, each started and ready, try to take a dead holder's lock at once: one wins
+  and holds it until the three others have been refused."""
   _write_lock(tmp_path, host=socket.gethostname(), pid=_dead_pid())
-  start = str(time.time() + 2)
   takers = [
     subprocess.Popen(
-      [sys.executable, "-c", _TAKER, str(tmp_path), start],
+      [sys.executable, "-c", _TAKER, str(tmp_path)],
       cwd=REPO,
+      stdin=subprocess.PIPE,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,
     )
     for _ in range(4)
   ]
-  results = [t.communicate(timeout=60)[0].strip() for t in takers]
-  assert sorted(results) == ["refused"] * 3 + ["won"], results
+  watchdog = threading.Timer(60, lambda: [t.kill() for t in takers])  # a ceiling, not a race
+  watchdog.start()
+  try:
+    ready = [t.stdout.readline().strip() for t in takers]
+    for t in takers:
+      t.stdin.write("go\n")
+      t.stdin.flush()
+    results = [t.stdout.readline().strip() for t in takers]  # each one's answer, as it comes
+    errors = [t.communicate(timeout=60)[1] for t in takers]  # stdin closed: the winner releases
+  finally:
+    watchdog.cancel()
+  assert ready == ["ready"] * 4, errors
+  assert sorted(results) == ["refused"] * 3 + ["won"], (results, errors)
+  assert [t.returncode for t in takers] == [0] * 4, errors
