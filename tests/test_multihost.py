@@ -173,7 +173,7 @@ def _join_unreachable(workdir, listening: bool) -> tuple[subprocess.CompletedPro
         f"--coordinator_address=127.0.0.1:{port}",
         "--num_processes=2",
         "--process_id=1",
-        "--distributed_timeout=4",
+        "--distributed_timeout=2",
       ],
       cwd=REPO,
       env=cpu_env(1),
@@ -204,8 +204,8 @@ def test_an_unreachable_or_silent_coordinator_fails_within_timeout(unreachable, 
   out, port, waited = unreachable[listening]
   assert out.returncode == 1, out.stderr[-3000:]
   assert out.stderr.count("\n") == 1 and "Check failed" not in out.stderr, out.stderr[-3000:]
-  assert f"could not join the distributed job at coordinator 127.0.0.1:{port} within 4 s" in (
+  assert f"could not join the distributed job at coordinator 127.0.0.1:{port} within 2 s" in (
     out.stderr
   )
   assert ("never answered" in out.stderr) == listening
-  assert 4 <= waited < 60, waited
+  assert 2 <= waited < 60, waited
