@@ -209,7 +209,7 @@ def test_every_weight_is_mapped_pre_ln_and_separate_embeddings(tmp_path, pre_ln)
   config = tiny_config(**{"model.num_layers": 2, "model.pre_ln": pre_ln})
   config.model.share_embeddings = False
   model = build_model(config.model)
-  params = nn.unbox(init_variables(model, jax.random.key(3)))["params"]
+  params = jax.jit(lambda key: nn.unbox(init_variables(model, key))["params"])(jax.random.key(3))
   assert "target_embed" in params and "logits" in params["decoder"]
   assert ("final_norm" in params["encoder"]) == pre_ln
   vocab = int(config.model.vocab_size)

@@ -3,6 +3,7 @@ source's parameters and vocabulary, a fresh optimizer, step count and data posit
 resumes the fine-tuning; bad sources are one-line errors before any step; the source is only
 read."""
 
+import functools
 import hashlib
 import logging
 import shutil
@@ -46,12 +47,18 @@ def _finetune_config(source, spec=":latest", **overrides):
   return tiny_config(**{**fields, **overrides})
 
 
+@functools.cache
+def _one_device():
+  """The one-device `Parallel` whose evaluation step computes the reference losses (one program
+  for the file's tests)."""
+  return make_parallel(tiny_config(num_devices=1))
+
+
 def _source_loss(config, params, workdir):
   """The loss of `params` on the first train batch a fresh run of `config` gets."""
   batch_multiple = 2 if config.parallelism == "pmap" or config.mesh.fsdp > 1 else 1
   batch = next(data_pipeline.build(config, workdir, batch_multiple=batch_multiple).train_iter())
-  one = make_parallel(tiny_config(num_devices=1))
-  return evaluate.loss_metrics(one, params, [batch])["loss"]
+  return evaluate.loss_metrics(_one_device(), params, [batch])["loss"]
 
 
 @pytest.fixture(scope="module")

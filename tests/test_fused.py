@@ -94,7 +94,8 @@ def _reference_step(params, cfg):
 def setup():
   config = tiny_config(**{"model.num_layers": 2, "model.vocab_size": VOCAB})
   model = build_model(config.model)
-  params = nn.unbox(init_variables(model, jax.random.key(3)))["params"]
+  init = jax.jit(lambda key: nn.unbox(init_variables(model, key))["params"])  # one program
+  params = init(jax.random.key(3))
   rng = np.random.default_rng(0)
   inputs = rng.integers(4, VOCAB, size=(3, SRC_LEN)).astype(np.int32)
   inputs[:, -1] = EOS_ID
@@ -104,25 +105,32 @@ def setup():
 
 
 def test_decode_step_logits_match_unfused_reference(setup):
+  """The cached step's logits at every position, fed random tokens, equal the reference's at that
+  position of the prefix so far (the -inf of masked ids at the same places)."""
   model, params, inputs = setup
   cfg = model.config
-  step, cache, grow, segment = decoder_state.decoder_state(
-    model, params, inputs, MAX_LEN, segment=None
-  )
-  step = jax.jit(step)
-  reference = jax.jit(reference_all, static_argnums=1)
-  ids = jnp.zeros((inputs.shape[0], 1), jnp.int32)
-  prefix = jnp.zeros((inputs.shape[0], MAX_LEN), jnp.int32)  # causal: the end is not seen
+  rows = inputs.shape[0]
   rng = np.random.default_rng(1)
+  fed = np.zeros((MAX_LEN, rows, 1), np.int32)  # step t is fed fed[t]: 0 (start), then random
+  for t in range(1, MAX_LEN):
+    fed[t] = rng.integers(4, VOCAB, size=(rows, 1))
+
+  @jax.jit
+  def fused(params, inputs, fed):
+    """The logits of each step of the cached decoder fed `fed`, [MAX_LEN, rows, vocab]."""
+    state = decoder_state.decoder_state(model, params, inputs, MAX_LEN, segment=None)
+    step = lambda cache, ids: state.step(ids, cache)[::-1]
+    return jax.lax.scan(step, state.cache, fed)[1]
+
+  got = np.asarray(fused(params, inputs, fed))
+  reference = jax.jit(reference_all, static_argnums=1)
+  prefix = np.zeros((rows, MAX_LEN), np.int32)  # causal: the end is not seen
   for t in range(MAX_LEN):
-    logits, cache = step(ids, cache)
+    prefix[:, t] = fed[t, :, 0]
     want = np.asarray(reference(params, cfg, inputs, prefix)[:, t])
     finite = np.isfinite(want)
-    np.testing.assert_array_equal(np.isfinite(np.asarray(logits)), finite)
-    np.testing.assert_allclose(np.asarray(logits)[finite], want[finite], atol=2e-5)
-    ids = jnp.asarray(rng.integers(4, VOCAB, size=(inputs.shape[0], 1)), jnp.int32)
-    if t + 1 < MAX_LEN:
-      prefix = prefix.at[:, t + 1].set(ids[:, 0])
+    np.testing.assert_array_equal(np.isfinite(got[t]), finite)
+    np.testing.assert_allclose(got[t][finite], want[finite], atol=2e-5)
 
 
 def _searches(step, cache, rows, grow=None, segment=None):
@@ -132,16 +140,22 @@ def _searches(step, cache, rows, grow=None, segment=None):
 
 
 def test_greedy_and_beam_ids_match_unfused_reference(setup):
+  """Greedy and beam-3 search over the cached step (self-attention buffers grown from 4
+  positions) find the ids they find over the reference's step."""
   model, params, inputs = setup
   cfg = model.config
   rows = inputs.shape[0]
-  state = decoder_state.decoder_state(model, params, inputs, MAX_LEN, segment=4)
-  got = jax.jit(lambda: _searches(state.step, state.cache, rows, state.grow, state.segment))()
-  start = {
-    "inputs": inputs,
-    "prefix": jnp.zeros((rows, MAX_LEN), jnp.int32),
-    "t": jnp.int32(0),
-  }
-  want = jax.jit(lambda: _searches(_reference_step(params, cfg), start, rows))()
+
+  @jax.jit
+  def fused(params, inputs):
+    state = decoder_state.decoder_state(model, params, inputs, MAX_LEN, segment=4)
+    return _searches(state.step, state.cache, rows, state.grow, state.segment)
+
+  @jax.jit
+  def unfused(params, inputs):
+    start = {"inputs": inputs, "prefix": jnp.zeros((rows, MAX_LEN), jnp.int32), "t": jnp.int32(0)}
+    return _searches(_reference_step(params, cfg), start, rows)
+
+  got, want = fused(params, inputs), unfused(params, inputs)
   np.testing.assert_array_equal(got[0], want[0])
   np.testing.assert_array_equal(got[1], want[1])

@@ -296,18 +296,32 @@ def test_length_penalty_values():
   assert float(length_penalty(7, 0.0)) == 1.0
 
 
+@jax.jit
+def _expanded_and_gathered(tree, rows):
+  """expand_to_beams(tree, 2), and gather_beams of `rows` (batch 2 x beam 3) keeping 3 beams and
+  keeping 1, as one program."""
+  three = gather_beams(rows, jnp.array([[2, 2, 0], [1, 0, 0]]), 2, 3)
+  one = gather_beams(rows, jnp.array([[1], [2]]), 2, 3)  # fewer new beams
+  return expand_to_beams(tree, 2), three, one
+
+
 def test_expand_and_gather_beams():
-  tree = {"a": jnp.arange(6).reshape(2, 3), "i": jnp.int32(7), "b": jnp.arange(2.0)}
-  ex = expand_to_beams(tree, 2)
+  tree = {"a": np.arange(6).reshape(2, 3), "i": np.int32(7), "b": np.arange(2.0)}
+  rows = {"x": np.arange(6) * 10, "i": np.int32(3)}  # batch 2 x beam 3
+  ex, g, g2 = _expanded_and_gathered(tree, rows)
   assert ex["i"].shape == () and int(ex["i"]) == 7
   np.testing.assert_array_equal(ex["a"], [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]])
   np.testing.assert_array_equal(ex["b"], [0, 0, 1, 1])
-  rows = {"x": jnp.arange(6) * 10, "i": jnp.int32(3)}  # batch 2 x beam 3
-  g = gather_beams(rows, jnp.array([[2, 2, 0], [1, 0, 0]]), 2, 3)
   np.testing.assert_array_equal(g["x"], [20, 20, 0, 40, 30, 30])
   assert int(g["i"]) == 3
-  g2 = gather_beams(rows, jnp.array([[1], [2]]), 2, 3)  # fewer new beams
   np.testing.assert_array_equal(g2["x"], [10, 50])
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _two_stage_and_flat_top_k(x, n):
+  """search._two_stage_top_k of x [batch, beam, vocab], and jax.lax.top_k over each row's
+  flattened beam * vocab entries (the reference), as one program."""
+  return search._two_stage_top_k(x, n), jax.lax.top_k(x.reshape(x.shape[0], -1), n)
 
 
 @pytest.mark.parametrize("batch,beam,vocab", [(3, 4, 50), (2, 1, 7), (2, 3, 4), (1, 2, 2)])
@@ -320,13 +334,18 @@ def test_two_stage_top_k_equals_flat_top_k(batch, beam, vocab):
       x[:, 1:] = np.where(rng.random((batch, beam - 1, 1)) < 0.5, -INF, x[:, 1:])
     else:
       x = rng.standard_normal((batch, beam, vocab)).astype(np.float32)
-    vals, flat = jax.jit(search._two_stage_top_k, static_argnums=1)(jnp.asarray(x), n)
-    ref_vals, ref_flat = jax.lax.top_k(jnp.asarray(x).reshape(batch, beam * vocab), n)
+    (vals, flat), (ref_vals, ref_flat) = _two_stage_and_flat_top_k(x, n)
     np.testing.assert_array_equal(vals, ref_vals)
     np.testing.assert_array_equal(flat, ref_flat)
   x = np.full((batch, beam, vocab), -INF, np.float32)  # all -inf: lowest flat indices
-  _, flat = search._two_stage_top_k(jnp.asarray(x), n)
+  (_, flat), _ = _two_stage_and_flat_top_k(x, n)
   np.testing.assert_array_equal(flat, np.tile(np.arange(n), (batch, 1)))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _chunked_and_plain_top_k(x, n, chunk):
+  """search.chunked_top_k and jax.lax.top_k (the reference) of x, as one program."""
+  return search.chunked_top_k(x, n, chunk), jax.lax.top_k(x, n)
 
 
 @pytest.mark.parametrize("width,n,chunk", [(1000, 8, 16), (777, 3, 8), (300, 8, 64), (513, 2, 32)])
@@ -340,11 +359,8 @@ def test_chunked_top_k_equals_top_k(width, n, chunk):
     np.where(rng.random((3, 2, width)) < 0.97, -INF, rng.standard_normal((3, 2, width))),
     np.full((3, 2, width), -INF),
   ]
-  fn = jax.jit(search.chunked_top_k, static_argnums=(1, 2))
   for x in cases:
-    x = jnp.asarray(x, jnp.float32)
-    vals, idx = fn(x, n, chunk)
-    ref_vals, ref_idx = jax.lax.top_k(x, n)
+    (vals, idx), (ref_vals, ref_idx) = _chunked_and_plain_top_k(x.astype(np.float32), n, chunk)
     np.testing.assert_array_equal(vals, ref_vals)
     np.testing.assert_array_equal(idx, ref_idx)
 
@@ -441,7 +457,8 @@ def test_beam_size_1_stops_at_first_eos():
   t = eos_table()
   t[0, 0] = logps(EOS=0.5, A=0.49, B=0.01)
   t = jnp.asarray(t)
-  offs = jnp.zeros((2, T_VOCAB)).at[1, EOS].set(-3e4).at[1, 4].set(3e4)
+  offs = np.zeros((2, T_VOCAB), np.float32)
+  offs[1, EOS], offs[1, 4] = -3e4, 3e4
   greedy = table_greedy(t, offs, batch=2)
   np.testing.assert_array_equal(greedy, [padded([EOS]), [4] * T_MAXLEN])
   ids, scores = table_beam(t, 0.6, offs, batch=2, beam=1)
@@ -656,7 +673,13 @@ def test_beam_without_cache_reorder_is_wrong(monkeypatch):
   w, offs = hash_model(0, eos_bias=-0.5)
   ref = ref_beam(hash_logp_fn(w, offs, 0), H_VOCAB, H_LEN, 4, 0.6)
   monkeypatch.setattr(search, "gather_beams", lambda tree, idx, b, k: tree)
-  ids, _ = beam_search(hash_step(w, offs), hash_cache(), H_BATCH, H_LEN, beam_size=4, alpha=0.6)
+  # A new jit wrapper: traced with the gather disabled (hash_beam's program has it).
+  beam = jax.jit(
+    lambda w, offs: beam_search(
+      hash_step(w, offs), hash_cache(), H_BATCH, H_LEN, beam_size=4, alpha=0.6
+    )
+  )
+  ids, _ = beam(w, offs)
   assert not np.array_equal(np.asarray(ids[0]), [r[1] for r in ref])
 
 
@@ -757,28 +780,35 @@ def test_searches_return_their_scores_and_token_log_probabilities():
   table = rng.normal(0.0, 2.0, (T_LEN, T_VOCAB, T_VOCAB)).astype(np.float32)
   table[..., PAD] = NEG
   batch, max_lens = 3, np.array([8, 3, 5], np.int32)
-  step, cache = _table_args(jnp.asarray(table), None, batch)
 
-  def run(**kw):
-    return jax.jit(lambda c: kw.pop("fn")(step, c, batch, T_MAXLEN, max_lens=max_lens, **kw))(cache)
+  @jax.jit
+  def searches(table, key):
+    """Every search of this test, with and without scores, as one program."""
+    step, cache = _table_args(table, None, batch)
+    found = {
+      "greedy": greedy_search(step, cache, batch, T_MAXLEN, max_lens=max_lens, scores=True),
+      "greedy plain": greedy_search(step, cache, batch, T_MAXLEN, max_lens=max_lens),
+      "sample": sample(step, cache, key, batch, T_MAXLEN, max_lens=max_lens, scores=True),
+    }
+    for penalty in PENALTIES:
+      how = dict(beam_size=3, alpha=0.6, penalty=penalty, max_lens=max_lens)
+      found[f"beam {penalty} plain"] = beam_search(step, cache, batch, T_MAXLEN, **how)
+      found[f"beam {penalty}"] = beam_search(step, cache, batch, T_MAXLEN, **how, token_scores=True)
+    return found
 
-  ids, total, tokp = run(fn=greedy_search, scores=True)
-  np.testing.assert_array_equal(ids, run(fn=greedy_search))
+  found = searches(table, jax.random.key(3))
+  ids, total, tokp = found["greedy"]
+  np.testing.assert_array_equal(ids, found["greedy plain"])
   want = _table_token_logp(table, np.asarray(ids), max_lens)
   np.testing.assert_allclose(tokp, want, atol=1e-5)
   np.testing.assert_allclose(total, want.sum(axis=1), atol=1e-5)
-  key = jax.random.key(3)
-  drawn = jax.jit(lambda c: sample(step, c, key, batch, T_MAXLEN, max_lens=max_lens, scores=True))(
-    cache
-  )
+  drawn = found["sample"]
   want = _table_token_logp(table, np.asarray(drawn[0]), max_lens)
   np.testing.assert_allclose(drawn[2], want, atol=1e-5)
   np.testing.assert_allclose(drawn[1], want.sum(axis=1), atol=1e-5)
   for penalty in PENALTIES:
-    plain = run(fn=beam_search, beam_size=3, alpha=0.6, penalty=penalty)
-    ids, scores, tokp = run(
-      fn=beam_search, beam_size=3, alpha=0.6, penalty=penalty, token_scores=True
-    )
+    plain = found[f"beam {penalty} plain"]
+    ids, scores, tokp = found[f"beam {penalty}"]
     np.testing.assert_array_equal(ids, plain[0])
     np.testing.assert_array_equal(scores, plain[1])
     rows = np.asarray(ids).reshape(-1, T_MAXLEN)
