@@ -241,25 +241,28 @@ def test_int8_decoding_quantizes_once_and_stays_close(workdirs):
     assert int8.dtype == "int8", int8.dtype
     leaves = jax.tree_util.tree_leaves(int8.params, is_leaf=lambda x: isinstance(x, Int8Matrix))
     assert sum(isinstance(x, Int8Matrix) for x in leaves) >= 6, kind
-    results[kind] = int8.run(sentences, beam_size=3, return_scores=True)
+    results[kind] = int8.run(sentences, beam_size=3, max_extra_len=3, return_scores=True)
   cli = run_in_process(
     "decode.py",
     f"--workdir={workdirs['decoder_only']}",
     "--beam_size=3",
+    "--max_extra_len=3",
     "--dtype=int8",
     stdin=stdin,
   )
   assert cli.returncode == 0, cli.stderr[-3000:]
   assert cli.stdout.split("\n")[:-1] == results["decoder_only"].texts
   result = results["transformer"]  # int8 is the transformer's from here on
-  exact = loaded(workdirs["transformer"], "float32").translate(sentences, beam_size=3)
+  exact = loaded(workdirs["transformer"], "float32").translate(
+    sentences, beam_size=3, max_extra_len=3
+  )
   assert sum(a == b for a, b in zip(result.texts, exact)) >= len(sentences) // 2, result.texts
-  settings = int8.settings()
+  settings = int8.settings(max_extra_len=3)
   limits = [len(ids) + settings.max_extra_len for ids in result.source_ids]
   for i, forced in enumerate(_forced_all(int8, sentences, result.texts, limits)):
     penalty = ((5 + len(forced)) / 6) ** settings.alpha
     assert result.scores[i][0] == pytest.approx(forced.sum() / penalty, abs=2e-3), sentences[i]
-  pooled = int8.run(sentences, beam_size=3, batching="continuous", pool_size=2)
+  pooled = int8.run(sentences, beam_size=3, max_extra_len=3, batching="continuous", pool_size=2)
   assert pooled.texts == result.texts
   weights = int8.attention(result, 0)  # forced through the same int8 matrices
   np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
