@@ -103,21 +103,22 @@ def model_type_workdirs(tmp_path_factory):
 # stays on one worker: its module and session fixtures and its in-memory compilations are made
 # once there.
 LONGEST_FIRST = [
+  "test_translator.py",
   "test_process_loss.py",
   "test_multihost.py",
-  "test_generate.py",
-  "test_translator.py",
+  "test_ctranslate2.py",
+  "test_decode.py",
+  "test_models_extra.py",
+  "test_checkpoint.py",
+  "test_training.py",
   "test_continuous.py",
   "test_faults.py",
-  "test_training.py",
   "test_scoring.py",
-  "test_checkpoint.py",
-  "test_ctranslate2.py",
-  "test_model.py",
-  "test_models_extra.py",
+  "test_generate.py",
+  "test_prefix.py",
   "test_bench.py",
-  "test_decode.py",
   "test_preemption.py",
+  "test_model.py",
 ]
 
 
