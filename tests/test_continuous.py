@@ -197,26 +197,27 @@ SEARCHES = {
 
 @pytest.mark.parametrize("how", list(SEARCHES))
 def test_each_sentence_translates_and_scores_as_in_a_batch(how):
-  """Each sentence's best translation through the pool is the batch-at-once search's, and with
-  `token_scores=True` every finished sentence carries its hypotheses' scores and per-token
-  log-probabilities, the same as the batch-at-once search returns (greedy search and beam
-  search with both length penalties and each stopping rule, all of the beam's hypotheses)."""
+  """Every sentence comes out of the pool once, its hypotheses (the best first) the batch-at-once
+  search's, and with `token_scores=True` their scores and per-token log-probabilities the same
+  as the batch-at-once search returns (greedy search and beam search with both length penalties
+  and each stopping rule, all of the beam's hypotheses)."""
   model, params = tiny()
   settings = SearchSettings(max_extra_len=EXTRA, **SEARCHES[how])
   batch = batch_nbest(model, params, **SEARCHES[how])
-  best = pooled(model, params, settings=settings, token_scores=True)
-  assert best == [want.ids[0].tolist() for want in batch]
-  finished = continuous.decode_continuous(
-    model,
-    params,
-    SENTENCES,
-    settings,
-    source_len=SOURCE_LEN,
-    pool_size=3,
-    token_scores=True,
-    programs=POOLS,
+  finished = list(
+    continuous.decode_continuous(
+      model,
+      params,
+      SENTENCES,
+      settings,
+      source_len=SOURCE_LEN,
+      pool_size=3,
+      token_scores=True,
+      programs=POOLS,
+    )
   )
-  for done in finished:
+  assert sorted(done.index for done in finished) == list(range(len(SENTENCES)))
+  for done in finished:  # each hypothesis, the best first, is the batch's
     want = batch[done.index]
     assert [generate.strip(row).tolist() for row in done.ids] == [h.tolist() for h in want.ids]
     np.testing.assert_allclose(done.scores, want.scores, rtol=1e-5, atol=1e-5)

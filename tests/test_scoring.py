@@ -130,6 +130,21 @@ def _fitted(ids):
   return out
 
 
+def _forced(model, params, sources, targets, *, ensemble, num_ids):
+  """`_score` with as_search of [n, w] pairs through the one shape `_fitted` gives them (the
+  other checks' programs): (token log-probabilities [n, WIDTH], totals [n]) in numpy."""
+  token_logp, total = _score(
+    params,
+    _fitted(sources),
+    _fitted(targets),
+    model=model,
+    ensemble=ensemble,
+    as_search=True,
+    num_ids=num_ids,
+  )
+  return np.asarray(token_logp)[: len(sources)], np.asarray(total)[: len(sources)]
+
+
 def _searched(model, params, inputs, beam, ensemble, max_len=7, num_ids=30):
   """(beam search's hypotheses [batch * beam, max_len] and scores at alpha 0, with PAD and ids
   >= num_ids impossible; with beam 1, greedy search's output too), in one program."""
@@ -175,16 +190,7 @@ def test_a_searched_hypothesis_scores_what_the_search_scored_it(kind, ensemble, 
   (batch,) = fixed_batches(n=1, rows=3, length=6, seed=2)
   rows, scores, *greedy = map(np.asarray, _searched(model, params, batch["inputs"], beam, ensemble))
   sources = np.repeat(batch["inputs"], beam, axis=0)
-  _, total = _score(
-    params,
-    _fitted(sources),
-    _fitted(rows),
-    model=model,
-    ensemble=ensemble,
-    as_search=True,
-    num_ids=30,
-  )
-  total = np.asarray(total)[: len(rows)]
+  _, total = _forced(model, params, sources, rows, ensemble=ensemble, num_ids=30)
   found = np.isfinite(scores)
   assert found.sum() >= len(batch["inputs"])
   np.testing.assert_allclose(total[found], scores[found], rtol=2e-5, atol=2e-5)
@@ -360,16 +366,8 @@ def _rescored(model, params, inputs, found, settings, num_ids, ensemble):
   for row, (_, ids) in enumerate(pairs):
     targets[row, : len(ids) + 1] = [*ids.tolist(), EOS_ID]
   sources = np.asarray(inputs)[[i for i, _ in pairs]]
-  token_logp, _ = _score(  # in the shape of the other checks' (`_fitted`): their programs
-    params,
-    _fitted(sources),
-    _fitted(targets),
-    model=model,
-    ensemble=ensemble,
-    as_search=True,
-    num_ids=num_ids,
-  )
-  token_logp = np.asarray(token_logp, np.float64)
+  token_logp, _ = _forced(model, params, sources, targets, ensemble=ensemble, num_ids=num_ids)
+  token_logp = token_logp.astype(np.float64)
   scores, tokens = [[] for _ in found], [[] for _ in found]
   for row, (i, ids) in enumerate(pairs):
     length = len(ids) + 1
