@@ -3,7 +3,7 @@ decoding: benchmark/decoding.py) built and timed, the record returned (benchmark
 
 Batches hold `bench.batch_size` rows of `bench.seq_len` random source and target tokens (no
 padding, each ending in EOS); there is no data pipeline. Training runs train.py's step
-(`training.build.build_steps`) under the same parallel wrapper (`config.parallelism`,
+(`training.run_steps.build_steps`) under the same parallel wrapper (`config.parallelism`,
 `config.num_devices`, `config.mesh`). Decoding produces exactly `bench.decode_len` tokens per
 sentence (EOS is never chosen) with beam `bench.beam_size` through model/search.py, so every run
 does the same work. With `Options.flax_wmt`, google/flax examples/wmt's step or beam search runs
@@ -38,7 +38,7 @@ from benchmark.records import (
 from core.errors import UsageError
 from training import parallel as par
 from training import validate
-from training.build import build_steps
+from training.run_steps import build_steps
 
 
 def synthetic_batch(rng, rows: int, length: int, vocab: int) -> dict:

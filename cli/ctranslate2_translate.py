@@ -24,8 +24,8 @@ from cli.search_flags import define_search_flags, search_fields
 from configs.rules import Int, check_flag
 from inference.ctranslate2_export import COMPUTE_TYPES, translate_texts
 from inference.ctranslate2_translate import load, search_options
-from inference.metrics import corpus_metrics as score
 from model.search_settings import SearchSettings
+from training.translation_metrics import corpus_metrics as score
 
 SEARCH_DEFAULTS = {"length_penalty": "fairseq"}  # the only one CTranslate2 searches with
 

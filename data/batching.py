@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import numpy as np
 from absl import logging
 
-from data.cache import TokenizedSplit
+from data.token_cache import TokenizedSplit
 
 FEATURES = (
   "inputs",

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 from absl import logging
 
-from data import cache, sources, tokenizer
+from data import sources, token_cache, tokenizer
 from data.batching import Batcher, TrainIterator
 
 
@@ -117,7 +117,7 @@ class Pipeline:
     """The batcher of `split`, tokenizing and caching the split on first use."""
     if split not in self._batchers:
       data = self.config.data
-      tokens = cache.load_or_tokenize(
+      tokens = token_cache.load_or_tokenize(
         self._cache_dir,
         split,
         sources.corpus_identity(data, split),

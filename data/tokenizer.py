@@ -255,7 +255,7 @@ class WordVocab(Vocab):
 def encode_source(vocab: Vocab, text: str, max_len: int) -> tuple[list[int], bool]:
   """(the ids a model reads for the source `text`: its tokens, cut to `max_len - 1` when longer,
   then EOS, at most `max_len` ids; whether it was cut). Translation and evaluation encode with
-  this; training data is cut or dropped by data/cache.py, as `data.truncate` says."""
+  this; training data is cut or dropped by data/token_cache.py, as `data.truncate` says."""
   tokens = list(vocab.encode(text))
   return tokens[: max_len - 1] + [EOS_ID], len(tokens) + 1 > max_len
 

@@ -11,7 +11,7 @@ hands the device the next waiting ones and collects the finished ones.
 
 One program is compiled per (model, pool size, search settings, source width) and kept by the
 `PoolPrograms` passed as `programs` (without one, a call compiles its own): the sources are
-padded to one width for the whole list (by default the `model.batching.bucket_length` of the
+padded to one width for the whole list (by default the `model.length_buckets.bucket_length` of the
 longest) and every sentence keeps its own length limit (its source tokens + `max_extra_len`, EOS
 included; with a target prefix, as model/generate.py says). Each sentence's translation is the
 one the batch-at-once search of model/generate.py gives it; a sampled sentence draws its noise
@@ -32,8 +32,8 @@ import numpy as np
 
 from model import distribution
 from model import pool as pool_lib
-from model.batching import bucket_length, checked_prefixes, padded, prefix_width
 from model.generate import strip
+from model.length_buckets import bucket_length, checked_prefixes, padded, prefix_width
 from model.search_settings import FIELDS, SearchSettings, with_keywords
 
 _ALL_STEPS = 2**31 - 1

@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from model import distribution
-from model.batching import checked_prefixes, length_batches
 from model.decoder_state import DECODE_SEGMENT
 from model.generate import OUTPUTS, generate, nbest, strip
+from model.length_buckets import checked_prefixes, length_batches
 from model.search_settings import SearchSettings, with_keywords
 
 

@@ -29,16 +29,15 @@ from configs.rules import Choice, Int, RuleError
 from core.errors import UsageError
 from core.progress import Progress
 from data.tokenizer import encode_source
-from inference.attention import attention_weights
+from inference.attention_weights import attention_weights
 from inference.continuous import PoolPrograms, decode_continuous
 from inference.generator import Generator
-from inference.loading import place, restore
-from inference.metrics import Metrics, corpus_metrics
-from inference.restore import Restored
-from inference.scoring import PairScore, PairScorer
+from inference.pair_scoring import PairScore, PairScorer
+from inference.restore import Restored, place, restore
 from model import generate
-from model.batching import bucket_length
+from model.length_buckets import bucket_length
 from model.search_settings import FIELDS, SearchSettings, with_keywords
+from training.translation_metrics import Metrics, corpus_metrics
 
 # What `run`'s options besides the search settings may be; decode.py checks its flags of the same
 # names with these (the search settings check themselves: model/search_settings.py).
@@ -97,12 +96,12 @@ class Translations:
 class Translator:
   """A trained model ready to translate: its config, vocabulary and parameters on the devices.
 
-  Make one with `Translator.load(workdir, checkpoint)`; inference/loading.py restores and places
-  the model (`devices`, `dtype`: `inference.loading.place`; `dtype_reason` says why the dtype is
+  Make one with `Translator.load(workdir, checkpoint)`; inference/restore.py restores and places
+  the model (`devices`, `dtype`: `inference.restore.place`; `dtype_reason` says why the dtype is
   what it is). It translates lists of sentences
   (`run`, `translate`; a stream is read a list at a time), and hands forced scoring to
-  inference/scoring.py (`score_pairs`), metrics to inference/metrics.py (`metrics`) and
-  attention to inference/attention.py (`attention`).
+  inference/pair_scoring.py (`score_pairs`), metrics to training/translation_metrics.py
+  (`metrics`) and attention to inference/attention_weights.py (`attention`).
 
   `programs`: an `inference.program_store.ProgramStore` the searches' compiled programs come
   from and go to (`Translator.load(..., compilation_cache=...)` makes one), on one device only.
@@ -137,7 +136,7 @@ class Translator:
     devices=None,
     compilation_cache: bool | str = False,
   ):
-    """From a training workdir alone (`inference.loading.restore`: `checkpoint` 'latest', a step,
+    """From a training workdir alone (`inference.restore.restore`: `checkpoint` 'latest', a step,
     'average:<k>' or 'ensemble:<k>'; `compilation_cache` True, a folder, or False/None/'off')."""
     restored, programs = restore(workdir, checkpoint, compilation_cache=compilation_cache)
     return cls(restored, dtype=dtype, devices=devices, programs=programs)
@@ -322,7 +321,7 @@ class Translator:
 
   @property
   def scorer(self) -> PairScorer:
-    """The model's `inference.scoring.PairScorer` on this translator's devices (made once)."""
+    """The model's `inference.pair_scoring.PairScorer` on this translator's devices (made once)."""
     if self._scorer is None:
       self._scorer = PairScorer(
         self.model,
@@ -348,7 +347,7 @@ class Translator:
     included), each target token's (`token_log_probs`) and the tokens (`tokens`). By default
     under the distribution the training loss reads (-log_prob is the pair's unsmoothed cross
     entropy); `as_search=True`: the one the searches draw from (PAD impossible).
-    `inference/scoring.py` has the details."""
+    `inference/pair_scoring.py` has the details."""
     return self.scorer.score(
       sources, targets, tokens_per_batch=tokens_per_batch, as_search=as_search
     )
@@ -398,7 +397,7 @@ class Translator:
   @staticmethod
   def metrics(hypotheses: Sequence[str], references: Sequence[str]) -> Metrics:
     """sacreBLEU corpus BLEU cased (the standard) and lowercased (as published Multi30k figures
-    are), and chrF, with their signatures (`inference.metrics.corpus_metrics`)."""
+    are), and chrF, with their signatures (`training.translation_metrics.corpus_metrics`)."""
     return corpus_metrics(hypotheses, references)
 
   def attention(self, translations: Translations, index: int) -> np.ndarray:

@@ -5,7 +5,8 @@ benchmarking never branch on the type:
   __call__(inputs, targets, inputs_position, targets_position, inputs_segmentation,
            targets_segmentation, deterministic) -> [batch, tgt_len, vocab] logits
   encode(inputs, ...) -> encoder output;  init_cache(encoded, inputs, max_decode_len);
-  decode_step(ids [batch, 1]) -> [batch, vocab] logits (the cache in model/cache.py's collections).
+  decode_step(ids [batch, 1]) -> [batch, vocab] logits (the cache in the collections of
+  model/cache_kinds.py).
 
 Types: 'transformer' (model/transformer.py), 'rnn' and 'rnn_attention' (model/rnn.py),
 'decoder_only' (model/decoder_only.py). A `config.model` option that does not apply to the chosen

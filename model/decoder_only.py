@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from model import cache
+from model import cache_kinds
 from model.config import TransformerConfig
 from model.dropout import Dropout
 from model.layers import (
@@ -201,14 +201,14 @@ class DecoderOnly(nn.Module):
         True,
         decode=True,
         project=project,
-        mutable=cache.CARRIED,
+        mutable=cache_kinds.CARRIED,
       )
       return out, dict(state)
 
     return row
 
   def init_cache(self, encoded, inputs, max_decode_len: int):
-    """Creates the decoding cache (call with `mutable=model.cache.COLLECTIONS`) and runs every
+    """Creates the decoding cache (call with `mutable=model.cache_kinds.COLLECTIONS`) and runs every
     row's source through it: per row, the stack's key/value buffers of `src_len + max_decode_len`
     positions (`TARGET` "rows", leaves [batch, 1, ...]), its cache indices [batch] and the next
     position [batch] (`STATE` "rows" and "position").
@@ -234,10 +234,10 @@ class DecoderOnly(nn.Module):
       True,
       decode=True,
       project=False,
-      mutable=cache.CARRIED,
+      mutable=cache_kinds.CARRIED,
     )
     shapes = dict(jax.eval_shape(make)[1])
-    cache.check_collections(shapes, "DecoderOnly")
+    cache_kinds.check_collections(shapes, "DecoderOnly")
     rows = jax.tree_util.tree_map(lambda s: jnp.zeros((batch,) + s.shape, s.dtype), shapes)
     row = jax.vmap(self._row_fn(project=False), in_axes=(None, 0, 0, 0))
 
@@ -250,13 +250,13 @@ class DecoderOnly(nn.Module):
     # Padding fed after a row's source is forgotten: its cache indices (the stack's only `STATE`
     # entries) go back to the source length (later slots are masked and overwritten).
     self.put_variable(
-      cache.STATE, "rows", jax.tree_util.tree_map(lambda _: lengths, rows[cache.STATE])
+      cache_kinds.STATE, "rows", jax.tree_util.tree_map(lambda _: lengths, rows[cache_kinds.STATE])
     )
-    self.put_variable(cache.TARGET, "rows", rows[cache.TARGET])
-    self.put_variable(cache.STATE, "position", lengths)
+    self.put_variable(cache_kinds.TARGET, "rows", rows[cache_kinds.TARGET])
+    self.put_variable(cache_kinds.STATE, "position", lengths)
 
   def decode_step(self, ids):
-    """One decoding step from the cache (call with `mutable=model.cache.CARRIED`).
+    """One decoding step from the cache (call with `mutable=model.cache_kinds.CARRIED`).
 
     ids: [batch, 1], the previous target token; 0 (the start symbol) is read as SEP.
     Returns [batch, vocab].
@@ -264,15 +264,15 @@ class DecoderOnly(nn.Module):
     if ids.ndim != 2 or ids.shape[1] != 1:
       raise ValueError(f"DecoderOnly.decode_step: ids must be [batch, 1], got {ids.shape}")
     ids = jnp.where(ids == 0, SEP_ID, ids)
-    position = self.get_variable(cache.STATE, "position")
+    position = self.get_variable(cache_kinds.STATE, "position")
     row = jax.vmap(self._row_fn(project=True), in_axes=(None, 0, 0, 0))
     logits, rows = row(
       self.decoder.variables["params"],
-      {kind: self.get_variable(kind, "rows") for kind in cache.CARRIED},
+      {kind: self.get_variable(kind, "rows") for kind in cache_kinds.CARRIED},
       ids[:, :, None],
       position[:, None, None],
     )
-    for kind in cache.CARRIED:
+    for kind in cache_kinds.CARRIED:
       self.put_variable(kind, "rows", rows[kind])
-    self.put_variable(cache.STATE, "position", position + 1)
+    self.put_variable(cache_kinds.STATE, "position", position + 1)
     return logits[:, 0, 0]

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from model import cache, distribution
+from model import cache_kinds, distribution
 from model.config import INT8
 from model.quantize import MATRICES, quantize_matrices
 from model.special_tokens import EOS_ID
@@ -27,14 +27,14 @@ def cached_step(model, params, source=None):
   """step_fn over the model's decoding cache: one decoder position per call. The search carries
   the `STATE` and `TARGET` entries ({kind: tree}); `source` holds the `SOURCE` entries, shared by
   all beams of a sentence (closed over, so search neither copies them per beam nor reorders them
-  each step). model/cache.py says which entry is which."""
+  each step). model/cache_kinds.py says which entry is which."""
 
   def step(ids, carried):
     variables = {"params": params, **carried}
     if source:
-      variables[cache.SOURCE] = source
-    logits, state = model.apply(variables, ids, method="decode_step", mutable=cache.CARRIED)
-    return distribution.mask(logits), {kind: state.get(kind, {}) for kind in cache.CARRIED}
+      variables[cache_kinds.SOURCE] = source
+    logits, state = model.apply(variables, ids, method="decode_step", mutable=cache_kinds.CARRIED)
+    return distribution.mask(logits), {kind: state.get(kind, {}) for kind in cache_kinds.CARRIED}
 
   return step
 
@@ -72,19 +72,20 @@ class DecoderState(NamedTuple):
 def _grow(carried, extra: int):
   """The carried cache with `extra` more (zero) positions in every `TARGET` buffer (axis -2)."""
   pad = lambda v: jnp.pad(v, [(0, 0)] * (v.ndim - 2) + [(0, extra), (0, 0)])
-  return {**carried, cache.TARGET: jax.tree_util.tree_map(pad, carried[cache.TARGET])}
+  return {**carried, cache_kinds.TARGET: jax.tree_util.tree_map(pad, carried[cache_kinds.TARGET])}
 
 
 def initial_cache(model, params, inputs, length: int) -> dict:
   """Encodes `inputs` and returns the model's decoding cache for `length` target positions:
-  {kind: tree} for each kind of model/cache.py (empty trees for kinds the model has none of)."""
+  {kind: tree} for each kind of model/cache_kinds.py (empty trees for kinds the model has none
+  of)."""
   encoded = model.apply({"params": params}, inputs, method="encode")
   _, state = model.apply(
     {"params": params}, encoded, inputs, length, method="init_cache", mutable=True
   )
   state = {kind: tree for kind, tree in state.items() if kind != "params"}
-  cache.check_collections(state, type(model).__name__)
-  return {kind: state.get(kind, {}) for kind in cache.COLLECTIONS}
+  cache_kinds.check_collections(state, type(model).__name__)
+  return {kind: state.get(kind, {}) for kind in cache_kinds.COLLECTIONS}
 
 
 def _cache_length(model, params, inputs, max_decode_len: int, segment: int | None):
@@ -93,7 +94,7 @@ def _cache_length(model, params, inputs, max_decode_len: int, segment: int | Non
   first = max_decode_len if not segment or segment >= max_decode_len else int(segment)
   if first < max_decode_len:
     shapes = jax.eval_shape(lambda p: initial_cache(model, p, inputs, first), params)
-    if jax.tree_util.tree_leaves(shapes[cache.TARGET]):
+    if jax.tree_util.tree_leaves(shapes[cache_kinds.TARGET]):
       return first, True
   return max_decode_len, False
 
@@ -125,8 +126,8 @@ def decoder_state(
   length, grows = _cache_length(model, params, inputs, max_decode_len, segment)
   initial = initial_cache(model, params, inputs, length)
   return DecoderState(
-    cached_step(model, params, initial[cache.SOURCE]),
-    {kind: initial[kind] for kind in cache.CARRIED},
+    cached_step(model, params, initial[cache_kinds.SOURCE]),
+    {kind: initial[kind] for kind in cache_kinds.CARRIED},
     _grow if grows else None,
     length if grows else None,
   )
@@ -150,8 +151,8 @@ def ensemble_decoder_state(
   first = jax.tree_util.tree_map(lambda x: x[0], params)
   length, grows = _cache_length(model, first, inputs, max_decode_len, segment)
   initial = jax.vmap(lambda p: initial_cache(model, p, inputs, length))(params)  # [members, ...]
-  source = initial[cache.SOURCE]
-  stacked = {kind: initial[kind] for kind in cache.CARRIED}
+  source = initial[cache_kinds.SOURCE]
+  stacked = {kind: initial[kind] for kind in cache_kinds.CARRIED}
   carried = jax.tree_util.tree_map(
     lambda v: v[0] if v.ndim == 1 else jnp.moveaxis(v, 0, 1), stacked
   )

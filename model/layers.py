@@ -16,7 +16,7 @@ import numpy as np
 from flax.linen import initializers
 
 from model import attention as attn
-from model import cache
+from model import cache_kinds
 from model.config import TransformerConfig
 from model.dropout import Dropout
 from model.quantize import Int8Matrix, int8_product, take_rows
@@ -195,7 +195,8 @@ class MultiHeadAttention(nn.Module):
     else:
       query, key, value = self._project(x, ("query", "key", "value"))
     if decode and self.has_variable(
-      cache.SOURCE if self.cross else cache.TARGET, "cross_key" if self.cross else "cached_key"
+      cache_kinds.SOURCE if self.cross else cache_kinds.TARGET,
+      "cross_key" if self.cross else "cached_key",
     ):
       out, weights = self._cross_step(query) if self.cross else self._self_step(query, key, value)
       if return_weights:
@@ -243,8 +244,8 @@ class MultiHeadAttention(nn.Module):
     """Creates empty self-attention caches sized by a [batch, max_len] dummy target."""
     shape = (key.shape[0], key.shape[2], key.shape[1], key.shape[3])
     for name, x in (("cached_key", key), ("cached_value", value)):
-      self.variable(cache.TARGET, name, jnp.zeros, shape, _stored(x).dtype)
-    self.variable(cache.STATE, "cache_index", lambda: jnp.array(0, jnp.int32))
+      self.variable(cache_kinds.TARGET, name, jnp.zeros, shape, _stored(x).dtype)
+    self.variable(cache_kinds.STATE, "cache_index", lambda: jnp.array(0, jnp.int32))
 
   def _self_step(self, query, key, value):
     """One decode step of self-attention: writes this position's key/value into the cache at
@@ -255,9 +256,9 @@ class MultiHeadAttention(nn.Module):
       raise ValueError(
         f"MultiHeadAttention: decode step expects one position, got {query.shape[1]}"
       )
-    cached_key = self.variable(cache.TARGET, "cached_key")
-    cached_value = self.variable(cache.TARGET, "cached_value")
-    index = self.variable(cache.STATE, "cache_index")
+    cached_key = self.variable(cache_kinds.TARGET, "cached_key")
+    cached_value = self.variable(cache_kinds.TARGET, "cached_value")
+    index = self.variable(cache_kinds.STATE, "cache_index")
     i = index.value
     for cached, new in ((cached_key, key), (cached_value, value)):
       new = _stored(new.transpose(0, 2, 1, 3))  # [n, heads, 1, d_k]
@@ -276,7 +277,7 @@ class MultiHeadAttention(nn.Module):
     n = batch × beams (beam search keeps one copy per sentence, see model/generate.py), the
     beams of a sentence become its query positions, so one product serves them all.
     """
-    source = self.variables[cache.SOURCE]
+    source = self.variables[cache_kinds.SOURCE]
     key, value, mask = source["cross_key"], source["cross_value"], source["cross_mask"]
     n, _, heads, depth = query.shape
     batch = key.shape[0]
@@ -298,9 +299,9 @@ class MultiHeadAttention(nn.Module):
     if decode:
       # The source mask is per sentence ([batch, 1, 1, src_len]) so beams can share it.
       src_mask = jnp.any(mask, axis=2, keepdims=True)
-      self.variable(cache.SOURCE, "cross_key", lambda: key.transpose(0, 2, 1, 3))
-      self.variable(cache.SOURCE, "cross_value", lambda: value.transpose(0, 2, 1, 3))
-      self.variable(cache.SOURCE, "cross_mask", lambda: src_mask)
+      self.variable(cache_kinds.SOURCE, "cross_key", lambda: key.transpose(0, 2, 1, 3))
+      self.variable(cache_kinds.SOURCE, "cross_value", lambda: value.transpose(0, 2, 1, 3))
+      self.variable(cache_kinds.SOURCE, "cross_mask", lambda: src_mask)
     return key, value, mask
 
 

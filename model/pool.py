@@ -7,7 +7,7 @@ one by one, as pure functions of arrays (inference/continuous.py drives it from 
 
 The pool has `pool_size` slots of `beam_size` rows each (one row for greedy search and sampling).
 A slot holds one sentence: its encoder keys and values (the cache's `SOURCE` entries,
-model/cache.py, one row per slot), its `STATE` and `TARGET` rows (one per hypothesis), and its
+model/cache_kinds.py, one row per slot), its `STATE` and `TARGET` rows (one per hypothesis), and its
 search state (model/search.py's beam state with every slot at its own step). Each step runs the
 decoder once over all rows; a sentence done by its search's rule (beam search's stopping rule,
 EOS for greedy search and sampling) or at its own length limit leaves the pool, its hypotheses
@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from model import cache, distribution, search
+from model import cache_kinds, distribution, search
 from model.decoder_state import cached_step, initial_cache, matrices_for_decoding
 from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID, PAD_ID
@@ -122,7 +122,7 @@ def _sentence_cache(spec: PoolSpec, params, inputs):
 
   def one(p):
     full = initial_cache(spec.model, p, inputs, spec.max_decode_len)
-    return full[cache.SOURCE], _per_row({kind: full[kind] for kind in cache.CARRIED})
+    return full[cache_kinds.SOURCE], _per_row({kind: full[kind] for kind in cache_kinds.CARRIED})
 
   if not spec.ensemble:
     source, carried = one(params)

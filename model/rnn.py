@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from flax.linen import initializers
 from jax import lax
 
-from model import cache
+from model import cache_kinds
 from model.config import DTYPES
 from model.dropout import Dropout, keep_mask
 from model.layers import Embed
@@ -543,8 +543,8 @@ class RNNSeq2Seq(nn.Module):
     )
 
   def init_cache(self, encoded, inputs, max_decode_len: int):
-    """Creates the decoding state (call with `mutable=model.cache.COLLECTIONS`): the decoder state
-    s_0 and the context (context model) or the encoder states, attention keys and source mask
+    """Creates the decoding state (call with `mutable=model.cache_kinds.COLLECTIONS`): the decoder
+    state s_0 and the context (context model) or the encoder states, attention keys and source mask
     (attention). Every leaf is [batch, ...] and a `STATE` entry (each beam keeps its own copy).
     `max_decode_len` is unused (no length limit).
 
@@ -563,32 +563,32 @@ class RNNSeq2Seq(nn.Module):
       encoded, _segments(inputs, None), ones, cfg.d_model, cfg.rnn_bidirectional
     )[:, 0]
     carry = self.decoder.initial_carry(context)
-    self.put_variable(cache.STATE, "hidden", carry[0])
+    self.put_variable(cache_kinds.STATE, "hidden", carry[0])
     if cfg.rnn_cell == "lstm":
-      self.put_variable(cache.STATE, "cell", carry[1])
+      self.put_variable(cache_kinds.STATE, "cell", carry[1])
     if self.attention:
       states, keys, segments = self.decoder.memory(encoded, jnp.where(inputs > 0, 1, -1))
-      self.put_variable(cache.STATE, "states", states)
-      self.put_variable(cache.STATE, "keys", keys)
-      self.put_variable(cache.STATE, "source_segments", segments)
+      self.put_variable(cache_kinds.STATE, "states", states)
+      self.put_variable(cache_kinds.STATE, "keys", keys)
+      self.put_variable(cache_kinds.STATE, "source_segments", segments)
     else:
-      self.put_variable(cache.STATE, "context", context)
+      self.put_variable(cache_kinds.STATE, "context", context)
 
   def decode_step(self, ids):
-    """One decoding step from the cache (call with `mutable=model.cache.CARRIED`).
+    """One decoding step from the cache (call with `mutable=model.cache_kinds.CARRIED`).
 
     ids: [batch, 1], the previous target token (0 at the first step). Returns [batch, vocab].
     """
     if ids.ndim != 2 or ids.shape[1] != 1:
       raise ValueError(f"RNNSeq2Seq.decode_step: ids must be [batch, 1], got {ids.shape}")
-    get = lambda name: self.get_variable(cache.STATE, name)
+    get = lambda name: self.get_variable(cache_kinds.STATE, name)
     carry = (get("hidden"),) + ((get("cell"),) if self.config.rnn_cell == "lstm" else ())
     if self.attention:
       memory, context = (get("states"), get("keys"), get("source_segments")), None
     else:
       memory, context = None, get("context")
     logits, carry = self.decoder.step(ids, carry, context, memory)
-    self.put_variable(cache.STATE, "hidden", carry[0])
+    self.put_variable(cache_kinds.STATE, "hidden", carry[0])
     if self.config.rnn_cell == "lstm":
-      self.put_variable(cache.STATE, "cell", carry[1])
+      self.put_variable(cache_kinds.STATE, "cell", carry[1])
     return logits

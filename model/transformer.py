@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from model import cache, masks
+from model import cache_kinds, masks
 from model.config import TransformerConfig
 from model.dropout import Dropout
 from model.layers import (
@@ -100,8 +100,8 @@ class Decoder(nn.Module):
     # The position of each incremental step is counted in the cache: [] shared by all rows, or
     # [batch], each row its own (continuous batching, model/pool.py).
     if decode:
-      initialized = self.has_variable(cache.STATE, "position")
-      position = self.variable(cache.STATE, "position", lambda: jnp.array(0, jnp.int32))
+      initialized = self.has_variable(cache_kinds.STATE, "position")
+      position = self.variable(cache_kinds.STATE, "position", lambda: jnp.array(0, jnp.int32))
       if initialized:
         positions = jnp.broadcast_to(jnp.reshape(position.value, (-1, 1)), decoder_inputs.shape)
         position.value = position.value + 1
@@ -226,7 +226,7 @@ class Transformer(nn.Module):
     )
 
   def init_cache(self, encoded, inputs, max_decode_len: int):
-    """Creates the decoding cache (call with `mutable=model.cache.COLLECTIONS`): empty
+    """Creates the decoding cache (call with `mutable=model.cache_kinds.COLLECTIONS`): empty
     self-attention key/value buffers of `max_decode_len` positions (`TARGET`), the projected
     encoder keys/values and source mask (`SOURCE`), the decode indices (`STATE`).
 
@@ -238,7 +238,7 @@ class Transformer(nn.Module):
     self.decoder(dummy, default_positions(dummy), encoded, None, cross, True, decode=True)
 
   def decode_step(self, ids, return_weights=False):
-    """One decoding step from the cache (call with `mutable=model.cache.CARRIED`).
+    """One decoding step from the cache (call with `mutable=model.cache_kinds.CARRIED`).
 
     ids: [batch, 1], the previous target token (0 at the first step). Returns [batch, vocab].
     """

@@ -78,7 +78,7 @@ def fixed_batches(n=5, rows=16, length=8, seed=0):
 
 def make_parallel(config):
   """The config's `Parallel` (training/parallel.py): its initial state, placed step and so on."""
-  from training.build import build_steps
+  from training.run_steps import build_steps
 
   return build_steps(config)[1]
 

@@ -14,8 +14,7 @@ import pytest
 from flax import linen as nn
 
 from inference import continuous, generator
-from model import cache as model_cache
-from model import decoder_state, generate
+from model import cache_kinds, decoder_state, generate
 from model.build import build_model
 from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID
@@ -109,7 +108,7 @@ def test_per_row_decode_indices_equal_the_shared_ones():
   """The Transformer's decode indices as [rows] vectors (all equal) give exactly the logits and
   caches of the shared scalar ones, step after step."""
   step, shared = _decoder()
-  leaves = jax.tree_util.tree_leaves(shared[model_cache.STATE])
+  leaves = jax.tree_util.tree_leaves(shared[cache_kinds.STATE])
   assert leaves and all(x.ndim == 0 for x in leaves)  # today's path: scalars
   rows = _per_row(shared, 3)
   for token in (0, 7, 12, 5):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from configs.common import data_defaults
-from data import batching, cache, pipeline, sources, tokenizer
+from data import batching, pipeline, sources, token_cache, tokenizer
 from model.special_tokens import EOS_ID, PAD_ID, SEP_ID
 from tests.helpers import REPO
 
@@ -37,7 +37,7 @@ def write(path: pathlib.Path, lines: list[str] | bytes) -> pathlib.Path:
   return path
 
 
-def fake_split(source_lengths, target_lengths) -> cache.TokenizedSplit:
+def fake_split(source_lengths, target_lengths) -> token_cache.TokenizedSplit:
   """Example i is `[i + 4] * (n - 1) + [EOS]` on each side, so a batch reveals which example it
   holds."""
 
@@ -48,7 +48,7 @@ def fake_split(source_lengths, target_lengths) -> cache.TokenizedSplit:
     return tokens, offsets
 
   (st, so), (tt, to) = side(source_lengths), side(target_lengths)
-  return cache.TokenizedSplit(st, so, tt, to, stats={}, path=pathlib.Path("fake"), built=True)
+  return token_cache.TokenizedSplit(st, so, tt, to, stats={}, path=pathlib.Path("fake"), built=True)
 
 
 def segments(batch, prefix):
@@ -382,17 +382,17 @@ def test_cache_is_reused_and_keyed_by_vocab(tmp_path):
 
   vocab = tokenizer.WordVocab(["w0", "w1", "w2"])
   args = dict(max_len=5, truncate=False)
-  first = cache.load_or_tokenize(tmp_path, "train", {"c": 1}, vocab, pairs_fn, **args)
+  first = token_cache.load_or_tokenize(tmp_path, "train", {"c": 1}, vocab, pairs_fn, **args)
   assert first.built and first.stats["examples"] == 2 and first.stats["filtered_long"] == 1
   assert np.array_equal(first.source_tokens[: first.source_offsets[1]], [4, 5, EOS_ID])
-  second = cache.load_or_tokenize(tmp_path, "train", {"c": 1}, vocab, pairs_fn, **args)
+  second = token_cache.load_or_tokenize(tmp_path, "train", {"c": 1}, vocab, pairs_fn, **args)
   assert not second.built and len(calls) == 1 and second.path == first.path
   assert np.array_equal(second.target_tokens, first.target_tokens)
-  other = cache.load_or_tokenize(
+  other = token_cache.load_or_tokenize(
     tmp_path, "train", {"c": 1}, tokenizer.WordVocab(["w1", "w0", "w2"]), pairs_fn, **args
   )
   assert other.built and other.path != first.path and len(calls) == 2
-  cut = cache.load_or_tokenize(
+  cut = token_cache.load_or_tokenize(
     tmp_path, "train", {"c": 1}, vocab, pairs_fn, max_len=5, truncate=True
   )
   assert cut.stats["truncated_long"] == 1 and cut.num_examples == 3
@@ -402,7 +402,7 @@ def test_cache_is_reused_and_keyed_by_vocab(tmp_path):
 
 def test_cache_of_a_split_name_with_a_slash(tmp_path):
   vocab = tokenizer.WordVocab(["w0", "w1"])
-  split = cache.load_or_tokenize(
+  split = token_cache.load_or_tokenize(
     tmp_path,
     "dev/news 2013",
     {},
@@ -425,7 +425,7 @@ def test_cache_leaves_nothing_on_error(tmp_path):
     raise ValueError("boom")
 
   with pytest.raises(ValueError, match="boom"):
-    cache.load_or_tokenize(
+    token_cache.load_or_tokenize(
       tmp_path, "train", {}, tokenizer.WordVocab(["w0", "w1"]), broken, max_len=8
     )
   assert not list(tmp_path.iterdir())

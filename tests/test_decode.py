@@ -199,7 +199,7 @@ def test_gzip_input_and_top_k_without_temperature(workdir, tmp_path):
 def test_score_cased_lowercased_and_chrf():
   from sacrebleu.metrics import BLEU, CHRF
 
-  from inference.metrics import corpus_metrics
+  from training.translation_metrics import corpus_metrics
 
   out = corpus_metrics(["The cat sat on the mat ."], ["the cat sat on the mat ."]).as_dict()
 

@@ -18,11 +18,10 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from inference import attention, generator
+from inference import attention_weights, generator
 from inference.generator import Generator
 from inference.program_store import ProgramStore
-from model import batching, decoder_state, generate
-from model import cache as model_cache
+from model import cache_kinds, decoder_state, generate, length_buckets
 from model.build import abstract_params, build_model
 from model.decoder_state import DECODE_SEGMENT
 from model.search_settings import SearchSettings, with_keywords
@@ -216,19 +215,19 @@ def test_growing_cache_changes_nothing(tiny):
 
 def test_length_batches_cover_every_sentence_once():
   lists = [[7] * n for n in (1, 30, 5, 9, 9, 16, 17, 3, 0, 8, 100)]
-  batches = batching.length_batches(lists, tokens_per_batch=64, batch_multiple=2)
+  batches = length_buckets.length_batches(lists, tokens_per_batch=64, batch_multiple=2)
   seen = np.concatenate([b.indices for b in batches])
   assert sorted(seen.tolist()) == list(range(len(lists)))
   for b in batches:
     n_rows, length = b.inputs.shape
     assert n_rows % 2 == 0 and n_rows >= len(b.indices)
     assert n_rows * length <= 64 or n_rows == 2
-    assert length == batching.bucket_length(max(len(lists[i]) for i in b.indices))
+    assert length == length_buckets.bucket_length(max(len(lists[i]) for i in b.indices))
     for row, i in enumerate(b.indices):
       assert b.inputs[row].tolist() == lists[i] + [0] * (length - len(lists[i]))
   # One shape per length bucket (32, 128).
   assert len({b.inputs.shape for b in batches}) == 2, [b.inputs.shape for b in batches]
-  assert [batching.bucket_length(n) for n in (0, 8, 32, 33, 64, 65, 100)] == [
+  assert [length_buckets.bucket_length(n) for n in (0, 8, 32, 33, 64, 65, 100)] == [
     32,
     32,
     32,
@@ -237,7 +236,7 @@ def test_length_batches_cover_every_sentence_once():
     128,
     128,
   ]
-  assert [batching.round_rows(n) for n in (1, 2, 3, 5, 7, 9, 13, 100)] == [
+  assert [length_buckets.round_rows(n) for n in (1, 2, 3, 5, 7, 9, 13, 100)] == [
     1,
     2,
     3,
@@ -258,7 +257,7 @@ def test_a_file_compiles_one_program_per_length_bucket(tiny):
   rng = np.random.default_rng(0)
   lengths = np.clip(rng.normal(15, 6, 300).round().astype(int), 3, 40)
   lists = [list(rng.integers(3, 24, n - 1)) + [EOS] for n in lengths]
-  batches = batching.length_batches(lists, tokens_per_batch=512)
+  batches = length_buckets.length_batches(lists, tokens_per_batch=512)
   assert len(batches) > 5 and len({b.inputs.shape for b in batches}) == 2
   how = dict(beam_size=2, max_extra_len=EXTRA + 1)  # settings no other test compiles
   with Compilations("jit(_search)") as compiled:
@@ -320,13 +319,13 @@ def test_sampling_batches_of_one_shape_draw_different_noise(tiny):
 def test_attention_weights():
   model, params = random_model(num_layers=2, seed=0, eos_bias=0.0)
   src, out = SOURCES[1], [5, 6, 7]
-  weights = attention.attention_weights(model, params, src + [PAD, PAD], out + [EOS, PAD])
+  weights = attention_weights.attention_weights(model, params, src + [PAD, PAD], out + [EOS, PAD])
   assert weights.shape == (2, 4, len(out) + 1, len(src))
   np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
   assert (weights >= 0).all()
   # EOS is appended when the output has none.
   np.testing.assert_allclose(
-    attention.attention_weights(model, params, src, out), weights, atol=1e-6
+    attention_weights.attention_weights(model, params, src, out), weights, atol=1e-6
   )
 
 
@@ -486,13 +485,13 @@ def test_bfloat16_decoding_casts_the_matrices_once_and_stays_close(tiny):
       {"params": params, **cache},
       jnp.zeros((len(SOURCES), 1), jnp.int32),
       method="decode_step",
-      mutable=model_cache.CARRIED,
+      mutable=cache_kinds.CARRIED,
     )
     return logits, cache
 
   # Their dtypes, as traced (the same as computed, with nothing to compile).
   logits, cache = jax.eval_shape(first_step, params, padded(SOURCES))
-  self_attention = cache[model_cache.TARGET]["decoder"]["layer_0"]["self_attention"]
+  self_attention = cache[cache_kinds.TARGET]["decoder"]["layer_0"]["self_attention"]
   assert logits.dtype == jnp.float32 and self_attention["cached_key"].dtype == jnp.uint16
   rows = 0
   for beam in (1, 2):  # float32's programs are the other tests'

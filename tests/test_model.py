@@ -6,8 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import attention, masks
-from model import cache as model_cache
+from model import attention, cache_kinds, masks
 from model.config import TransformerConfig
 from model.layers import sinusoidal_encoding
 from model.loss import smoothed_cross_entropy, token_accuracy
@@ -221,18 +220,18 @@ def test_cached_decoding_equals_full_decoding(tiny):
       inputs,
       targets.shape[1],
       method=Transformer.init_cache,
-      mutable=model_cache.COLLECTIONS,
+      mutable=cache_kinds.COLLECTIONS,
     )[1]
 
   v = initial_cache(params)
-  source = {model_cache.SOURCE: v[model_cache.SOURCE]}
-  cache = {kind: v[kind] for kind in model_cache.CARRIED}
+  source = {cache_kinds.SOURCE: v[cache_kinds.SOURCE]}
+  cache = {kind: v[kind] for kind in cache_kinds.CARRIED}
   step = jax.jit(
     lambda p, c, ids: model.apply(
       {"params": p, **source, **c},
       ids,
       method=Transformer.decode_step,
-      mutable=model_cache.CARRIED,
+      mutable=cache_kinds.CARRIED,
     )
   )
   prev = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # the decoder's inputs: targets shifted right

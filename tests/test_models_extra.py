@@ -16,8 +16,7 @@ import pytest
 from flax import linen as nn
 from jax import lax
 
-from model import cache as model_cache
-from model import decoder_state, masks, search
+from model import cache_kinds, decoder_state, masks, search
 from model.build import MODEL_TYPES, abstract_params, build_model
 from model.config import TransformerConfig
 from model.decoder_only import CausalStack, DecoderOnly, combined_sequence
@@ -94,13 +93,13 @@ def _run(model, tier, rng):
 
   def cache_for(inputs):
     encoded = apply(inputs, method="encode")
-    return apply(encoded, inputs, MAX_DECODE, method="init_cache", mutable=model_cache.COLLECTIONS)[
+    return apply(encoded, inputs, MAX_DECODE, method="init_cache", mutable=cache_kinds.COLLECTIONS)[
       1
     ]
 
   def step(cache, ids):
     logits, state = model.apply(
-      {"params": params, **cache}, ids[:, None], method="decode_step", mutable=model_cache.CARRIED
+      {"params": params, **cache}, ids[:, None], method="decode_step", mutable=cache_kinds.CARRIED
     )
     return {**cache, **state}, logits
 
@@ -433,7 +432,7 @@ def test_rnn_config_errors_are_clear():
 
 @pytest.mark.parametrize("kind", MODEL_TYPES)
 def test_every_cache_entry_is_of_a_declared_kind(kind):
-  """Each model type creates its decoding cache only in model/cache.py's collections."""
+  """Each model type creates its decoding cache only in model/cache_kinds.py's collections."""
   model = build_model(_model_cfg(type=kind))
   params = abstract_params(_model_cfg(type=kind))
   inputs = jnp.ones((2, 5), jnp.int32)
@@ -443,7 +442,7 @@ def test_every_cache_entry_is_of_a_declared_kind(kind):
     return model.apply({"params": p}, encoded, inputs, 8, method="init_cache", mutable=True)[1]
 
   found = set(jax.eval_shape(collections, params)) - {"params"}
-  assert found and found <= set(model_cache.COLLECTIONS), found
+  assert found and found <= set(cache_kinds.COLLECTIONS), found
 
 
 class _Mystery(nn.Module):
@@ -456,7 +455,7 @@ class _Mystery(nn.Module):
 
   @nn.compact
   def init_cache(self, encoded, inputs, length):
-    self.variable(model_cache.STATE, "index", lambda: jnp.int32(0))
+    self.variable(cache_kinds.STATE, "index", lambda: jnp.int32(0))
     self.variable("mystery", "buffer", lambda: jnp.zeros((inputs.shape[0], length, 8)))
 
   def decode_step(self, ids):
@@ -466,5 +465,5 @@ class _Mystery(nn.Module):
 def test_a_cache_entry_of_no_declared_kind_is_refused():
   model = _Mystery()
   inputs = jnp.ones((2, 5), jnp.int32)
-  with pytest.raises(ValueError, match=r"_Mystery.*\['mystery'\].*model/cache.py"):
+  with pytest.raises(ValueError, match=r"_Mystery.*\['mystery'\].*model/cache_kinds.py"):
     decoder_state.decoder_state(model, {}, inputs, 8, segment=None)

@@ -2,7 +2,7 @@
 model/pool.py, inference/generator.py and inference/continuous.py, on tiny random float32 models.
 
 Checked against independent computations: every hypothesis starts with its prefix; its scores are
-forced decoding's (model/scoring.py, the searches' distribution) of the whole hypothesis, the
+forced decoding's (model/forced_scoring.py, the searches' distribution) of the whole hypothesis, the
 prefix included, over the length penalty in beam search; greedy search's continuation is the
 argmax of the teacher-forced logits after the prefix; a sentence with an empty prefix is decoded
 exactly as without one; continuous batching gives what the length batches give. The command line
@@ -19,9 +19,9 @@ import pytest
 from core.errors import UsageError
 from inference import Translator, continuous
 from inference.generator import Generator
-from model import scoring, search
-from model.batching import padded
+from model import forced_scoring, search
 from model.generate import strip
+from model.length_buckets import padded
 from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID, PAD_ID
 from tests.helpers import MODEL_TYPES, run_in_process
@@ -30,7 +30,7 @@ from tests.test_continuous import EXTRA, SENTENCES, tiny
 SOURCES = SENTENCES[:6]
 PREFIXES = [[5, 7], [], [9], [4, 4, 4], [12, 3, 8, 10, 6, 11, 2], []]
 # > the longest prefix: every row ends in PAD; Generator.translate_all's width of these prefixes
-# (model/batching.py prefix_width), so that it runs the programs of `_search` below.
+# (model/length_buckets.py prefix_width), so that it runs the programs of `_search` below.
 WIDTH = 32
 SETTINGS = {
   "greedy": SearchSettings(beam_size=1, max_extra_len=EXTRA),
@@ -65,7 +65,7 @@ ROWS = 3 * len(SOURCES)  # the most hypotheses the searches above return
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
 def _forced_program(model, params, sources, targets, ensemble):
-  tokp, _ = scoring.score(model, params, sources, targets, ensemble=ensemble, as_search=True)
+  tokp, _ = forced_scoring.score(model, params, sources, targets, ensemble=ensemble, as_search=True)
   logits = None if ensemble else model.apply({"params": params}, sources, targets)
   return tokp, logits
 

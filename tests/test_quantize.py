@@ -137,7 +137,7 @@ def test_a_model_decoding_in_int8_stays_close_to_float32(kind):
 
 
 def test_numpy_quantizes_as_jax_does():
-  """inference/loading.py quantizes restored (numpy) parameters on the host; a search quantizes
+  """inference/restore.py quantizes restored (numpy) parameters on the host; a search quantizes
   jax arrays: the same int8 values and scales."""
   w = 0.05 * np.random.default_rng(6).standard_normal((512, 4, 256)).astype(np.float32)
   host, traced = quantize(w, (0,)), jax.jit(quantize, static_argnums=1)(jnp.asarray(w), (0,))

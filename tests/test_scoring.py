@@ -1,6 +1,6 @@
-"""Scoring given translations (#36 item 4): model/scoring.py's teacher-forced log-probabilities
-against the training loss and the searches' own scores, for every model type and an ensemble;
-inference/scoring.py's batching (order and batch shapes change nothing, few programs) and its
+"""Scoring given translations: model/forced_scoring.py's teacher-forced log-probabilities against
+the training loss and the searches' own scores, for every model type and an ensemble;
+inference/pair_scoring.py's batching (order and batch shapes change nothing, few programs) and its
 errors. Tiny random models and a word vocabulary: no trained workdir needed."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from data.tokenizer import WordVocab
 from inference.generator import Generator
-from inference.scoring import PairScorer, pair_batches
-from model import scoring, search
+from inference.pair_scoring import PairScorer, pair_batches
+from model import forced_scoring, search
 from model.build import abstract_params, build_model
 from model.decoder_state import decoder_state, ensemble_decoder_state
 from model.generate import _only_ids_below  # what decoding masks with (num_ids)
@@ -56,12 +56,12 @@ def _stack(*trees):
 
 
 _scored = jax.jit(
-  scoring.score, static_argnums=0, static_argnames=("ensemble", "as_search", "num_ids")
+  forced_scoring.score, static_argnums=0, static_argnames=("ensemble", "as_search", "num_ids")
 )
 
 
 def _score(params, inputs, targets, *, model, ensemble=False, as_search=False, num_ids=None):
-  """`scoring.score` jitted once for the module: each (model, options, shapes) compiles once
+  """`forced_scoring.score` jitted once for the module: each (model, options, shapes) compiles once
   (every option passed, so that a default and the same value given share the program)."""
   return _scored(
     model, params, inputs, targets, ensemble=ensemble, as_search=as_search, num_ids=num_ids
@@ -90,7 +90,7 @@ def _packed(batch, a, b):
 def _score_and_nll(model, params, batch, packed):
   """The scores of `batch`'s pairs; the eval step's unsmoothed nll of the whole batch and of
   each of `packed`'s batches (stacked on a leading axis): one program per model."""
-  token_logp, total = scoring.score(model, params, batch["inputs"], batch["targets"])
+  token_logp, total = forced_scoring.score(model, params, batch["inputs"], batch["targets"])
   nll = lambda b: eval_step(params, b, model=model, label_smoothing=0.0)["nll"]
   return token_logp, total, nll(batch), jax.vmap(nll)(packed)
 
@@ -238,9 +238,11 @@ def test_the_searches_distribution_leaves_out_pad():
 def test_model_scoring_rejects_bad_shapes():
   model, params = _model()
   with pytest.raises(ValueError, match="inputs and targets must be"):
-    scoring.score(model, params, np.ones((2, 4), np.int32), np.ones((3, 4), np.int32))
+    forced_scoring.score(model, params, np.ones((2, 4), np.int32), np.ones((3, 4), np.int32))
   with pytest.raises(ValueError, match="num_ids applies"):
-    scoring.score(model, params, np.ones((2, 4), np.int32), np.ones((2, 4), np.int32), num_ids=9)
+    forced_scoring.score(
+      model, params, np.ones((2, 4), np.int32), np.ones((2, 4), np.int32), num_ids=9
+    )
 
 
 # ----------------------------------------------------------------------------- pairs of text

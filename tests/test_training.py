@@ -238,7 +238,7 @@ def test_nonfinite_update_is_skipped_and_counted(reference_run):
 
 
 def test_float16_training_and_cudnn_float32_are_refused():
-  from training.build import build_steps
+  from training.run_steps import build_steps
   from training.validate import check_config
 
   with pytest.raises(
@@ -296,7 +296,7 @@ def test_model_vocab_size_is_fitted_to_the_vocabulary(caplog):
 
 
 def test_logged_train_metrics_are_token_weightedwindow_means():
-  from training.metrics import accumulate, window_means
+  from training.metric_log import accumulate, window_means
 
   def step(loss, acc, tokens, grad_norm, nonfinite=0, lr=0.5):
     return {
@@ -436,7 +436,7 @@ def test_train_py_empty_training_files_are_one_line_naming_them(tmp_path):
 def test_mesh_axes_that_divide_no_parameter_dimension_are_reported(caplog):
   """tensor=8 with 4 heads: the attention kernels stay replicated (the vocabulary's 36 over 8 is
   expected and not listed); fsdp=8 with d_model 32 divides, so nothing is reported for it."""
-  from training.build import build_steps
+  from training.run_steps import build_steps
 
   with caplog.at_level(logging.WARNING):
     build_steps(tiny_config(num_devices=8, **{"mesh.data": 1, "mesh.tensor": 8}))

@@ -62,8 +62,8 @@ def translation_metrics(
   """BLEU (sacreBLEU, cased, on detokenized text) and exact match of translations of `pairs`,
   by `search` (`translation_search` of the same model and settings; None: a new one) over length
   batches."""
-  from model.batching import length_batches
   from model.generate import strip
+  from model.length_buckets import length_batches
 
   if not pairs:
     return {}

@@ -4,7 +4,7 @@ training/periodic.py (heartbeat, non-finite stop, log, eval, early stopping, che
 stop signal's check -> a last eval and checkpoint. Importable without flags:
 `train(config, workdir)`.
 
-The loop never asks which parallelism runs: `training/build.py` gives it the model and a
+The loop never asks which parallelism runs: `training/run_steps.py` gives it the model and a
 `training.parallel.Parallel`, whose methods place the state, restore it and hand it to
 checkpoints and decoding for either kind.
 """
@@ -28,9 +28,9 @@ from data import tokenizer
 from training import checkpoint as ckpt
 from training import compatibility, finetune, periodic
 from training import parallel as par
-from training.build import build_steps
-from training.metrics import MetricsWriter
+from training.metric_log import MetricsWriter
 from training.preemption import Preemption
+from training.run_steps import build_steps
 from training.validate import check_backend, check_config
 from training.workdir import WorkdirLock, check_workdir, check_writable_folder
 

@@ -28,7 +28,7 @@ from jax.experimental import multihost_utils
 from cluster import distributed
 from core.errors import RunError
 from training import evaluate
-from training.metrics import accumulate, window_means
+from training.metric_log import accumulate, window_means
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +96,7 @@ class NonfiniteStop:
 
 class LogWindow:
   """On `due` steps: the train record of the steps since the previous one (their metrics summed
-  on the device, training/metrics.py; tokens and steps per second) to `writer` and `progress`;
+  on the device, training/metric_log.py; tokens and steps per second) to `writer` and `progress`;
   on other steps the progress bar alone."""
 
   def __init__(self, writer, progress, due: Every):

@@ -198,7 +198,7 @@ def test_every_package_is_installed():
 
 def test_every_import_closure_follows_the_rule():
   broken = _against_the_rule(_edges(), ALLOWED)
-  assert not broken, "imports against the layers (tests/test_layers.py):\n" + "\n".join(broken)
+  assert not broken, "imports against the layers (tests/test_layering.py):\n" + "\n".join(broken)
 
 
 def test_the_closure_check_follows_imports_through_other_modules():

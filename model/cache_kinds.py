@@ -31,5 +31,5 @@ def check_collections(found, model_name: str) -> None:
   if unknown:
     raise ValueError(
       f"{model_name}: decoding cache collection(s) {unknown} are of no declared kind; a cache "
-      f"entry must be created in one of {list(COLLECTIONS)} (model/cache.py)"
+      f"entry must be created in one of {list(COLLECTIONS)} (model/cache_kinds.py)"
     )

@@ -10,8 +10,8 @@ Both sides are tokenized as translation tokenizes a source (`data.tokenizer.enco
 pieces, then EOS; but a line over `max_len` tokens is refused, not cut: a cut pair would score
 other sentences), pairs of similar lengths are padded to coarse length buckets and scored
 together (one compiled program per (source bucket, target bucket, rows), a handful for a file;
-`model/batching.py`), and the results come back in input order. The numbers are
-`model.scoring.score`'s: by default the distribution the training loss reads (a pair's
+`model/length_buckets.py`), and the results come back in input order. The numbers are
+`model.forced_scoring.score`'s: by default the distribution the training loss reads (a pair's
 log-probability is minus its unsmoothed cross entropy), with `as_search=True` the one the
 searches draw from.
 """
@@ -26,8 +26,8 @@ import numpy as np
 
 from core.errors import ArgumentError, UsageError
 from data.tokenizer import Vocab, encode_source
-from model import distribution, scoring
-from model.batching import bucket_length, length_batches
+from model import distribution, forced_scoring
+from model.length_buckets import bucket_length, length_batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +87,7 @@ class PairScorer:
     num_ids = distribution.useful_num_ids(vocab.vocab_size, model.config.vocab_size)
 
     def score_batch(params, inputs, targets, as_search):
-      return scoring.score(
+      return forced_scoring.score(
         model,
         params,
         inputs,
@@ -132,7 +132,7 @@ class PairScorer:
     (EOS included) or lists of different lengths are a UsageError (a ValueError) naming the
     argument, raised before any scoring. `tokens_per_batch`: padded source plus target tokens
     per batch. `as_search`: the distribution of the searches rather than of the training loss
-    (`model.scoring`)."""
+    (`model.forced_scoring`)."""
     source_ids = self.encode(sources, "sources")
     target_ids = self.encode(targets, "targets")
     if len(source_ids) != len(target_ids):
@@ -183,7 +183,7 @@ def pair_batches(
   batch_multiple: int = 1,
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
   """Pairs in few batch shapes: grouped by (`bucket_length` of the source, of the target), each
-  group cut by `model.batching.length_batches` into batches of one row count, with
+  group cut by `model.length_buckets.length_batches` into batches of one row count, with
   `tokens_per_batch` counting source plus target bucket tokens per row. The last batch's spare
   rows repeat its last pair.
 
