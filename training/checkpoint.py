@@ -18,7 +18,7 @@ A save that fails (permission denied, disk full, an I/O error), synchronous or a
 one RunError naming the step's folder and the system's reason, raised by the call that finds it:
 `save`, `wait`, `close`, or `check`, which the loop calls at every step so that an asynchronous
 save's failure stops the run within a step rather than at the next save. Orbax's threads of the
-failed save are released (training/orbax_threads.py), so the process exits at once (they would
+failed save are released (cluster/orbax_private.py), so the process exits at once (they would
 otherwise keep it alive for Orbax's 300 s coordination timeout); the tracebacks Orbax logs on the
 way (~300 lines) are dropped where Orbax raises the error again and cut to one line elsewhere by
 the logging policy the command lines install (core/logs.py; kept whole with `--verbosity=1` or
@@ -39,8 +39,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
+from cluster import orbax_private
 from core.errors import RunError, UsageError, first_line
-from training import orbax_threads
 
 CHECKPOINT_DIR = "checkpoints"
 UNREADABLE_MARK = ".unreadable-"  # <step>.unreadable-<n>: set aside by a resume (_set_aside)
@@ -149,7 +149,7 @@ class Checkpointer:
     """The RunError of a failed save, once Orbax's threads that still wait on it are released."""
     self._failed = True
     self._writing = None
-    orbax_threads.release_failed_save_threads()
+    orbax_private.release_failed_save_threads()
     if isinstance(error, OSError) and error.strerror:
       reason = error.strerror + (f": {error.filename}" if error.filename else "")
     else:
