@@ -43,8 +43,8 @@ from cli.files import (  # noqa: E402
   write_lines,
 )
 from cli.search_flags import define_search_flags, search_fields  # noqa: E402
-from configs.rules import Int, check_flag  # noqa: E402
 from core.errors import UsageError  # noqa: E402
+from core.rules import Int  # noqa: E402
 from data.sources import load_split  # noqa: E402
 from inference.phases import Phases  # noqa: E402
 from inference.translator import DTYPES, OPTION_RULES, Translator  # noqa: E402
@@ -157,10 +157,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   )
   flags.mark_flag_as_required("workdir", flag_values=flag_values)
   for name, rule in OPTION_RULES.items():  # the flags named as Translator's options
-    check_flag(name, rule, flag_values)
-  check_flag("plot_sentence", Int(min=0), flag_values)
-  check_flag("nbest", Int(min=0), flag_values)
-  check_flag("stream_lines", Int(min=1), flag_values)
+    app.check_flag(name, rule, flag_values)
+  app.check_flag("plot_sentence", Int(min=0), flag_values)
+  app.check_flag("nbest", Int(min=0), flag_values)
+  app.check_flag("stream_lines", Int(min=1), flag_values)
 
 
 FLAGS = flags.FLAGS

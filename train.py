@@ -26,8 +26,8 @@ from absl import flags  # noqa: E402
 
 from cli import app, coordination_service  # noqa: E402
 from cluster import distributed  # noqa: E402
-from configs.rules import Int, check_flag  # noqa: E402
 from core.errors import UsageError  # noqa: E402
+from core.rules import Int  # noqa: E402
 from training import finetune  # noqa: E402
 from training.loop import train  # noqa: E402
 from training.validate import check_config  # noqa: E402
@@ -67,7 +67,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     ("distributed_timeout", Int(min=1)),
     ("heartbeat_timeout", Int(min=2)),
   ):
-    check_flag(name, rule, flag_values)
+    app.check_flag(name, rule, flag_values)
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ from ml_collections import config_flags
 from cli.exit import ending_line
 from configs.common import describe
 from core import ending, errors, logs
+from core.rules import Rule, RuleError
 
 
 def fail(prog: str, text: str, status: int) -> None:
@@ -43,6 +44,23 @@ def fail(prog: str, text: str, status: int) -> None:
   sys.stderr.write(f"{prog}: error: {text}\n")
   sys.stderr.flush()
   sys.exit(status)
+
+
+def check_flag(name: str, rule: Rule, flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Registers `rule` (core/rules.py) as the validator of the absl flag `--name` (unset flags,
+  None, pass): a value that breaks it stops the parsing with `flag --name=<value>: must be ...`
+  (exit 2)."""
+
+  def checker(value) -> bool:
+    if value is None:
+      return True
+    try:
+      rule.check(value)
+    except RuleError as e:
+      raise flags.ValidationError(str(e)) from None
+    return True
+
+  flags.register_validator(name, checker, flag_values=flag_values)
 
 
 def define_config(flag_values=flags.FLAGS):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from absl import flags
 
 from cli import app
-from configs.rules import Int, check_flag
+from core.rules import Int
 from training.average import write_average
 
 
@@ -19,7 +19,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """This command line's flags, defined only when it runs (cli/app.py)."""
   flags.DEFINE_string("workdir", None, "Training workdir.", required=True, flag_values=flag_values)
   flags.DEFINE_integer("last", 5, "Average the last N checkpoints.", flag_values=flag_values)
-  check_flag("last", Int(min=1), flag_values)
+  app.check_flag("last", Int(min=1), flag_values)
 
 
 def main() -> None:

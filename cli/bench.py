@@ -15,8 +15,8 @@ from cli import app
 from cli.bench_processes import PARENT_ONLY_FLAGS, bench_paired_processes
 from cli.files import check_writable
 from cli.host_memory import DEFAULT
-from configs.rules import Int, check_flag
 from core.errors import UsageError
+from core.rules import Int
 from inference import ctranslate2_export as export
 
 # The library's argument names (benchmark/sweeps.py) -> this command line's flags.
@@ -159,7 +159,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     ("matmul_size", Int(min=64)),
     ("rounds", Int(min=1)),
   ):
-    check_flag(name, rule, flag_values)
+    app.check_flag(name, rule, flag_values)
 
 
 DEFAULT_VOCAB = 8000

@@ -21,7 +21,7 @@ from absl import flags, logging
 from cli import app
 from cli.files import check_writable, read_aligned, write_lines
 from cli.search_flags import define_search_flags, search_fields
-from configs.rules import Int, check_flag
+from core.rules import Int
 from inference.ctranslate2_export import COMPUTE_TYPES, translate_texts
 from inference.ctranslate2_translate import load, search_options
 from model.search_settings import SearchSettings
@@ -53,7 +53,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     omit=("prefix_rule",),  # this command takes no prefix
   )
   flags.DEFINE_integer("threads", 0, "CPU threads; 0 = all cores.", **define)
-  check_flag("threads", Int(0), flag_values)
+  app.check_flag("threads", Int(0), flag_values)
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from absl import flags
 
 from cli import app
 from configs.common import FIELDS, data_defaults
-from configs.rules import Float, Int, check_flag
+from core.rules import Float, Int
 from data import pipeline
 from data.throughput import measure_throughput
 
@@ -52,13 +52,13 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer(
     "batch_multiple", 1, "Row multiple of every global batch.", flag_values=flag_values
   )
-  check_flag("seconds", Float(above=0.0), flag_values)
-  check_flag("batch_multiple", Int(min=1), flag_values)
+  app.check_flag("seconds", Float(above=0.0), flag_values)
+  app.check_flag("batch_multiple", Int(min=1), flag_values)
   define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, str: flags.DEFINE_string}
   for key, value in data_defaults().items():
     field = FIELDS[f"data.{key}"]
     define[type(value)](key, value, f"config.data.{key}: {field.help}", flag_values=flag_values)
-    check_flag(key, field.rule, flag_values)
+    app.check_flag(key, field.rule, flag_values)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Every configuration field: its default, what it means, and what values it takes. Config files
 start from `base_config()` and change what differs; any field can be overridden on the command
 line (`--config.model.num_layers=2`), a field that is not here is an error, and `--show_config`
-prints the resolved config with these descriptions. `training/validate.py` checks every value
-against its rule before any work.
+prints the resolved config with these descriptions. The `model.*` fields are model/config.py's
+hyperparameters, declared there once. `training/validate.py` checks every value against its rule
+before any work.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any
 
 import ml_collections
 
-from configs.rules import Bool, Choice, Float, Int, Rule, Text
-from model.build import MODEL_TYPES
+from core.rules import Bool, Choice, Float, Int, Rule, Text, allowing
+from model import config as model_config
 from model.special_tokens import NUM_SPECIAL
 
 
@@ -28,6 +29,24 @@ FRACTION = Float(min=0.0, below=1.0)
 POSITIVE = Int(min=1)
 COUNT = Int(min=0)
 MESH_AXIS = Int(min=1, also=(-1,))
+
+
+def _model_fields() -> dict[str, Field]:
+  """`model.type`, then the hyperparameters of model/config.py as they are declared there (the
+  Transformer's, then the other types' own), with the values a config may hold until they are
+  resolved (model.vocab_size=0, model.dtype='auto')."""
+  types = model_config.MODEL_TYPES
+  out = {"model.type": Field(types[0], "the model: " + ", ".join(types), Choice(*types))}
+  for config_class in (model_config.TransformerConfig, model_config.RNNConfig):
+    for field in dataclasses.fields(config_class):
+      meta = field.metadata
+      required = field.default is dataclasses.MISSING
+      default = meta[model_config.CONFIG_DEFAULT] if required else field.default
+      resolved = (default,) if required else meta[model_config.RESOLVED]
+      rule = allowing(meta[model_config.RULE], *resolved) if resolved else meta[model_config.RULE]
+      out.setdefault(f"model.{field.name}", Field(default, meta[model_config.HELP], rule))
+  return out
+
 
 # Dotted name -> Field, in the order --show_config prints them.
 FIELDS: dict[str, Field] = {
@@ -67,48 +86,7 @@ FIELDS: dict[str, Field] = {
     MESH_AXIS,
   ),
   "mesh.tensor": Field(1, "mesh axis sharding heads, d_ff and the vocabulary", MESH_AXIS),
-  "model.type": Field("transformer", "the model: " + ", ".join(MODEL_TYPES), Choice(*MODEL_TYPES)),
-  "model.vocab_size": Field(0, "embedding rows and logits; 0 = the vocabulary's size", COUNT),
-  "model.d_model": Field(
-    512, "width of embeddings and of every sub-layer's output (d_model)", Int(min=2)
-  ),
-  "model.d_ff": Field(
-    2048, "inner width of the position-wise feed-forward network (d_ff)", POSITIVE
-  ),
-  "model.num_heads": Field(8, "attention heads (h); d_model must divide by it", POSITIVE),
-  "model.num_layers": Field(6, "layers per stack (N)", POSITIVE),
-  "model.dropout_rate": Field(
-    0.1, "dropout on sub-layer outputs and on embeddings + positions (P_drop)", FRACTION
-  ),
-  "model.attention_dropout_rate": Field(0.0, "dropout on the attention weights", FRACTION),
-  "model.share_embeddings": Field(
-    True, "tie source and target embeddings and the pre-softmax projection", Bool()
-  ),
-  "model.max_len": Field(
-    256, "longest sequence the model takes; longer decoding inputs are cut to it", POSITIVE
-  ),
-  "model.pre_ln": Field(
-    False, "LayerNorm before each sub-layer instead of after the residual (the paper's)", Bool()
-  ),
-  "model.dtype": Field(
-    "float32",
-    "computation dtype (params, Adam float32); auto: native bfloat16 or float32; int8: decoding",
-    Choice("float32", "bfloat16", "float16", "auto", "int8"),
-  ),
-  "model.remat": Field(
-    False, "recompute each layer's activations in the backward pass (less memory)", Bool()
-  ),
-  "model.attention_impl": Field(
-    "xla",
-    "'xla', or 'cudnn' (cuDNN's fused attention: NVIDIA GPUs, bfloat16)",
-    Choice("xla", "cudnn"),
-  ),
-  "model.rnn_cell": Field(
-    "gru", "recurrent cell of model.type rnn / rnn_attention", Choice("gru", "lstm")
-  ),
-  "model.rnn_bidirectional": Field(
-    True, "bidirectional encoder of model.type rnn / rnn_attention", Bool()
-  ),
+  **_model_fields(),
   "data.name": Field(
     "synthetic",
     "'synthetic', 'multi30k' (fetched, cached), 'files' (data.dir) or a TFDS translation dataset",

@@ -25,9 +25,9 @@ import jax
 import numpy as np
 from absl import logging
 
-from configs.rules import Choice, Int, RuleError
 from core.errors import UsageError
 from core.progress import Progress
+from core.rules import Choice, Int, RuleError
 from data.tokenizer import encode_source
 from inference.attention_weights import attention_weights
 from inference.continuous import PoolPrograms, decode_continuous
@@ -35,6 +35,8 @@ from inference.generator import Generator
 from inference.pair_scoring import PairScore, PairScorer
 from inference.restore import Restored, place, restore
 from model import generate
+from model.config import AUTO, INT8
+from model.config import DTYPES as MODEL_DTYPES
 from model.length_buckets import bucket_length
 from model.search_settings import FIELDS, SearchSettings, with_keywords
 from training.translation_metrics import Metrics, corpus_metrics
@@ -47,7 +49,9 @@ OPTION_RULES = {
   "batching": Choice("length", "continuous"),
   "pool_size": Int(min=1),
 }
-DTYPES = ("auto", "float32", "bfloat16", "int8")  # auto: core/cpu.py's choice for the devices
+# The dtypes decoding offers: model/config.py's, less float16 (not offered for decoding), with
+# 'auto' (core/cpu.py's choice for the devices) first.
+DTYPES = (AUTO, *(name for name in MODEL_DTYPES if name != "float16"), INT8)
 # Padded source tokens per batch by default, per platform. On CPUs small batches win: a batch
 # runs until its slowest sentence ends, and a larger one gains little per step there
 # (docs/experiments.md, "Decoding speed", has the measurements).

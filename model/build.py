@@ -15,6 +15,7 @@ type is ignored, with a warning when it differs from its default.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -22,24 +23,22 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from model.config import TransformerConfig
+from model.config import MODEL_TYPES, RNNConfig, TransformerConfig
 from model.decoder_only import DecoderOnly
-from model.rnn import RNNConfig, RNNSeq2Seq
+from model.rnn import RNNSeq2Seq
 from model.transformer import Transformer
 
-MODEL_TYPES = ("transformer", "rnn", "rnn_attention", "decoder_only")
 
-# Options used by some types only, with their defaults in configs/common.py (model/ does not import
-# configs/; tests check the two agree). Options not listed here apply to every type.
-_TRANSFORMER_ONLY = dict(
-  d_ff=2048,
-  num_heads=8,
-  attention_dropout_rate=0.0,
-  pre_ln=False,
-  remat=False,
-  attention_impl="xla",
-)
-_RNN_ONLY = dict(rnn_cell="gru", rnn_bidirectional=True)
+def _only_in(config_class, other) -> dict[str, Any]:
+  """The fields of `config_class` that `other` has not, with their defaults."""
+  theirs = {f.name for f in dataclasses.fields(other)}
+  return {f.name: f.default for f in dataclasses.fields(config_class) if f.name not in theirs}
+
+
+# Options used by some types only, with their defaults (model/config.py); options not listed
+# here apply to every type.
+_TRANSFORMER_ONLY = _only_in(TransformerConfig, RNNConfig)
+_RNN_ONLY = _only_in(RNNConfig, TransformerConfig)
 _IGNORED = {
   "transformer": _RNN_ONLY,
   "decoder_only": _RNN_ONLY,

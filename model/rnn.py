@@ -30,7 +30,6 @@ are kept side by side.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -40,68 +39,12 @@ from flax.linen import initializers
 from jax import lax
 
 from model import cache_kinds
-from model.config import DTYPES
+from model.config import RNNConfig
 from model.dropout import Dropout, keep_mask
 from model.layers import Embed
 from model.transformer import check_tokens, shift_right
 
-CELLS = ("gru", "lstm")
 _GATES = {"gru": 3, "lstm": 4}
-
-
-@dataclasses.dataclass(frozen=True)
-class RNNConfig:
-  """Hyperparameters of the recurrent models.
-
-  `d_model` is the embedding size and the hidden size of every layer (each direction);
-  `num_layers` stacked layers in the encoder and in the decoder; `max_len` is kept for the shared
-  interface (the recurrence has no length limit); `dtype` is the computation dtype.
-  """
-
-  vocab_size: int
-  d_model: int = 512
-  num_layers: int = 1
-  dropout_rate: float = 0.1
-  rnn_cell: str = "gru"
-  rnn_bidirectional: bool = True
-  share_embeddings: bool = True
-  max_len: int = 256
-  dtype: str = "float32"
-
-  def __post_init__(self):
-    def bad(field, why):
-      raise ValueError(f"config error: model.{field}={getattr(self, field)!r}: {why}")
-
-    for field in ("vocab_size", "d_model", "num_layers", "max_len"):
-      if int(getattr(self, field)) <= 0:
-        bad(field, "must be a positive integer")
-    if not 0.0 <= self.dropout_rate < 1.0:
-      bad("dropout_rate", "must be in [0, 1)")
-    if self.rnn_cell not in CELLS:
-      bad("rnn_cell", f"must be one of {CELLS}")
-    if not isinstance(self.rnn_bidirectional, bool):
-      bad("rnn_bidirectional", "must be True or False")
-    if self.dtype not in DTYPES:
-      bad("dtype", f"must be one of {sorted(DTYPES)}")
-
-  @property
-  def compute_dtype(self):
-    return DTYPES[self.dtype]
-
-  @property
-  def context_size(self) -> int:
-    """Width of an encoder state: d_model, twice that when bidirectional."""
-    return self.d_model * (2 if self.rnn_bidirectional else 1)
-
-  @classmethod
-  def from_config(cls, model_cfg: Any, **overrides) -> RNNConfig:
-    """Builds from the `config.model` ConfigDict, taking the fields this class knows."""
-    fields = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in dict(model_cfg).items() if k in fields}
-    values.update(overrides)
-    if "vocab_size" not in values:
-      raise ValueError("config error: model.vocab_size is required")
-    return cls(**values)
 
 
 # ----------------------------------------------------------------------------- pure helpers

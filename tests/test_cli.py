@@ -1,8 +1,9 @@
-"""The command lines' shared behaviour (cli/, configs/rules.py, training/validate.py): every config
+"""The command lines' shared behaviour (cli/, core/rules.py, training/validate.py): every config
 field and number flag checked for type and range before any work, one-line errors with the exit
 status of their kind (library errors naming Python arguments printed as flags), `--show_config`,
 config files that cannot be loaded, and the logging policy (core/logs.py)."""
 
+import dataclasses
 import logging as std_logging
 import math
 import pickle
@@ -14,10 +15,11 @@ from absl import logging as absl_logging
 from cli.app import error_line
 from cli.search_flags import define_search_flags, search_fields
 from configs import common
-from configs.rules import Choice, Float, Int, RuleError
 from core import logs
 from core.errors import ArgumentError, RunError, UsageError, exit_status
 from core.logs import quiet_library_logs
+from core.rules import Bool, Choice, Float, Int, RuleError, allowing
+from model import config as model_config
 from model.search_settings import SearchSettings
 from tests.helpers import run_in_process, run_py, tiny_config
 from training.validate import check_config
@@ -44,6 +46,61 @@ def test_every_field_has_a_description_and_a_rule_its_default_passes():
   for name, field in common.FIELDS.items():
     assert field.help and len(field.help) < 100, name
     field.rule.check(field.default)
+
+
+def test_the_model_fields_are_model_configs_declarations(monkeypatch):
+  """configs/common.py's model.* fields are model/config.py's hyperparameters, in their order, with
+  their defaults, meanings and rules (plus the values resolved later); a hyperparameter declared
+  there is a config field with nothing else to write."""
+  names = [f.name for f in dataclasses.fields(model_config.TransformerConfig)]
+  names += ["rnn_cell", "rnn_bidirectional"]
+  assert [n for n in common.FIELDS if n.startswith("model.")] == [
+    "model.type",
+    *(f"model.{n}" for n in names),
+  ]
+  for config_class in (model_config.TransformerConfig, model_config.RNNConfig):
+    for field in dataclasses.fields(config_class):
+      shown = common.FIELDS[f"model.{field.name}"]
+      assert shown.help == field.metadata[model_config.HELP], field.name
+      if field.default is not dataclasses.MISSING:
+        assert shown.default == field.default, field.name
+  assert common.FIELDS["model.vocab_size"].rule == Int(min=0)  # 0: the vocabulary's size
+  common.FIELDS["model.dtype"].rule.check("auto")
+  with pytest.raises(ValueError, match=r"model.dtype='auto': must be one of 'float32'"):
+    model_config.TransformerConfig(vocab_size=10, dtype="auto")  # resolved before the model
+
+  @dataclasses.dataclass(frozen=True)
+  class WithActivation(model_config.TransformerConfig):
+    activation: str = model_config.hyperparameter("relu", "FFN activation", Choice("relu", "gelu"))
+
+  monkeypatch.setattr(model_config, "TransformerConfig", WithActivation)
+  fields = common._model_fields()
+  assert fields["model.activation"] == common.Field(
+    "relu", "FFN activation", Choice("relu", "gelu")
+  )
+  assert list(fields)[-3:] == ["model.activation", "model.rnn_cell", "model.rnn_bidirectional"]
+
+
+def test_the_recurrent_models_share_the_transformers_declarations():
+  """RNNConfig's common fields are TransformerConfig's (default, meaning, rule); its own int8
+  refusal is a check of its own."""
+  transformer = {f.name: f for f in dataclasses.fields(model_config.TransformerConfig)}
+  for field in dataclasses.fields(model_config.RNNConfig):
+    if field.name in transformer:
+      assert field.default == transformer[field.name].default, field.name
+      assert field.metadata == transformer[field.name].metadata, field.name
+  with pytest.raises(ValueError, match="model.dtype='int8': int8 products are not for a recurrent"):
+    model_config.RNNConfig(vocab_size=10, dtype="int8")
+  with pytest.raises(ValueError, match=r"model.vocab_size=0: must be >= 1"):
+    model_config.RNNConfig(vocab_size=0)
+
+
+def test_allowing_adds_the_values_a_config_resolves_later():
+  assert allowing(Int(min=1), 0) == Int(min=0)
+  assert allowing(Int(min=1), -1) == Int(min=1, also=(-1,))
+  assert allowing(Choice("a", "b"), "auto") == Choice("a", "b", "auto")
+  with pytest.raises(TypeError, match="Bool takes no extra values"):
+    allowing(Bool(), None)
 
 
 @pytest.mark.parametrize(

@@ -412,11 +412,16 @@ def test_ignored_options_warn_only_when_changed(caplog):
   assert len(messages) == 2, messages
   assert "model.num_heads=2" in messages[0] and "'rnn'" in messages[0]
   assert "model.rnn_bidirectional=False" in messages[1]
-  # The defaults build.py compares against are configs/common.py's.
-  defaults = _model_cfg()
-  for options in build._IGNORED.values():
-    for option, default in options.items():
-      assert defaults[option] == default, option
+  # Which options apply to one type only comes from model/config.py's two dataclasses.
+  assert set(build._TRANSFORMER_ONLY) == {
+    "d_ff",
+    "num_heads",
+    "attention_dropout_rate",
+    "pre_ln",
+    "remat",
+    "attention_impl",
+  }
+  assert build._RNN_ONLY == {"rnn_cell": "gru", "rnn_bidirectional": True}
 
 
 def test_rnn_config_errors_are_clear():

@@ -1,7 +1,7 @@
 """One validation of a run's config, shared by train.py and bench.py: what can be checked before
 any device work, data or file, so a bad config is one line naming the field and its value. Every
-field is checked against its rule in configs/common.py (type and range: NaN and infinities are
-refused), then the combinations that cannot run.
+field is checked against its rule in configs/common.py, the model's declared in model/config.py
+(type and range: NaN and infinities are refused), then the combinations that cannot run.
 
     check_config(config, "train")         # train.py, before the workdir is touched
     check_config(config, "bench_train")   # bench.py: the bench batch instead of the data
@@ -19,12 +19,12 @@ import jax
 from absl import logging
 
 from configs.common import FIELDS
-from configs.rules import RuleError
 from core.cpu import native_dtype
 from core.errors import UsageError
+from core.rules import RuleError
 from data import multi30k
 from model.build import hyperparameters
-from model.config import INT8
+from model.config import AUTO, INT8
 from model.special_tokens import NUM_SPECIAL
 
 PURPOSES = ("train", "bench_train", "bench_decode")
@@ -67,7 +67,7 @@ def _check_model(config) -> None:
   checks, run now on its config rather than after the data pipeline has run."""
   model_cfg = config.model.to_dict()
   model_cfg["vocab_size"] = max(int(model_cfg["vocab_size"]), NUM_SPECIAL + 1)  # 0 = fit later
-  if model_cfg.get("dtype") == "auto":  # resolved by check_backend, which sees the devices
+  if model_cfg.get("dtype") == AUTO:  # resolved by check_backend, which sees the devices
     model_cfg["dtype"] = "float32"
   try:
     hyperparameters(model_cfg)
@@ -150,7 +150,7 @@ def check_backend(config) -> None:
   model.dtype='auto' becomes, in the config itself, the dtype the backend's devices multiply
   fastest (core/cpu.py), so that checkpoints and logs name the dtype used. Starts the backend:
   call it after `cluster.distributed.initialize_distributed`."""
-  if config.model.get("dtype") == "auto":
+  if config.model.get("dtype") == AUTO:
     config.model.dtype, why = native_dtype(jax.default_backend())
     logging.info("model.dtype=%s (%s)", config.model.dtype, why)
   if not uses_cudnn(config):

@@ -1,19 +1,20 @@
-"""What a value may be: the one definition of the checks on config fields (configs/common.py) and
-on command-line flags (`check_flag`), so that a number out of its range, NaN or an infinity is
-refused the same way everywhere, with an error naming the field or flag and the value.
+"""What a value may be: the one definition of the checks on the model's hyperparameters
+(model/config.py), on config fields (configs/common.py) and on command-line flags
+(cli/app.py `check_flag`), so that a number out of its range, NaN or an infinity is refused the
+same way everywhere, with an error naming the field or flag and the value.
 
     Int(min=1)                   an integer >= 1
     Float(min=0.0, below=1.0)    a finite number in [0, 1)
     Choice("pmap", "mesh")
     Bool(), Text()
+    allowing(Int(min=1), 0)      the rule, or one more value (an integer >= 1 or 0)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-
-from absl import flags
+import numbers
 
 
 class RuleError(ValueError):
@@ -22,15 +23,15 @@ class RuleError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Int:
-  """An integer (booleans are not integers here) in [min, max]; `also` lists extra allowed
-  values outside that range (e.g. -1 = 'the remaining devices')."""
+  """An integer (numpy's too; booleans are not integers here) in [min, max]; `also` lists extra
+  allowed values outside that range (e.g. -1 = 'the remaining devices')."""
 
   min: int | None = None
   max: int | None = None
   also: tuple[int, ...] = ()
 
   def check(self, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
       raise RuleError(f"must be an integer, not {type(value).__name__}")
     if value in self.also:
       return
@@ -60,7 +61,7 @@ class Float:
   below: float | None = None
 
   def check(self, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
       raise RuleError(f"must be a number, not {type(value).__name__}")
     if not math.isfinite(value):
       raise RuleError("must be a finite number" + (f" {self.describe()}" if self._bounded else ""))
@@ -127,17 +128,16 @@ class Text:
 Rule = Int | Float | Choice | Bool | Text
 
 
-def check_flag(name: str, rule: Rule, flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """Registers `rule` as the validator of the absl flag `--name` (unset flags, None, pass): a
-  value that breaks it stops the parsing with `flag --name=<value>: must be ...` (exit 2)."""
-
-  def checker(value) -> bool:
-    if value is None:
-      return True
-    try:
-      rule.check(value)
-    except RuleError as e:
-      raise flags.ValidationError(str(e)) from None
-    return True
-
-  flags.register_validator(name, checker, flag_values=flag_values)
+def allowing(rule: Rule, *values) -> Rule:
+  """`rule` that also takes `values` (an Int's `also`, a Choice's options): a config's values that
+  stand for one resolved later (model.vocab_size=0, model.dtype='auto')."""
+  if isinstance(rule, Int):
+    for value in values:
+      if rule.min is not None and value == rule.min - 1:  # Int(min=1) and 0: Int(min=0)
+        rule = dataclasses.replace(rule, min=value)
+      else:
+        rule = dataclasses.replace(rule, also=(*rule.also, value))
+    return rule
+  if isinstance(rule, Choice):
+    return Choice(*rule.options, *values)
+  raise TypeError(f"allowing: {type(rule).__name__} takes no extra values")
