@@ -42,8 +42,18 @@ if __name__ == "__main__":
   _simulate_cpu_devices(sys.argv)
   HOST_MEMORY = keep_freed_memory_on_cpu()
 
+from absl import flags  # noqa: E402
+
 from cli import app  # noqa: E402
-from cli.bench import FLAG_NAMES, define_flags, main  # noqa: E402  (flags, checks, main)
+from cli import bench as command  # noqa: E402
+from cli.bench import FLAG_NAMES, main  # noqa: E402
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """cli/bench.py's flags, shown by --help as this script's own."""
+  command.define_flags(flag_values)
+  flags.adopt_module_key_flags(command, flag_values=flag_values)
+
 
 if __name__ == "__main__":
   define_flags()

@@ -26,8 +26,18 @@ if __name__ == "__main__":  # first, before JAX starts its threads: see cli/host
 
   keep_freed_memory_on_cpu(single_arena=False)  # compiles in parallel: see its docstring
 
+from absl import flags  # noqa: E402
+
 from cli import app  # noqa: E402
-from cli.decode import FLAG_NAMES, define_flags, main  # noqa: E402  (flags, checks, main)
+from cli import decode as command  # noqa: E402
+from cli.decode import FLAG_NAMES, main  # noqa: E402
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """cli/decode.py's flags, shown by --help as this script's own."""
+  command.define_flags(flag_values)
+  flags.adopt_module_key_flags(command, flag_values=flag_values)
+
 
 if __name__ == "__main__":
   define_flags()

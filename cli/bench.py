@@ -34,12 +34,32 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """This command line's flags, defined only when it runs (cli/app.py)."""
   app.define_config(flag_values)
   flags.adopt_module_key_flags(app, flag_values=flag_values)  # --config, --show_config in --help
+  _define_run_flags(flag_values)
+  _define_sweep_flags(flag_values)
+  _define_measure_flags(flag_values)
+  _define_peer_flags(flag_values)
+  flags.mark_flag_as_required("config", flag_values=flag_values)
+  for name, rule in (
+    ("steps", Int(min=1)),
+    ("warmup", Int(min=0)),
+    ("matmul_size", Int(min=64)),
+    ("rounds", Int(min=1)),
+  ):
+    app.check_flag(name, rule, flag_values)
+
+
+def _define_run_flags(flag_values: flags.FlagValues) -> None:
+  """What is timed, how long, and where the results go."""
   flags.DEFINE_enum("mode", "train", ["train", "decode"], "What to time.", flag_values=flag_values)
   flags.DEFINE_integer("steps", 20, "Timed steps (decode: timed batches).", flag_values=flag_values)
   flags.DEFINE_integer(
     "warmup", 3, "Untimed steps after the first (compiling) one.", flag_values=flag_values
   )
   flags.DEFINE_string("json", None, "Write the results to this JSON file.", flag_values=flag_values)
+
+
+def _define_sweep_flags(flag_values: flags.FlagValues) -> None:
+  """--sweep: the benchmark repeated over one setting, and its plot."""
   flags.DEFINE_enum(
     "sweep",
     None,
@@ -74,6 +94,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     "Sweep plot PNG (default: the --json path with .png, else bench_<sweep>.png).",
     flag_values=flag_values,
   )
+
+
+def _define_measure_flags(flag_values: flags.FlagValues) -> None:
+  """How ours is measured: the decoding cache, the peak FLOP/s, a profile."""
   flags.DEFINE_bool(
     "decode_cache",
     True,
@@ -102,6 +126,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     "ui.perfetto.dev).",
     flag_values=flag_values,
   )
+
+
+def _define_peer_flags(flag_values: flags.FlagValues) -> None:
+  """The peers timed instead of ours, or beside it (--paired)."""
   flags.DEFINE_string(
     "flax_wmt",
     None,
@@ -152,14 +180,6 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     "compiles again.",
     flag_values=flag_values,
   )
-  flags.mark_flag_as_required("config", flag_values=flag_values)
-  for name, rule in (
-    ("steps", Int(min=1)),
-    ("warmup", Int(min=0)),
-    ("matmul_size", Int(min=64)),
-    ("rounds", Int(min=1)),
-  ):
-    app.check_flag(name, rule, flag_values)
 
 
 DEFAULT_VOCAB = 8000
