@@ -5,8 +5,7 @@ shared 8000-word vocabulary, float32, no dropout; bench batches of 16 × 64 toke
     python bench.py --config=configs/bench_tiny.py --mode=decode \
         --config.bench.batch_size=32 --config.bench.seq_len=32        # 48 tokens, beam 4
 
-On 2 cores of an AMD EPYC (2026-12-01): a train step of 0.402 s, MFU 0.65; beam-4 decoding at
-37.2 sentences/s (docs/results.md).
+Its step time, MFU and decoding speed: docs/results.md, "Step time, MFU and decoding".
 """
 
 from configs import common

@@ -3,7 +3,7 @@ synthetic task (reverse the sentence and translate every word) on a CPU in a few
 
     python train.py --config=configs/default.py --workdir=/tmp/quickstart
 
-On 2 CPU cores (2026-12-01): 1,500 steps in 1 min 50 s, 0.952 exact match on validation.
+Its time and validation exact match: docs/results.md, "Quick start, data pipeline, tests".
 """
 
 from configs import common

@@ -1,6 +1,6 @@
 """JAX's persistent compilation cache for decoding: a second run of the same model and settings
-loads its compiled programs from disk instead of compiling them again (5-9 s per batch shape of
-beam search on a 2-core CPU, most of a small file's wall time).
+loads its compiled programs from disk instead of compiling them again (on a CPU, most of a small
+file's wall time: docs/results.md, "Decoding a file", first run against second).
 
     from inference import compilation_cache
     compilation_cache.enable()               # before anything compiles; returns the folder

@@ -1,7 +1,7 @@
 """Compiled decoding programs kept on disk, so that a second run of the same model and settings
-neither traces, lowers nor compiles: it reads each program back (about 0.1 s) where JAX's
-persistent compilation cache still traces and lowers the search first to find its key (about
-1.2 s a program on a 2-core CPU).
+neither traces, lowers nor compiles: it reads each program back, where JAX's persistent
+compilation cache still traces and lowers the search first to find its key (docs/experiments.md,
+"Compiled searches kept on disk", has the times).
 
     store = ProgramStore(folder)                       # inference.Translator makes one
     generator = Generator(model, programs=store)       # inference/generator.py asks it per program

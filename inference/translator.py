@@ -238,6 +238,28 @@ class Translator:
       seed=seed, tokens_per_batch=tokens_per_batch, batching=batching, pool_size=pool_size
     )
     prefixes = self.encode_prefixes(target_prefixes, len(sentences), first_line)
+    source_ids, cut = self._encode_warning(sentences, first_line)
+    present = [i for i, ids in enumerate(source_ids) if ids is not None]
+    bar = Progress(len(present), 0, unit="sentences", enabled=progress)
+    start = time.perf_counter()
+    if prefixes is not None:
+      prefixes = [prefixes[i] for i in present]
+    scored = settings.num_hypotheses > 1 or return_scores or return_token_scores
+    wanted = dict(scores=scored, token_scores=return_token_scores, prefixes=prefixes)
+    ids = [source_ids[i] for i in present]
+    if batching == "continuous" and len(self.devices) == 1 and settings.num_hypotheses == 1:
+      outputs = self._pooled(ids, settings, jax.random.key(seed), pool_size, bar, **wanted)
+    else:
+      outputs = self._batched(ids, settings, jax.random.key(seed), tokens_per_batch, bar, wanted)
+    seconds = time.perf_counter() - start
+    bar.close()
+    found: list = [None] * len(source_ids)  # per sentence: its ids, or with scores its NBest
+    for i, out in zip(present, outputs):
+      found[i] = out
+    return self._translations(found, source_ids, cut, seconds, scored, return_token_scores)
+
+  def _encode_warning(self, sentences: Sequence[str], first_line: int):
+    """`encode`, with a warning naming the lines cut to `max_len`."""
     source_ids, cut = self.encode(sentences)
     if cut:
       logging.warning(
@@ -248,33 +270,28 @@ class Translator:
         self.max_len,
         _listed([i + first_line for i in cut]),
       )
-    present = [i for i, ids in enumerate(source_ids) if ids is not None]
-    bar = Progress(len(present), 0, unit="sentences", enabled=progress)
-    start = time.perf_counter()
-    ids = [source_ids[i] for i in present]
-    if prefixes is not None:
-      prefixes = [prefixes[i] for i in present]
-    scored = settings.num_hypotheses > 1 or return_scores or return_token_scores
-    wanted = dict(scores=scored, token_scores=return_token_scores, prefixes=prefixes)
-    if batching == "continuous" and len(self.devices) == 1 and settings.num_hypotheses == 1:
-      outputs = self._pooled(ids, settings, jax.random.key(seed), pool_size, bar, **wanted)
-    else:
-      outputs = self.generator.translate_all(
-        self.params,
-        ids,
-        settings,
-        rng=jax.random.key(seed),
-        tokens_per_batch=tokens_per_batch,
-        batch_multiple=len(self.devices),
-        place=lambda inputs: jax.device_put(inputs, self.loaded.rows),
-        on_batch=bar.update,
-        **wanted,
-      )
-    seconds = time.perf_counter() - start
-    bar.close()
-    found: list = [None] * len(source_ids)  # per sentence: its ids, or with scores its NBest
-    for i, out in zip(present, outputs):
-      found[i] = out
+    return source_ids, cut
+
+  def _batched(self, ids, settings: SearchSettings, rng, tokens_per_batch: int, bar, wanted):
+    """The translations of `ids` in batches of similar length (inference/generator.py), placed
+    on this translator's devices, in input order."""
+    return self.generator.translate_all(
+      self.params,
+      ids,
+      settings,
+      rng=rng,
+      tokens_per_batch=tokens_per_batch,
+      batch_multiple=len(self.devices),
+      place=lambda inputs: jax.device_put(inputs, self.loaded.rows),
+      on_batch=bar.update,
+      **wanted,
+    )
+
+  def _translations(
+    self, found: list, source_ids, cut, seconds: float, scored: bool, token_scores: bool
+  ) -> Translations:
+    """`Translations` of the search's outputs `found` (per sentence: None for an empty one, its
+    ids, or with `scored` its NBest), texts decoded."""
     output_ids = [f.ids[0] if scored and f is not None else f for f in found]
     texts = ["" if ids is None else self.vocab.decode(ids.tolist()) for ids in output_ids]
     result = Translations(texts, source_ids, output_ids, cut, seconds)
@@ -283,7 +300,7 @@ class Translator:
       decoded = lambda f: [self.vocab.decode(ids.tolist()) for ids in f.ids]
       result.hypotheses = [[] if n else decoded(f) for n, f in zip(none, found)]
       result.scores = [[] if n else f.scores.tolist() for n, f in zip(none, found)]
-      if return_token_scores:
+      if token_scores:
         result.token_scores = [[] if n else list(f.token_scores) for n, f in zip(none, found)]
     return result
 

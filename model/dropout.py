@@ -1,14 +1,14 @@
 """Dropout (Srivastava et al. 2014; the paper's section 5.4), with masks from a keyed hash.
 
-`jax.random.bernoulli` draws each mask element with threefry-2x32 (20 rounds of 32-bit mixing
-per pair of elements). On a CPU that took 0.48 s for the 16.8M mask elements of one step of the
-base model, a sizeable part of the step. Here one PRNG key gives two 32-bit words per call, and
-each element's mask bit is a hash of its flat index and those words: a multiply by the golden
-ratio, then two rounds of MurmurHash3's 32-bit finaliser, about 60x cheaper (8 ms for the same
-elements). Like threefry's, the mask is a pure function of (key, shape): reproducible, different
-for every key, and identical under any sharding of the array, since the index is the global one.
-The keep probability is exact to 2^-32. The hash is not cryptographic, which dropout does not
-need. Arrays of 2^32 elements or more fall back to `jax.random.bernoulli`.
+`jax.random.bernoulli` draws each mask element with threefry-2x32 (20 rounds of 32-bit mixing per
+pair of elements), a sizeable part of the base model's step on a CPU. Here one PRNG key gives two
+32-bit words per call, and each element's mask bit is a hash of its flat index and those words: a
+multiply by the golden ratio, then two rounds of MurmurHash3's 32-bit finaliser, far cheaper
+(docs/experiments.md, "Step time", has the measurement). Like threefry's, the mask is a pure
+function of (key, shape): reproducible, different for every key, and identical under any sharding of
+the array, since the index is the global one. The keep probability is exact to 2^-32. The hash is
+not cryptographic, which dropout does not need. Arrays of 2^32 elements or more fall back to
+`jax.random.bernoulli`.
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ def test_pipeline_rejects_misaligned_files_before_training(tmp_path):
 def test_training_files_that_hold_no_text_are_one_error_naming_them(
   tmp_path, monkeypatch, source, target, reason
 ):
-  """An empty or blank corpus (SentencePiece used to fail with an internal error naming no file),
+  """An empty or blank corpus (SentencePiece's own error would name no file),
   an unreadable file (root reads any file, so open is made to refuse it) and a gzip file whose
   body is damaged: a ValueError naming the file, before a vocabulary or cache is written."""
   src = tmp_path / "train.en"

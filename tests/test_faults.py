@@ -187,8 +187,8 @@ def test_a_save_that_fails_is_one_error_and_a_prompt_exit(tmp_path, steps, fail_
   calls to create the step's temporary folder, is patched in the train.py process so that the
   FAIL_SAVE-th call raises OSError(ENOSPC). During training (the 2nd of the saves every 5 steps)
   and at the end (the final save of step 12): one line naming the step's folder and the system's
-  reason, exit status 1 within seconds (it used to take Orbax's 300 s timeout, after ~300 lines
-  of tracebacks), the lock released and the last finished checkpoint restorable."""
+  reason, exit status 1 within seconds (not after Orbax's 300 s coordination timeout, nor with
+  Orbax's tracebacks), the lock released and the last finished checkpoint restorable."""
   proc = _start(
     tmp_path,
     f"--config.num_train_steps={steps}",

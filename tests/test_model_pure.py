@@ -41,7 +41,7 @@ def test_model_imports_no_threads_files_or_orchestration():
 
 
 def test_the_check_sees_what_it_forbids():
-  """The import rule on sources that break it (the old model/generate.py did: a thread pool)."""
+  """The import rule on sources that break it: threads, files, flags, training."""
   for source in (
     "import concurrent.futures",
     "import threading",

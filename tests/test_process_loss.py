@@ -1,4 +1,4 @@
-"""A multi-process job that loses a process (#37), as real train.py jobs on localhost: a process
+"""A multi-process job that loses a process, as real train.py jobs on localhost: a process
 killed (SIGKILL) or frozen (SIGSTOP) at a fixed step. Every other process exits with status 1 and
 one line naming the lost one, having seen no sign of life for --heartbeat_timeout; the same
 command then resumes from the newest finished checkpoint with the losses of the uninterrupted
@@ -114,7 +114,7 @@ def _faulted(jobs, timeout=300) -> dict:
 
 def _expect_stopped(faulted) -> None:
   """`faulted`: (job, victim, kind, when the fault came) each. Every process but the victim exits
-  with status 1 (before #37: a C++ abort, or never), within the loose CEILING_S of the fault, its
+  with status 1 (not a C++ abort, nor never), within the loose CEILING_S of the fault, its
   last line naming the victim (id, host, pid), its step, the heartbeat timeout it waited out and
   what to do; no other error line, no stack trace. Then the victims are killed."""
   exited = {}

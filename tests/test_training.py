@@ -412,8 +412,8 @@ def test_train_py_bad_input_is_one_clear_line(tmp_path):
 
 
 def test_train_py_empty_training_files_are_one_line_naming_them(tmp_path):
-  """Both sides empty: SentencePiece used to fail with an internal error naming no file. A real
-  train.py process: its whole stderr is the one error line."""
+  """Both sides empty (SentencePiece's own error would name no file). A real train.py process:
+  its whole stderr is the one error line."""
   corpus = tmp_path / "corpus"
   corpus.mkdir()
   for name in ("train.en", "train.de", "validation.en", "validation.de"):

@@ -11,6 +11,7 @@ checkpoints and decoding for either kind.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import pathlib
@@ -115,18 +116,8 @@ def train(config, workdir: pathlib.Path, take_over_lock: bool = False) -> dict:
 
 def _train(config, workdir: pathlib.Path, lock: WorkdirLock | None, source) -> dict:
   lead = jax.process_index() == 0
-  if lead and source is not None:
-    finetune.place_vocab(source, workdir)
-  pipeline = _build_data(config, workdir, par.data_parallel_size(config))
+  pipeline = _data_and_vocab(config, workdir, source, lead)
   vocab = pipeline.vocab
-  if source is not None:
-    finetune.check_vocab(source, vocab)
-  fit_model_vocab(config, vocab.vocab_size)
-  logging.info(
-    "train batch shapes %s: the step compiles at most %d time(s)",
-    pipeline.batch_shapes,
-    len(pipeline.batch_shapes),
-  )
   model, parallel = build_steps(config)
   checkpointer = ckpt.Checkpointer(
     workdir,
@@ -141,70 +132,28 @@ def _train(config, workdir: pathlib.Path, lock: WorkdirLock | None, source) -> d
   stopping = periodic.EarlyStopping(config.early_stopping, resumed.get("early_stopping"))
   if lead and config.data.vocab_path:  # the workdir alone must decode, here or elsewhere
     tokenizer.save_in_workdir(vocab, workdir)
-  last_step = config.num_train_steps
-  if step >= last_step or stopping.stop:
-    checkpointer.close()
-    if stopping.stop:
-      logging.warning("%s; raise early_stopping.patience to continue", stopping.line(step))
-    else:
-      logging.warning(
-        "%s is already at step %d (num_train_steps=%d): nothing to train; raise "
-        "num_train_steps to continue",
-        checkpointer.root / str(step),
-        step,
-        last_step,
-      )
+  if step >= config.num_train_steps or stopping.stop:
+    _nothing_to_train(checkpointer, stopping, step, config.num_train_steps)
     return {}
-  rng = jax.random.fold_in(jax.random.key(config.seed), 2)
-
   writer = MetricsWriter(workdir, enabled=lead)
-  progress = Progress(last_step, step, enabled=lead)
+  progress = Progress(config.num_train_steps, step, enabled=lead)
   if lead:
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-  # After each step, in this order (training/periodic.py); each acts on its own schedule.
-  heartbeat = periodic.Heartbeat(checkpointer, lock)
-  nonfinite = periodic.NonfiniteStop(config.optim.max_nonfinite_steps)
-  log_due = periodic.Every(config.log_every_steps, last_step, with_last=True)
-  log = periodic.LogWindow(writer, progress, log_due)
-  eval_due = periodic.Every(config.eval_every_steps, last_step)
-  evaluation = periodic.Evaluation(config, pipeline, model, parallel, writer, eval_due)
-  stopping.evaluation = evaluation
   meta = functools.partial(_checkpoint_meta, config, train_iter, vocab.fingerprint, stopping)
-  save_due = periodic.Every(config.checkpoint_every_steps, last_step)
-  checkpoints = periodic.Checkpoints(checkpointer, parallel, meta, evaluation, save_due, step)
+  actions = _Actions.make(
+    config, pipeline, model, parallel, writer, progress, checkpointer, lock, meta, stopping, step
+  )
   t_start = time.time()
   preemption = Preemption(config.stop_timeout_s)
   try:
-    while step < last_step:
-      batch = next(train_iter)
-      state, metrics = parallel.train_step(state, batch, rng)
-      step += 1
-      done = periodic.StepDone(step, state, batch, metrics)
-      heartbeat(done)
-      nonfinite(done)
-      log(done)
-      evaluation(done)
-      stopping(done)
-      checkpoints(done)
-      if stopping.stop:
-        break
-      if preemption.requested(step):
-        periodic.stop_on_signal(preemption, checkpoints, done, progress)
-        return evaluation.last
-    nonfinite.at_end(done)
-    if stopping.stop:  # evaluated at this step: its checkpoint, unless the periodic one is it
-      final = evaluation.last
-      if checkpoints.saved_step != step:
-        checkpoints.save(done, {"bleu": final.get("bleu", 0.0)}, force=True)
-    else:
-      final = evaluation.run(done)
-      stopping.observe(step, final)
-      checkpoints.save(done, {"bleu": final.get("bleu", 0.0)}, force=True)
+    step, final, finished = _steps(config, state, step, train_iter, parallel, actions, preemption)
   finally:
     preemption.close()
     checkpointer.close()
     progress.close()
     writer.close()
+  if not finished:  # stopped by a signal
+    return final
   if lead and stopping.stop:
     logging.warning("%s", stopping.line(step))
   if lead:
@@ -212,6 +161,121 @@ def _train(config, workdir: pathlib.Path, lock: WorkdirLock | None, source) -> d
     rounded = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()}
     print("final: " + json.dumps(rounded), flush=True)
   return final
+
+
+def _data_and_vocab(config, workdir: pathlib.Path, source, lead: bool):
+  """The data pipeline, its vocabulary checked against a fine-tuning `source` and
+  model.vocab_size fitted to it."""
+  if lead and source is not None:
+    finetune.place_vocab(source, workdir)
+  pipeline = _build_data(config, workdir, par.data_parallel_size(config))
+  if source is not None:
+    finetune.check_vocab(source, pipeline.vocab)
+  fit_model_vocab(config, pipeline.vocab.vocab_size)
+  logging.info(
+    "train batch shapes %s: the step compiles at most %d time(s)",
+    pipeline.batch_shapes,
+    len(pipeline.batch_shapes),
+  )
+  return pipeline
+
+
+def _nothing_to_train(checkpointer, stopping, step: int, last_step: int) -> None:
+  """Closes the checkpoints and says why a resumed run has no step to take."""
+  checkpointer.close()
+  if stopping.stop:
+    logging.warning("%s; raise early_stopping.patience to continue", stopping.line(step))
+  else:
+    logging.warning(
+      "%s is already at step %d (num_train_steps=%d): nothing to train; raise "
+      "num_train_steps to continue",
+      checkpointer.root / str(step),
+      step,
+      last_step,
+    )
+
+
+@dataclasses.dataclass
+class _Actions:
+  """What runs after each step, in this order (training/periodic.py); each acts on its own
+  schedule."""
+
+  heartbeat: periodic.Heartbeat
+  nonfinite: periodic.NonfiniteStop
+  log: periodic.LogWindow
+  evaluation: periodic.Evaluation
+  stopping: periodic.EarlyStopping
+  checkpoints: periodic.Checkpoints
+  progress: Progress
+
+  @classmethod
+  def make(
+    cls,
+    config,
+    pipeline,
+    model,
+    parallel,
+    writer,
+    progress,
+    checkpointer,
+    lock,
+    meta,
+    stopping,
+    step: int,
+  ) -> _Actions:
+    """The actions of a run resumed (or started) at `step`; `meta` gives a checkpoint's
+    metadata."""
+    last_step = config.num_train_steps
+    heartbeat = periodic.Heartbeat(checkpointer, lock)
+    nonfinite = periodic.NonfiniteStop(config.optim.max_nonfinite_steps)
+    log_due = periodic.Every(config.log_every_steps, last_step, with_last=True)
+    log = periodic.LogWindow(writer, progress, log_due)
+    eval_due = periodic.Every(config.eval_every_steps, last_step)
+    evaluation = periodic.Evaluation(config, pipeline, model, parallel, writer, eval_due)
+    stopping.evaluation = evaluation
+    save_due = periodic.Every(config.checkpoint_every_steps, last_step)
+    checkpoints = periodic.Checkpoints(checkpointer, parallel, meta, evaluation, save_due, step)
+    return cls(heartbeat, nonfinite, log, evaluation, stopping, checkpoints, progress)
+
+  def __call__(self, done: periodic.StepDone) -> None:
+    for action in (
+      self.heartbeat,
+      self.nonfinite,
+      self.log,
+      self.evaluation,
+      self.stopping,
+      self.checkpoints,
+    ):
+      action(done)
+
+
+def _steps(config, state, step: int, train_iter, parallel, actions: _Actions, preemption):
+  """The steps up to num_train_steps (or early stopping's end), each followed by `actions`, then
+  the last evaluation and checkpoint: (step, the last eval metrics, False when a stop signal
+  ended the run first)."""
+  rng = jax.random.fold_in(jax.random.key(config.seed), 2)
+  evaluation, stopping, checkpoints = actions.evaluation, actions.stopping, actions.checkpoints
+  while step < config.num_train_steps:
+    batch = next(train_iter)
+    state, metrics = parallel.train_step(state, batch, rng)
+    step += 1
+    done = periodic.StepDone(step, state, batch, metrics)
+    actions(done)
+    if stopping.stop:
+      break
+    if preemption.requested(step):
+      periodic.stop_on_signal(preemption, checkpoints, done, actions.progress)
+      return step, evaluation.last, False
+  actions.nonfinite.at_end(done)
+  if stopping.stop:  # evaluated at this step: its checkpoint, unless the periodic one is it
+    final = evaluation.last
+    if checkpoints.saved_step != step:
+      checkpoints.save(done, {"bleu": final.get("bleu", 0.0)}, force=True)
+  else:
+    final = evaluation.run(done)
+    stopping.observe(step, final)
+    checkpoints.save(done, {"bleu": final.get("bleu", 0.0)}, force=True)
+  return step, final, True
 
 
 def _resume_or_start(config, checkpointer, parallel, train_iter, vocab_fingerprint: str, source):

@@ -127,7 +127,7 @@ def train_step(
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     return optax.apply_updates(state.params, updates), opt_state
 
-  # A branch, not a select over every parameter and Adam moment (which cost ~10% of the step).
+  # A branch, not a select over every parameter and Adam moment (a pass over all of them).
   params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state), None)
   new_state = state.replace(
     step=state.step + 1,
