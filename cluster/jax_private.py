@@ -18,7 +18,7 @@ one fails there in one line naming it, not silently (no process-loss detection) 
 
 from __future__ import annotations
 
-import importlib
+from cluster import private_names
 
 # (module, attribute path): the private names used below.
 NAMES = (
@@ -30,15 +30,7 @@ NAMES = (
 
 def missing() -> list[str]:
   """'module.attribute' of each name of NAMES this JAX does not have."""
-  gone = []
-  for module, path in NAMES:
-    try:
-      found = importlib.import_module(module)
-      for attribute in path.split("."):
-        found = getattr(found, attribute)
-    except (ImportError, AttributeError):
-      gone.append(f"{module}.{path}")
-  return gone
+  return private_names.missing(NAMES)
 
 
 def distributed_client():

@@ -19,6 +19,8 @@ import importlib
 import threading
 import warnings
 
+from cluster import private_names
+
 FUTURE = "orbax.checkpoint._src.futures.future"
 # (module, attribute path): the private names used below.
 NAMES = (
@@ -32,15 +34,7 @@ THREAD_ATTRIBUTES = ("_receive_signals", "_operation_id")
 
 def missing() -> list[str]:
   """'module.attribute' of each name of NAMES this Orbax does not have."""
-  gone = []
-  for module, path in NAMES:
-    try:
-      found = importlib.import_module(module)
-      for attribute in path.split("."):
-        found = getattr(found, attribute)
-    except (ImportError, AttributeError):
-      gone.append(f"{module}.{path}")
-  return gone
+  return private_names.missing(NAMES)
 
 
 def _future_module():
