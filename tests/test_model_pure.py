@@ -7,10 +7,11 @@ import ast
 import pathlib
 
 MODEL = pathlib.Path(__file__).resolve().parent.parent / "model"
-# The packages model/ may import, by their top-level name (absl: its logging only).
+# The packages model/ may import, by their top-level name (absl: its logging only; core: the
+# rules of the hyperparameters' values, model/config.py).
 ALLOWED = {"__future__", "collections", "dataclasses", "functools", "math", "typing"}
 ALLOWED |= {"jax", "flax", "numpy", "model"}
-ALLOWED_MODULES = {"absl.logging"}
+ALLOWED_MODULES = {"absl.logging", "core.rules"}
 CACHES = ("lru_cache", "functools.cache", "@cache")
 
 
