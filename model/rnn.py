@@ -23,9 +23,9 @@ gets the context of its own source segment, attention only sees its own segment,
 restarts from that segment's initial state. Positions are not used (recurrence orders the tokens).
 The LSTM's memory cell starts at zero (its hidden state from the context, as the GRU's).
 
-One module for both models (~590 lines): they share encoder, cells and decoder, and the decoder's
+One module for both models: they share encoder, cells and decoder, and the decoder's
 teacher-forced scan and its one-position decode step mirror each other line for line, so they
-are kept side by side.
+are kept side by side. Their hyperparameters are model/config.py's `RNNConfig`.
 """
 
 from __future__ import annotations
