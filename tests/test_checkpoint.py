@@ -15,8 +15,8 @@ import time
 import jax
 import numpy as np
 import pytest
-from orbax.checkpoint._src.futures import future as orbax_future
 
+from cluster import orbax_private
 from inference.restore import load_for_inference
 from tests.helpers import (
   assert_trees_equal,
@@ -407,7 +407,7 @@ def test_a_failed_save_is_one_error_and_leaves_no_thread_waiting(
   message = str(raised.value)
   assert message.startswith(f"could not save checkpoint {tmp_path / 'checkpoints' / '2'} (No space")
   assert f"the last finished checkpoint, {tmp_path / 'checkpoints' / '1'}, is intact" in message
-  waiting = [t for t in threading.enumerate() if isinstance(t, orbax_future._SignalingThread)]
+  waiting = orbax_private.signaling_threads()
   for t in waiting:
     threading.Thread.join(t, timeout=5)
   assert not [t for t in waiting if t.is_alive()]

@@ -60,6 +60,35 @@ def _psum(tree, axis_name):
   return tree if axis_name is None else jax.lax.psum(tree, axis_name)
 
 
+def _accumulated(grad_fn, params, batch, rng, grad_accum_steps: int):
+  """The gradients and sums of `batch` split into `grad_accum_steps` micro-batches, added."""
+  rows = batch["targets"].shape[0]
+  if rows % grad_accum_steps:
+    raise ValueError(
+      f"train_step: batch of {rows} rows is not divisible by "
+      f"optim.grad_accum_steps={grad_accum_steps}"
+    )
+  # Micro-batch i takes rows i, i+k, i+2k, ...: every device's block of the (data-sharded)
+  # batch holds rows of every micro-batch, so each micro-batch runs on all devices; consecutive
+  # blocks would put micro-batch i on a k-th of them.
+  micro = jax.tree_util.tree_map(
+    lambda x: x.reshape(rows // grad_accum_steps, grad_accum_steps, *x.shape[1:]).swapaxes(0, 1),
+    batch,
+  )
+
+  def accumulate(carry, xs):
+    i, mb = xs
+    g, s = grad_fn(params, mb, jax.random.fold_in(rng, i))
+    return jax.tree_util.tree_map(jnp.add, carry, (g, s)), None
+
+  zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+  zero_sums = {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "tokens")}
+  (grads, sums), _ = jax.lax.scan(
+    accumulate, (zeros, zero_sums), (jnp.arange(grad_accum_steps), micro)
+  )
+  return grads, sums
+
+
 def train_step(
   state: TrainState,
   batch,
@@ -94,31 +123,7 @@ def train_step(
   if grad_accum_steps == 1:
     grads, sums = grad_fn(state.params, batch, rng)
   else:
-    rows = batch["targets"].shape[0]
-    if rows % grad_accum_steps:
-      raise ValueError(
-        f"train_step: batch of {rows} rows is not divisible by "
-        f"optim.grad_accum_steps={grad_accum_steps}"
-      )
-    # Micro-batch i takes rows i, i+k, i+2k, ...: every device's block of the (data-sharded)
-    # batch holds rows of every micro-batch, so each micro-batch runs on all devices; consecutive
-    # blocks would put micro-batch i on a k-th of them.
-    micro = jax.tree_util.tree_map(
-      lambda x: x.reshape(rows // grad_accum_steps, grad_accum_steps, *x.shape[1:]).swapaxes(0, 1),
-      batch,
-    )
-
-    def accumulate(carry, xs):
-      i, mb = xs
-      g, s = grad_fn(state.params, mb, jax.random.fold_in(rng, i))
-      return jax.tree_util.tree_map(jnp.add, carry, (g, s)), None
-
-    zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-    zero_sums = {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "tokens")}
-    (grads, sums), _ = jax.lax.scan(
-      accumulate, (zeros, zero_sums), (jnp.arange(grad_accum_steps), micro)
-    )
-
+    grads, sums = _accumulated(grad_fn, state.params, batch, rng, grad_accum_steps)
   grads, sums = _psum((grads, sums), axis_name)
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
