@@ -476,7 +476,7 @@ def beam_advance(
   t = s.t
   keep = check_prefix_rule(prefix_rule) == "forced"
   logp = next_log_probs(
-    logits.reshape(b, k, -1), t, max_lens=max_lens, prefix=prefix, keep=keep, eos_id=eos_id
+    logits, t, max_lens=max_lens, prefix=prefix, keep=keep, eos_id=eos_id, beam=k
   )
   c = _candidates(s, logp, eos_id, prefix, keep)
   fin_scores, fin_flags, fin_seqs, fin_tokp = _finish(

@@ -62,16 +62,26 @@ def _per_entry(x, ndim: int):
 
 
 def next_log_probs(
-  logits, t, *, max_lens=None, prefix=None, keep: bool = True, eos_id: int = EOS_ID
+  logits,
+  t,
+  *,
+  max_lens=None,
+  prefix=None,
+  keep: bool = True,
+  eos_id: int = EOS_ID,
+  beam: int | None = None,
 ):
-  """The log-probabilities [batch, ..., vocab] float32 a step draws from, for `logits` [batch,
-  ..., vocab] at step `t` ([] or [batch]).
+  """The log-probabilities [batch, vocab] float32 a step draws from, for `logits` [batch, vocab]
+  at step `t` ([] or [batch]); with `beam`, `logits` [batch*beam, vocab] -> [batch, beam, vocab]
+  (beam search's rows, taken apart after the log-softmax).
 
   prefix: None or [batch, P]: at a step within its prefix, an entry's only token is the prefix's
   (keeping its log-probability, or at 0 without `keep`: model/search.py's prefix rules).
   max_lens: None or [batch]: at step t with t + 1 >= max_lens EOS is the only token, at 0 (a
   forced EOS costs nothing), whatever the prefix."""
   logp = distribution.log_probs(logits)
+  if beam is not None:
+    logp = logp.reshape(-1, beam, logp.shape[-1])
   if prefix is not None:
     logp = distribution.force(logp, _per_entry(prefix_token(prefix, t), logp.ndim - 1), keep)
   if max_lens is not None:
