@@ -7,7 +7,8 @@ a model's quality falls off as sentences get longer (the RNN context vector's kn
 (the command line: cli/bleu_by_length.py).
 
 Sentences are bucketed by the number of whitespace-separated words of their source (edges 10,20:
-<=10, 11-20, >20) and each bucket is scored with sacreBLEU's corpus BLEU on its sentences only.
+<=10, 11-20, >20) and each bucket is scored with sacreBLEU's corpus BLEU on its sentences only
+(training/translation_metrics.py `bleu`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 
 from core.errors import ArgumentError, UsageError
+from training.translation_metrics import bleu
 
 
 def bucket_labels(edges: Sequence[int]) -> list[str]:
@@ -45,8 +47,6 @@ def bleu_by_length(
 ) -> dict:
   """{'buckets': [{'bucket', 'sentences', 'bleu': {system: score}}], 'all': {...}, 'signature'}.
   A bucket without sentences gets no scores (None)."""
-  from sacrebleu.metrics import BLEU
-
   if list(edges) != sorted(set(edges)) or not edges or edges[0] < 1:
     raise ArgumentError("edges", ",".join(map(str, edges)), "must be increasing positive integers")
   for name, hyps in systems.items():
@@ -54,7 +54,7 @@ def bleu_by_length(
       raise UsageError(f"systems[{name!r}]: {len(hyps)} lines, but sources has {len(sources)}")
   if len(references) != len(sources):
     raise UsageError(f"references: {len(references)} lines, but sources has {len(sources)}")
-  metric = BLEU(lowercase=lowercase)
+  metric = bleu(lowercase)
   members: list[list[int]] = [[] for _ in range(len(edges) + 1)]
   for i, src in enumerate(sources):
     members[bucket_of(len(src.split()), edges)].append(i)

@@ -16,11 +16,16 @@ targets never sees them). The combined row is simply `[inputs row ; target part 
 are moved): attention is causal by the positions above, within a segment (packed rows), and never
 reads padding, wherever it is.
 
-Decoding: `init_cache` feeds each sentence's source tokens one by one into the key/value caches
-of the causal stack (prefill, `lax.scan`), each row with its own cache index (the stack is
-`vmap`ped over rows, so sources of different lengths leave no padding in the caches).
-`decode_step` reads id 0 (the start symbol, first step) as SEP and continues from there, so the
-first step predicts y_1 from `... x_n SEP`, as in teacher forcing.
+The stack is model/transformer.py's `Decoder` without cross-attention (`cross_attention=False`,
+its own embedding): the same layers, parameters and incremental decoding as the
+encoder-decoder's.
+
+Decoding: `init_cache` runs every sentence's source through the stack's key/value caches in one
+call (the prompt: its real tokens first, so sources of different lengths leave no gaps), then
+sets each row's cache indices to its own source length (padding written after the source is
+never attended to and is overwritten). `decode_step` reads id 0 (the start symbol, first step)
+as SEP and continues from there, so the first step predicts y_1 from `... x_n SEP`, as in
+teacher forcing.
 """
 
 from __future__ import annotations
@@ -30,54 +35,11 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from model import cache_kinds
 from model.config import TransformerConfig
-from model.dropout import Dropout
-from model.layers import (
-  DecoderLayer,
-  Dense,
-  Embed,
-  layer_norm,
-  maybe_remat,
-  sinusoidal_encoding,
-)
 from model.special_tokens import SEP_ID
-from model.transformer import check_tokens, shift_right
-
-
-class CausalStack(nn.Module):
-  """Embedding + sinusoidal positions, dropout, N decoder layers without cross-attention,
-  (final LayerNorm,) output projection."""
-
-  config: TransformerConfig
-
-  @nn.compact
-  def __call__(
-    self, tokens, positions, mask, deterministic, decode=False, project=True, project_from=0
-  ):
-    """tokens, positions: [batch, length]; mask: [batch, 1, length, length] (None when decoding
-    one position from the cache). Returns [batch, length - project_from, vocab] logits of the
-    positions from `project_from` on (`project`; the others are never projected), or the final
-    hidden states [batch, length, d_model]."""
-    cfg = self.config
-    embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name="embed")
-    y = embed(tokens) + sinusoidal_encoding(positions, cfg.d_model).astype(cfg.compute_dtype)
-    y = Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
-    layer = maybe_remat(DecoderLayer, cfg, static_argnums=(5, 6, 7))
-    for i in range(cfg.num_layers):
-      y = layer(cfg, cross_attention=False, name=f"layer_{i}")(
-        y, None, mask, None, deterministic, decode, False
-      )
-    if cfg.pre_ln:
-      y = layer_norm("final_norm", cfg)(y)
-    if not project:
-      return y
-    y = y[:, project_from:]
-    if cfg.share_embeddings:
-      return embed.attend(y)
-    return Dense(cfg.vocab_size, ("embed", "vocab"), cfg.compute_dtype, name="logits")(y)
+from model.transformer import Decoder, check_tokens, default_positions, shift_right
 
 
 def _default_positions(valid, seg):
@@ -147,7 +109,7 @@ class DecoderOnly(nn.Module):
   config: TransformerConfig
 
   def setup(self):
-    self.decoder = CausalStack(self.config)
+    self.decoder = Decoder(self.config, cross_attention=False)
 
   def encode(self, inputs, inputs_position=None, inputs_segmentation=None, deterministic=True):
     """No encoder: returns the source ids [batch, src_len] (read again by `init_cache`)."""
@@ -185,75 +147,55 @@ class DecoderOnly(nn.Module):
     )
     # The target part is the last tgt_len columns of every row (packed rows too): only its
     # positions are projected to the vocabulary.
-    return self.decoder(tokens, positions, mask, deterministic, project_from=inputs.shape[1])
+    return self.decoder(
+      tokens, positions, None, mask, None, deterministic, project_from=inputs.shape[1]
+    )
 
-  def _row_fn(self, project: bool):
-    """A pure per-row decode step `(params, cache, ids [1, 1], positions [1, 1]) -> (out, cache)`
-    of an unbound copy of the stack (the XLA attention path; one query needs no fused kernel)."""
-    stack = CausalStack(dataclasses.replace(self.config, attention_impl="xla"), parent=None)
-
-    def row(params, rows, ids, positions):
-      out, state = stack.apply(
-        {"params": params, **rows},
-        ids,
-        positions,
-        None,
-        True,
-        decode=True,
-        project=project,
-        mutable=cache_kinds.CARRIED,
-      )
-      return out, dict(state)
-
-    return row
+  def _stack(self, variables, tokens, positions=None):
+    """The stack in decode mode over `tokens` [batch, length] with the cache entries `variables`
+    ({kind: tree}; none: create the cache, sized by `tokens`), as an unbound copy on the XLA
+    attention path (a query against the cache needs no fused kernel): (logits [batch, length,
+    vocab], the carried cache entries)."""
+    stack = Decoder(
+      dataclasses.replace(self.config, attention_impl="xla"), cross_attention=False, parent=None
+    )
+    logits, state = stack.apply(
+      {"params": self.decoder.variables["params"], **variables},
+      tokens,
+      positions,
+      None,
+      None,
+      None,
+      True,
+      decode=True,
+      mutable=cache_kinds.CARRIED,
+    )
+    return logits, {kind: state.get(kind, {}) for kind in cache_kinds.CARRIED}
 
   def init_cache(self, encoded, inputs, max_decode_len: int):
     """Creates the decoding cache (call with `mutable=model.cache_kinds.COLLECTIONS`) and runs every
-    row's source through it: per row, the stack's key/value buffers of `src_len + max_decode_len`
-    positions (`TARGET` "rows", leaves [batch, 1, ...]), its cache indices [batch] and the next
-    position [batch] (`STATE` "rows" and "position").
+    row's source through it in one call: the stack's key/value buffers of `src_len +
+    max_decode_len` positions (`TARGET` "stack") and its cache indices and next position, each
+    row's own [batch] (`STATE` "stack").
 
     encoded: the source ids from `encode`; inputs: [batch, src_len] ids (0 = pad, anywhere).
     """
     del encoded
     check_tokens("DecoderOnly", "inputs", inputs)
     batch, src_len = inputs.shape
-    params = self.decoder.variables["params"]
-    # Real tokens first, padding after, in each row; then feed position by position.
+    # Real tokens first, padding after, in each row.
     order = jnp.argsort(inputs == 0, axis=1, stable=True)
     source = jnp.take_along_axis(inputs, order, axis=1)
     lengths = jnp.sum(inputs > 0, axis=1, dtype=jnp.int32)
-    dummy = jnp.ones((1, src_len + max_decode_len), jnp.int32)
-    make = lambda: CausalStack(
-      dataclasses.replace(self.config, attention_impl="xla"), parent=None
-    ).apply(
-      {"params": params},
-      dummy,
-      dummy,
-      None,
-      True,
-      decode=True,
-      project=False,
-      mutable=cache_kinds.CARRIED,
-    )
-    shapes = dict(jax.eval_shape(make)[1])
-    cache_kinds.check_collections(shapes, "DecoderOnly")
-    rows = jax.tree_util.tree_map(lambda s: jnp.zeros((batch,) + s.shape, s.dtype), shapes)
-    row = jax.vmap(self._row_fn(project=False), in_axes=(None, 0, 0, 0))
-
-    def feed(rows, xs):
-      token, position = xs
-      _, rows = row(params, rows, token[:, None, None], jnp.broadcast_to(position, (batch, 1, 1)))
-      return rows, None
-
-    rows, _ = lax.scan(feed, rows, (source.T, jnp.arange(src_len, dtype=jnp.int32)))
-    # Padding fed after a row's source is forgotten: its cache indices (the stack's only `STATE`
-    # entries) go back to the source length (later slots are masked and overwritten).
-    self.put_variable(
-      cache_kinds.STATE, "rows", jax.tree_util.tree_map(lambda _: lengths, rows[cache_kinds.STATE])
-    )
-    self.put_variable(cache_kinds.TARGET, "rows", rows[cache_kinds.TARGET])
-    self.put_variable(cache_kinds.STATE, "position", lengths)
+    dummy = jnp.ones((batch, src_len + max_decode_len), jnp.int32)
+    _, cache = self._stack({}, dummy, default_positions(dummy))
+    cache_kinds.check_collections(cache, "DecoderOnly")
+    _, cache = self._stack(cache, source)
+    # Each row goes on from its own source length: the padding written after it is forgotten
+    # (masked until overwritten). The stack's `STATE` entries are all such counters.
+    cache[cache_kinds.STATE] = jax.tree_util.tree_map(lambda _: lengths, cache[cache_kinds.STATE])
+    for kind in cache_kinds.CARRIED:
+      self.put_variable(kind, "stack", cache[kind])
 
   def decode_step(self, ids):
     """One decoding step from the cache (call with `mutable=model.cache_kinds.CARRIED`).
@@ -264,15 +206,8 @@ class DecoderOnly(nn.Module):
     if ids.ndim != 2 or ids.shape[1] != 1:
       raise ValueError(f"DecoderOnly.decode_step: ids must be [batch, 1], got {ids.shape}")
     ids = jnp.where(ids == 0, SEP_ID, ids)
-    position = self.get_variable(cache_kinds.STATE, "position")
-    row = jax.vmap(self._row_fn(project=True), in_axes=(None, 0, 0, 0))
-    logits, rows = row(
-      self.decoder.variables["params"],
-      {kind: self.get_variable(kind, "rows") for kind in cache_kinds.CARRIED},
-      ids[:, :, None],
-      position[:, None, None],
-    )
+    cache = {kind: self.get_variable(kind, "stack") for kind in cache_kinds.CARRIED}
+    logits, cache = self._stack(cache, ids)
     for kind in cache_kinds.CARRIED:
-      self.put_variable(kind, "rows", rows[kind])
-    self.put_variable(cache_kinds.STATE, "position", position + 1)
-    return logits[:, 0, 0]
+      self.put_variable(kind, "stack", cache[kind])
+    return logits[:, 0]

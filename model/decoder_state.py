@@ -44,7 +44,10 @@ def matrices_for_decoding(model, params, leading: int = 0):
   its products take it: cast to the computation dtype, or quantized (model/quantize.py) for
   model.dtype 'int8'; once per decoding, where XLA:CPU would convert each one again in every step
   of the search loop. Nothing changes in float32, nor for matrices already quantized.
-  `leading`: axes in front of every leaf (1 for an ensemble's stacked members)."""
+  `leading`: axes in front of every leaf (1 for an ensemble's stacked members, whose count is
+  checked: `distribution.members`)."""
+  if leading:
+    distribution.members(params, "ensemble")
   if getattr(model.config, "dtype", None) == INT8:
     return quantize_matrices(params, leading)
   dtype = model.config.compute_dtype
@@ -146,7 +149,6 @@ def ensemble_decoder_state(
   stays the row axis, so beams expand and reorder as for one model); scalar entries (decode
   indices) are the same for every member and kept once.
   """
-  distribution.members(params, "ensemble")
   params = matrices_for_decoding(model, params, leading=1)
   first = jax.tree_util.tree_map(lambda x: x[0], params)
   length, grows = _cache_length(model, first, inputs, max_decode_len, segment)
@@ -157,18 +159,39 @@ def ensemble_decoder_state(
     lambda v: v[0] if v.ndim == 1 else jnp.moveaxis(v, 0, 1), stacked
   )
   axes = jax.tree_util.tree_map(lambda v: None if v.ndim == 1 else 1, stacked)
+  step = ensemble_step(model, params, source, axes)
+  return DecoderState(step, carried, _grow if grows else None, length if grows else None)
+
+
+def ensemble_step(model, params, source, axes):
+  """step_fn of an ensemble (`ensemble_decoder_state`): every member's `cached_step` (`params`
+  and `source` stacked on a leading member axis), mixed by `distribution.mixed`. `axes`: the
+  member axis of each carried entry (a tree of them, None for an entry kept once, or one int
+  for all)."""
 
   def member(p, source, carried, ids):
     logits, carried = cached_step(model, p, source)(ids, carried)
     return distribution.log_probs(logits), carried
 
   def step(ids, carried):
-    logp, carried = jax.vmap(member, in_axes=(0, 0, axes, None), out_axes=(0, axes))(
-      params, source, carried, ids
+    return distribution.mixed(
+      member, params, source, carried, ids, in_axes=(0, axes, None), out_axes=axes
     )
-    return distribution.mix(logp), carried
 
-  return DecoderState(step, carried, _grow if grows else None, length if grows else None)
+  return step
+
+
+def only_ids_below(step, num_ids: int | None):
+  """step_fn whose logits for ids >= num_ids (output rows the vocabulary has no piece for) are
+  -inf, so no search can emit them (None: `step` itself)."""
+  if num_ids is None:
+    return step
+
+  def masked(ids, cache):
+    logits, cache = step(ids, cache)
+    return distribution.mask_ids(logits, num_ids), cache
+
+  return masked
 
 
 def _uncached_step(model, params):

@@ -4,6 +4,7 @@ from, written once.
     logits = mask(logits, num_ids)              # PAD (and ids >= num_ids) impossible, float32
     logp = log_probs(logits)                    # log-softmax in float32 [n, vocab]
     logp = mix(member_logp)                     # an ensemble: log of the members' mean probability
+    logp, aux = mixed(member, params, *args)    # each member run (vmap), checked, then mixed
     count = members(params, "ensemble")         # the ensemble's member axis, checked
     num_ids = useful_num_ids(num_ids, vocab)    # None when it masks nothing
     logp = force(logp, prefix_tok)              # a target prefix's token, where one is due
@@ -59,6 +60,18 @@ def members(params, who: str) -> int:
     )
   (count,) = sizes
   return count
+
+
+def mixed(member, params, *args, in_axes=(), out_axes=0, who: str = "ensemble"):
+  """An ensemble's log-probabilities from its members: `member(p, *args) -> (log_probs [...,
+  vocab], aux)` run for every member of `params` (leaves stacked on a leading member axis,
+  checked by `members`), `args` mapped by `in_axes` (one per arg, None: shared; () maps every
+  arg's axis 0). Returns (`mix` of the members' log_probs, aux with its member axis at
+  `out_axes`)."""
+  members(params, who)
+  in_axes = in_axes or (0,) * len(args)
+  logp, aux = jax.vmap(member, in_axes=(0, *in_axes), out_axes=(0, out_axes))(params, *args)
+  return mix(logp), aux
 
 
 def useful_num_ids(num_ids: int | None, vocab_size: int) -> int | None:

@@ -72,13 +72,12 @@ def score(
   if num_ids is not None and not as_search:
     raise ValueError("score: num_ids applies to the searches' distribution (as_search=True)")
   if ensemble:
-    distribution.members(params, "score")
 
     def member(p):
       logits = _logits(model, p, inputs, targets)
-      return distribution.log_probs(distribution.mask(logits) if as_search else logits)
+      return distribution.log_probs(distribution.mask(logits) if as_search else logits), None
 
-    logits = distribution.mix(jax.vmap(member)(params))
+    logits, _ = distribution.mixed(member, params, who="score")
     if as_search:  # as the search: masked after mixing, renormalised
       logits = distribution.mask_ids(logits, num_ids)
   else:

@@ -21,13 +21,18 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax.numpy as jnp
 import numpy as np
 
-from model import distribution, search
-from model.decoder_state import DECODE_SEGMENT, decoder_state, ensemble_decoder_state
+from model import search
+from model.decoder_state import (
+  DECODE_SEGMENT,
+  decoder_state,
+  ensemble_decoder_state,
+  only_ids_below,
+)
 from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID, PAD_ID
+from model.token_step import output_limits
 
 OUTPUTS = ("ids", "scores", "token_scores")  # what a search program returns, cumulatively
 
@@ -42,19 +47,6 @@ class NBest(NamedTuple):
   ids: list[np.ndarray]
   scores: np.ndarray
   token_scores: list[np.ndarray] | None = None
-
-
-def _only_ids_below(step, num_ids: int | None):
-  """step_fn whose logits for ids >= num_ids (output rows the vocabulary has no piece for) are
-  -inf, so no search can emit them (None: `step` itself)."""
-  if num_ids is None:
-    return step
-
-  def masked(ids, cache):
-    logits, cache = step(ids, cache)
-    return distribution.mask_ids(logits, num_ids), cache
-
-  return masked
 
 
 def generate(
@@ -101,29 +93,30 @@ def generate(
   """
   if outputs not in OUTPUTS:
     raise ValueError(f"outputs={outputs!r}: must be one of {OUTPUTS}")
-  batch = inputs.shape[0]
-  max_lens = jnp.sum(inputs != PAD_ID, axis=1, dtype=jnp.int32)
-  if prefix is not None:
-    max_lens = jnp.maximum(max_lens, jnp.sum(prefix != PAD_ID, axis=1, dtype=jnp.int32) + 1)
-  max_lens = max_lens + settings.max_extra_len
   if ensemble:
     state = ensemble_decoder_state(model, params, inputs, max_decode_len, segment)
   else:
     state = decoder_state(model, params, inputs, max_decode_len, use_cache, segment)
-  step = _only_ids_below(state.step, num_ids)
   loop = dict(
-    max_lens=max_lens,
+    max_lens=output_limits(inputs, prefix, settings.max_extra_len),
     grow=state.grow,
     segment=state.segment,
     prefix=prefix,
     prefix_rule=settings.prefix_rule,
   )
+  step = only_ids_below(state.step, num_ids)
+  return _search(step, state.cache, rng, settings, inputs.shape[0], max_decode_len, outputs, loop)
+
+
+def _search(step, cache, rng, settings: SearchSettings, batch, max_decode_len, outputs, loop):
+  """`generate`'s search of `settings` over the step function and cache; `loop`: the keywords
+  every search of model/search.py takes alike."""
   want = OUTPUTS.index(outputs) + 1  # how many of ids, scores, token scores
   if settings.sampling or settings.beam_size == 1:
     if settings.sampling:
       found = search.sample(
         step,
-        state.cache,
+        cache,
         rng,
         batch,
         max_decode_len,
@@ -133,13 +126,11 @@ def generate(
         **loop,
       )
     else:
-      found = search.greedy_search(
-        step, state.cache, batch, max_decode_len, scores=want > 1, **loop
-      )
+      found = search.greedy_search(step, cache, batch, max_decode_len, scores=want > 1, **loop)
     return found if want == 1 else found[:want]
   found = search.beam_search(
     step,
-    state.cache,
+    cache,
     batch,
     max_decode_len,
     beam_size=settings.beam_size,

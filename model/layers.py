@@ -248,14 +248,12 @@ class MultiHeadAttention(nn.Module):
     self.variable(cache_kinds.STATE, "cache_index", lambda: jnp.array(0, jnp.int32))
 
   def _self_step(self, query, key, value):
-    """One decode step of self-attention: writes this position's key/value into the cache at
-    `cache_index` and attends over the positions written so far. query, key, value:
-    [n, 1, heads, d_k]. `cache_index` is [] (every row at the same position, as `init_cache`
-    makes it) or [n], each row at its own position (continuous batching, model/pool.py)."""
-    if query.shape[1] != 1:
-      raise ValueError(
-        f"MultiHeadAttention: decode step expects one position, got {query.shape[1]}"
-      )
+    """One decode step of self-attention: writes these positions' keys/values into the cache from
+    `cache_index` on and attends over the positions written so far, each query over those up to
+    its own. query, key, value: [n, steps, heads, d_k] (steps > 1: a prompt filling the cache in
+    one call, model/decoder_only.py). `cache_index` is [] (every row at the same position, as
+    `init_cache` makes it) or [n], each row at its own position (continuous batching,
+    model/pool.py)."""
     cached_key = self.variable(cache_kinds.TARGET, "cached_key")
     cached_value = self.variable(cache_kinds.TARGET, "cached_value")
     index = self.variable(cache_kinds.STATE, "cache_index")
@@ -263,9 +261,13 @@ class MultiHeadAttention(nn.Module):
     for cached, new in ((cached_key, key), (cached_value, value)):
       new = _stored(new.transpose(0, 2, 1, 3))  # [n, heads, 1, d_k]
       cached.value = write_position(cached.value, new, i)
-    index.value = i + 1
-    # [1 or n, 1, 1, length]: each row attends to its own prefix.
-    mask = jnp.arange(cached_key.value.shape[2]) <= jnp.reshape(i, (-1, 1, 1, 1))
+    steps = query.shape[1]
+    index.value = i + steps
+    # [1 or n, 1, steps, length]: each row attends to its own prefix.
+    last = jnp.reshape(i, (-1, 1, 1, 1))
+    if steps > 1:
+      last = last + jnp.arange(steps)[:, None]
+    mask = jnp.arange(cached_key.value.shape[2]) <= last
     return attn.cached_attention(
       query, _loaded(cached_key.value), _loaded(cached_value.value), mask
     )
@@ -306,8 +308,9 @@ class MultiHeadAttention(nn.Module):
 
 
 def write_position(buffer: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
-  """`buffer` [n, heads, length, d] with `new` [n, heads, 1, d] written at position `index`: []
-  (the same position in every row: one in-place slice update) or [n] (each row its own)."""
+  """`buffer` [n, heads, length, d] with `new` [n, heads, steps, d] written from position
+  `index`: [] (the same position in every row: one in-place slice update) or [n] (each row its
+  own)."""
   if jnp.ndim(index) == 0:
     return jax.lax.dynamic_update_slice(buffer, new, (0, 0, index, 0))
   # One slice update per row (a scatter), not a select over the whole buffer, which would

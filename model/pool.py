@@ -34,9 +34,16 @@ import jax.numpy as jnp
 from jax import lax
 
 from model import cache_kinds, distribution, search
-from model.decoder_state import cached_step, initial_cache, matrices_for_decoding
+from model.decoder_state import (
+  cached_step,
+  ensemble_step,
+  initial_cache,
+  matrices_for_decoding,
+  only_ids_below,
+)
 from model.search_settings import SearchSettings
-from model.special_tokens import EOS_ID, PAD_ID
+from model.special_tokens import PAD_ID
+from model.token_step import Tokens, next_log_probs, output_limits, token_advance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,16 +142,10 @@ def _sentence_cache(spec: PoolSpec, params, inputs):
 def _step(spec: PoolSpec, params, source, carried, ids):
   """The decoder over every row: ids [rows, 1] -> (float32 logits [rows, vocab], carried)."""
   if not spec.ensemble:
-    logits, carried = cached_step(spec.model, params, source)(ids, carried)
-  else:
-
-    def member(p, src, rows):
-      logits, rows = cached_step(spec.model, p, src)(ids, rows)
-      return distribution.log_probs(logits), rows
-
-    logp, carried = jax.vmap(member, in_axes=(0, 0, 1), out_axes=(0, 1))(params, source, carried)
-    logits = distribution.mix(logp)
-  return distribution.mask_ids(logits, spec.num_ids), carried
+    step = cached_step(spec.model, params, source)
+  else:  # every carried entry is per row here, the members on axis 1
+    step = ensemble_step(spec.model, params, source, axes=1)
+  return only_ids_below(step, spec.num_ids)(ids, carried)
 
 
 def empty_pool(spec: PoolSpec, params) -> Pool:
@@ -172,6 +173,21 @@ def empty_pool(spec: PoolSpec, params) -> Pool:
   return Pool(state, source, index, jnp.zeros((spec.pool_size,), jnp.int32), prefix)
 
 
+def _restart(s, entry):
+  """The pool's search state `s` (model/search.py's beam state, `s.t` [slots]) with slot `entry`
+  ([] int) back at `search.beam_start`'s state; the cache as it was (`_place` puts the slot's)."""
+  k = s.tok.shape[1]
+  fresh = search.beam_start(1, k, s.live_seqs.shape[-1], token_scores=s.live_tokp is not None)
+  put = lambda big, new: lax.dynamic_update_slice_in_dim(big, new.astype(big.dtype), entry, 0)
+  per_entry = [
+    name for name in type(s)._fields if name not in ("t", "cache") and getattr(s, name) is not None
+  ]
+  return s._replace(
+    **{name: put(getattr(s, name), getattr(fresh, name)) for name in per_entry},
+    t=s.t.at[entry].set(0),
+  )
+
+
 def _put(big, new, start, axis: int):
   return lax.dynamic_update_slice_in_dim(big, new.astype(big.dtype), start, axis)
 
@@ -185,12 +201,10 @@ def _place(spec: PoolSpec, params, pool: Pool, slot, inputs, index, prefix) -> P
   axis = 1 if spec.ensemble else 0
   source = jax.tree_util.tree_map(lambda b, n: _put(b, n, slot, axis), pool.source, source)
   carried = jax.tree_util.tree_map(lambda b, n: _put(b, n, slot * k, 0), pool.state.cache, carried)
-  state = search.beam_restart(pool.state, slot)._replace(cache=carried)
-  length = jnp.sum(inputs != PAD_ID, dtype=jnp.int32)
+  state = _restart(pool.state, slot)._replace(cache=carried)
+  length = output_limits(inputs, prefix, spec.settings.max_extra_len)[0]
   if prefix is not None:
-    length = jnp.maximum(length, jnp.sum(prefix != PAD_ID, dtype=jnp.int32) + 1)
     prefix = _put(pool.prefix, prefix, slot, 0)
-  length = length + spec.settings.max_extra_len
   return Pool(
     state, source, pool.index.at[slot].set(index), pool.max_lens.at[slot].set(length), prefix
   )
@@ -208,25 +222,21 @@ def _choose(spec: PoolSpec, logp, keys):
 
 
 def _token_advance(spec: PoolSpec, s, logits, max_lens, keys, prefix):
-  """One step of greedy search or sampling (model/search.py's `_decode`) with every slot at its
-  own step, on the beam state of one hypothesis per slot (the summed log-probability in
+  """One step of greedy search or sampling (model/token_step.py) with every slot at its own
+  step, on the beam state of one hypothesis per slot (the summed log-probability in
   `live_logp`); `prefix` [slots, prefix_len] or None."""
-  logp = distribution.log_probs(logits)
-  if prefix is not None:
-    keep = spec.settings.prefix_rule == "forced"
-    logp = distribution.force(logp, search.prefix_token(prefix, s.t), keep)
-  tok = _choose(spec, logp, keys).astype(jnp.int32)
-  forced = s.t + 1 >= max_lens
-  gain = jnp.where(forced, 0.0, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0])
-  tok = jnp.where(forced, EOS_ID, tok)
-  tok = jnp.where(s.done, PAD_ID, tok)
-  seqs = search.write_step(s.live_seqs[:, 0], tok, s.t)[:, None]
-  gain = jnp.where(s.done, 0.0, gain)
-  logp_sum = s.live_logp + gain[:, None]
-  if s.live_tokp is not None:
-    s = s._replace(live_tokp=search.write_step(s.live_tokp[:, 0], gain, s.t)[:, None])
+  keep = spec.settings.prefix_rule == "forced"
+  logp = next_log_probs(logits, s.t, max_lens=max_lens, prefix=prefix, keep=keep)
+  tokp = None if s.live_tokp is None else s.live_tokp[:, 0]
+  rows = Tokens(s.t, s.tok[:, 0], s.live_seqs[:, 0], s.done, s.live_logp[:, 0], tokp)
+  rows = token_advance(rows, logp, lambda logp: _choose(spec, logp, keys))
   return s._replace(
-    t=s.t + 1, tok=tok[:, None], live_seqs=seqs, live_logp=logp_sum, done=s.done | (tok == EOS_ID)
+    t=rows.t,
+    tok=rows.tok[:, None],
+    live_seqs=rows.seqs[:, None],
+    live_logp=rows.total[:, None],
+    done=rows.done,
+    live_tokp=None if tokp is None else rows.token_logp[:, None],
   )
 
 
@@ -251,6 +261,73 @@ class _Loop(NamedTuple):
   out: Finished
   taken: jax.Array  # [] queue entries placed so far
   steps: jax.Array  # [] decoder steps run
+
+
+def _refill(spec: PoolSpec, params, c: _Loop, queue, queue_index, count, queue_prefix) -> _Loop:
+  """`c` with the queue's next waiting sentences placed in the free slots, while both last."""
+
+  def cond(c):
+    return jnp.any(c.pool.index < 0) & (c.taken < count)
+
+  def body(c):
+    slot = jnp.argmax(c.pool.index < 0)
+    inputs = lax.dynamic_slice_in_dim(queue, c.taken, 1, axis=0)
+    prefix = None
+    if spec.prefix_len:
+      prefix = lax.dynamic_slice_in_dim(queue_prefix, c.taken, 1, axis=0)
+    pool = _place(spec, params, c.pool, slot, inputs, queue_index[c.taken], prefix)
+    return c._replace(pool=pool, taken=c.taken + 1)
+
+  return lax.while_loop(cond, body, c)
+
+
+def _emit(spec: PoolSpec, c: _Loop, finished) -> _Loop:
+  """`c` with the slots `finished` [slots] written to the output, in slot order, and emptied."""
+  ids, scores, *tokp = _results(spec, c.pool.state)
+  at = jnp.where(finished, c.out.count + jnp.cumsum(finished) - 1, spec.out_size)
+  out = Finished(
+    c.out.index.at[at].set(c.pool.index, mode="drop"),
+    c.out.ids.at[at].set(ids, mode="drop"),
+    c.out.scores.at[at].set(scores, mode="drop"),
+    c.out.count + jnp.sum(finished, dtype=jnp.int32),
+    c.out.token_scores.at[at].set(tokp[0], mode="drop") if tokp else None,
+  )
+  return c._replace(pool=c.pool._replace(index=jnp.where(finished, -1, c.pool.index)), out=out)
+
+
+def _search_step(spec: PoolSpec, params, pool: Pool, rng):
+  """The search state after one decoder step over every row (each slot at its own step)."""
+  slots, k = spec.pool_size, spec.beam_size
+  s = pool.state
+  logits, carried = _step(spec, params, pool.source, s.cache, s.tok.reshape(slots * k, 1))
+  if _is_token_search(spec):
+    keys = jax.vmap(lambda i, t: jax.random.fold_in(jax.random.fold_in(rng, i), t))(pool.index, s.t)
+    s = _token_advance(spec, s, logits, pool.max_lens, keys, pool.prefix)
+    return s._replace(cache=carried)
+  s, parents = search.beam_advance(
+    s,
+    logits,
+    alpha=spec.settings.alpha,
+    penalty=spec.settings.length_penalty,
+    stopping=spec.settings.stopping,
+    max_lens=pool.max_lens,
+    max_len=spec.max_decode_len,
+    prefix=pool.prefix,
+    prefix_rule=spec.settings.prefix_rule,
+  )
+  return s._replace(cache=search.gather_beams(carried, parents, slots, k))
+
+
+def _no_output(spec: PoolSpec) -> Finished:
+  """An output buffer with nothing finished yet."""
+  k, width = spec.beam_size, spec.max_decode_len
+  return Finished(
+    jnp.full((spec.out_size,), -1, jnp.int32),
+    jnp.full((spec.out_size, k, width), PAD_ID, jnp.int32),
+    jnp.full((spec.out_size, k), -jnp.inf, jnp.float32),
+    jnp.int32(0),
+    jnp.zeros((spec.out_size, k, width), jnp.float32) if spec.token_scores else None,
+  )
 
 
 def advance(
@@ -280,61 +357,13 @@ def advance(
     the pool, the sentences finished (`Finished`) and how many queue rows were taken.
   """
   params = matrices_for_decoding(spec.model, params, spec.ensemble)
-  slots, k, width = spec.pool_size, spec.beam_size, spec.max_decode_len
-
-  def refill(c: _Loop) -> _Loop:
-    def cond(c):
-      return jnp.any(c.pool.index < 0) & (c.taken < count)
-
-    def body(c):
-      slot = jnp.argmax(c.pool.index < 0)
-      inputs = lax.dynamic_slice_in_dim(queue, c.taken, 1, axis=0)
-      prefix = None
-      if spec.prefix_len:
-        prefix = lax.dynamic_slice_in_dim(queue_prefix, c.taken, 1, axis=0)
-      pool = _place(spec, params, c.pool, slot, inputs, queue_index[c.taken], prefix)
-      return c._replace(pool=pool, taken=c.taken + 1)
-
-    return lax.while_loop(cond, body, c)
-
-  def emit(c: _Loop, finished) -> _Loop:
-    ids, scores, *tokp = _results(spec, c.pool.state)
-    at = jnp.where(finished, c.out.count + jnp.cumsum(finished) - 1, spec.out_size)
-    out = Finished(
-      c.out.index.at[at].set(c.pool.index, mode="drop"),
-      c.out.ids.at[at].set(ids, mode="drop"),
-      c.out.scores.at[at].set(scores, mode="drop"),
-      c.out.count + jnp.sum(finished, dtype=jnp.int32),
-      c.out.token_scores.at[at].set(tokp[0], mode="drop") if tokp else None,
-    )
-    return c._replace(pool=c.pool._replace(index=jnp.where(finished, -1, c.pool.index)), out=out)
+  refill = lambda c: _refill(spec, params, c, queue, queue_index, count, queue_prefix)
 
   def body(c: _Loop) -> _Loop:
-    pool = c.pool
-    s = pool.state
-    logits, carried = _step(spec, params, pool.source, s.cache, s.tok.reshape(slots * k, 1))
-    if _is_token_search(spec):
-      keys = jax.vmap(lambda i, t: jax.random.fold_in(jax.random.fold_in(rng, i), t))(
-        pool.index, s.t
-      )
-      s = _token_advance(spec, s, logits, pool.max_lens, keys, pool.prefix)
-      s = s._replace(cache=carried)
-    else:
-      s, parents = search.beam_advance(
-        s,
-        logits,
-        alpha=spec.settings.alpha,
-        penalty=spec.settings.length_penalty,
-        stopping=spec.settings.stopping,
-        max_lens=pool.max_lens,
-        max_len=width,
-        prefix=pool.prefix,
-        prefix_rule=spec.settings.prefix_rule,
-      )
-      s = s._replace(cache=search.gather_beams(carried, parents, slots, k))
-    c = c._replace(pool=pool._replace(state=s), steps=c.steps + 1)
-    finished = (c.pool.index >= 0) & (s.done | (s.t >= width))
-    c = lax.cond(jnp.any(finished), emit, lambda c, _: c, c, finished)
+    s = _search_step(spec, params, c.pool, rng)
+    c = c._replace(pool=c.pool._replace(state=s), steps=c.steps + 1)
+    finished = (c.pool.index >= 0) & (s.done | (s.t >= spec.max_decode_len))
+    c = lax.cond(jnp.any(finished), lambda c: _emit(spec, c, finished), lambda c: c, c)
     return refill(c)
 
   def cond(c: _Loop):
@@ -342,13 +371,6 @@ def advance(
     starving = (c.taken >= count) & ~jnp.all(occupied) & ~drain
     return (c.steps < max_steps) & jnp.any(occupied) & ~starving
 
-  out = Finished(
-    jnp.full((spec.out_size,), -1, jnp.int32),
-    jnp.full((spec.out_size, k, width), PAD_ID, jnp.int32),
-    jnp.full((spec.out_size, k), -jnp.inf, jnp.float32),
-    jnp.int32(0),
-    jnp.zeros((spec.out_size, k, width), jnp.float32) if spec.token_scores else None,
-  )
-  c = refill(_Loop(pool, out, jnp.int32(0), jnp.int32(0)))
+  c = refill(_Loop(pool, _no_output(spec), jnp.int32(0), jnp.int32(0)))
   c = lax.while_loop(cond, body, c)
   return c.pool, c.out, c.taken

@@ -29,8 +29,9 @@ not included); after a row's EOS every position is PAD, and a row that never
 emits EOS runs to ``max_len`` without one.
 
 The three searches share the time loop, its segments and the step contract, so they are one
-module (half of it beam search, whose step and result are public functions too, for continuous
-batching: model/pool.py).
+module; what one step draws from and how greedy search and sampling take their token is
+model/token_step.py's, shared with the pool (model/pool.py), which also runs beam search's step
+and result (``beam_advance``, ``beam_best``) with every sentence at its own step.
 
 ``max_lens`` (optional, ``[batch]`` int): per-sentence maximum number of
 generated tokens *including* EOS. At step ``t`` (0-based) a sentence with
@@ -40,8 +41,8 @@ no effect (the global ``max_len`` truncates without EOS); values below 1 act as 
 
 ``prefix`` (optional, ``[batch, P]`` int32): a target prefix per sentence, its tokens then PAD
 (no EOS; a row of PAD forces nothing). At each step ``t`` within its prefix a sentence's token is
-``prefix[:, t]`` (``distribution.force``), and every search goes on from the prefix's end as from
-its own tokens. Beam search keeps one live hypothesis through the prefix. ``prefix_rule``
+``prefix[:, t]`` (``token_step.next_log_probs``), and every search goes on from the prefix's end
+as from its own tokens. Beam search keeps one live hypothesis through the prefix. ``prefix_rule``
 'forced' (the default): the forced tokens keep their log-probabilities, so scores and per-token
 scores count the prefix as forced decoding does. 'ctranslate2': CTranslate2's ``target_prefix``
 rules, so that its exports translate alike: the forced tokens count 0 (a score is the
@@ -50,6 +51,35 @@ first step after its prefix beam search keeps EOS only where it is the best toke
 drops EOS from all candidates but the first there; an empty prefix in a given ``prefix`` too, as
 there). The forced EOS of ``max_lens`` wins over a prefix: give room for it (model/generate.py
 does).
+
+Beam search (``beam_search``, ``beam_advance``):
+
+Scoring: a hypothesis of ``len`` generated tokens, *counting its EOS*, with summed
+log-probability ``logp`` scores ``logp / ((5 + len) / 6) ** alpha``. E.g. ``[a, b, EOS]``
+has ``len = 3``; a hypothesis forced to finish by ``max_lens`` counts the forced EOS,
+which itself costs log-prob 0. A hypothesis still live at ``max_len`` (no EOS) has
+``len = max_len``.
+
+Each step expands every live beam over the vocabulary and takes the top ``2*beam``
+candidates. EOS candidates ranked within the top ``beam`` (i.e. ones that would occupy
+a beam) move to the finished set, which keeps the ``beam`` best scores; the live set
+is the top ``beam`` non-EOS candidates (there are always enough among ``2*beam``).
+With the 'exact' stopping rule (GNMT's default) a batch entry is done, and its finished set
+frozen, once the set is full and the best live ``logp`` divided by the largest length penalty
+it can still get (at most ``min(max_lens, max_len)`` tokens) cannot beat the worst finished
+score, or once no live beam is left; with 'finished' (fairseq's default) as soon as ``beam``
+hypotheses have finished (or no live beam is left). With ``beam_size == 1`` an entry is done
+as soon as its hypothesis finishes, so the result equals ``greedy_search`` exactly for any
+``alpha``. The loop ends when every entry is done or at ``max_len``; an entry with fewer than
+``beam`` finished hypotheses is then filled with the best live ones (scored as above).
+
+``penalty='fairseq'`` scores ``logp / len ** alpha`` (``len`` counting the EOS) and by default
+stops by 'finished', as fairseq and CTranslate2 (patience 1) decide: no bound on what a live
+hypothesis might still reach, so a large ``alpha`` does not keep every sentence searching to
+its length limit ('exact' would: under ``len ** alpha`` a longer hypothesis gains more). Either
+rule works with either penalty; 'finished' stops no later than 'exact' and returns the finished
+set 'exact' held at that step (which 'exact' can only improve on). The two penalties agree at
+``alpha=0``.
 """
 
 from __future__ import annotations
@@ -63,6 +93,14 @@ from jax import lax
 
 from model import distribution
 from model.special_tokens import EOS_ID, PAD_ID
+from model.token_step import (
+  Tokens,
+  next_log_probs,
+  start_tokens,
+  token_advance,
+  write_step,
+)
+from model.top_k import beams_top_k
 
 __all__ = [
   "PAD_ID",
@@ -73,18 +111,14 @@ __all__ = [
   "check_prefix_rule",
   "stopping_rule",
   "length_penalty",
-  "chunked_top_k",
   "expand_to_beams",
   "gather_beams",
   "greedy_search",
   "sample",
   "beam_search",
   "beam_start",
-  "beam_restart",
   "beam_advance",
   "beam_best",
-  "write_step",
-  "prefix_token",
 ]
 
 NEG_INF = float("-inf")
@@ -152,66 +186,11 @@ def _take_beams(x, indices):
   return jnp.take_along_axis(x, idx, axis=1)
 
 
-def chunked_top_k(x, n: int, chunk: int = 64):
-  """``lax.top_k(x, n)`` over the last axis, identical including ties (lower index first), from
-  the maxima of ``chunk``-wide slices.
-
-  Order the elements by (value descending, index ascending). Each of the top ``n`` lies in one
-  of the ``n`` slices whose best elements rank highest: a slice outside those holds no element
-  that outranks ``n`` others. So: one pass for the slice maxima, ``top_k`` over those, then
-  ``top_k`` over the ``n * chunk`` elements of the chosen slices taken in index order. On CPU a
-  ``top_k`` over a long axis is far slower than a max reduction over it.
-  """
-  *lead, width = x.shape
-  if width <= 4 * chunk or n > width // chunk:
-    return lax.top_k(x, n)
-  pad = (-width) % chunk
-  slices = jnp.pad(x, [(0, 0)] * len(lead) + [(0, pad)], constant_values=-jnp.inf)
-  slices = slices.reshape(*lead, -1, chunk)  # [..., slices, chunk]
-  _, chosen = lax.top_k(jnp.max(slices, axis=-1), n)  # [..., n]
-  chosen = jnp.sort(chosen, axis=-1)  # index order
-  cand = jnp.take_along_axis(slices, chosen[..., None], axis=-2)  # [..., n, chunk]
-  values, j = lax.top_k(cand.reshape(*lead, n * chunk), n)
-  index = jnp.take_along_axis(chosen, j // chunk, axis=-1) * chunk + j % chunk
-  return values, index.astype(jnp.int32)
-
-
-def _two_stage_top_k(x, n: int):
-  """``lax.top_k(x.reshape(batch, beam * vocab), n)`` computed in two stages.
-
-  ``x`` is ``[batch, beam, vocab]``; returns values and flat indices into
-  ``beam * vocab``, both ``[batch, n]``, identical to the flat ``top_k``
-  including ties (lower flat index first). The flat top ``n`` lies within the
-  union of each beam's top ``n``, so ``top_k`` runs per beam, then over the
-  ``beam * n`` survivors, which are laid out beam-major and, within a beam, in
-  the per-beam order (value descending, ties by lower token). This avoids one
-  large ``top_k`` over ``beam * vocab``, which is slow on CPU inside loops.
-  """
-  batch, beam, vocab = x.shape
-  m = min(n, vocab)
-  v1, i1 = chunked_top_k(x, m)  # [batch, beam, m]
-  vals, j = lax.top_k(v1.reshape(batch, beam * m), n)  # [batch, n]
-  tok = jnp.take_along_axis(i1.reshape(batch, beam * m), j, axis=1)
-  return vals, (j // m) * vocab + tok
-
-
 def check_prefix_rule(rule: str) -> str:
   """``rule`` if it is one of PREFIX_RULES, else ValueError naming it."""
   if rule not in PREFIX_RULES:
     raise ValueError(f"prefix_rule={rule!r}: must be one of {PREFIX_RULES}")
   return rule
-
-
-def prefix_token(prefix, t):
-  """The token ``prefix`` ``[batch, P]`` forces at step ``t`` (``[]``, or ``[batch]``: each
-  entry at its own step): ``[batch]`` int32, PAD where nothing is forced (past a row's prefix)."""
-  width = prefix.shape[1]
-  at = jnp.minimum(t, width - 1)
-  if jnp.ndim(t) == 0:
-    tok = lax.dynamic_index_in_dim(prefix, at, axis=1, keepdims=False)
-  else:
-    tok = jnp.take_along_axis(prefix, at[:, None], axis=1)[:, 0]
-  return jnp.where(t < width, tok, PAD_ID).astype(jnp.int32)
 
 
 def _segment_ends(max_len: int, segment: int | None, grow) -> list[int]:
@@ -232,14 +211,15 @@ def _segment_ends(max_len: int, segment: int | None, grow) -> list[int]:
   return ends + [max_len]
 
 
-def _segmented_loop(cond, body, state, max_len, segment, grow, get_t, get_cache, set_cache):
-  """``lax.while_loop(cond, body, state)`` run as one loop per segment of steps, growing the
-  cache by each segment's length in between (see module doc)."""
+def _segmented_loop(cond, body, state, max_len, segment, grow):
+  """``lax.while_loop(cond, body, state)`` run as one loop per segment of steps, growing
+  ``state.cache`` by each segment's length in between (see module doc); ``state.t`` counts the
+  steps."""
   ends = _segment_ends(max_len, segment, grow)
   for i, end in enumerate(ends):
     if i:
-      state = set_cache(state, grow(get_cache(state), end - ends[i - 1]))
-    state = lax.while_loop(lambda s, end=end: cond(s) & (get_t(s) < end), body, state)
+      state = state._replace(cache=grow(state.cache, end - ends[i - 1]))
+    state = lax.while_loop(lambda s, end=end: cond(s) & (s.t < end), body, state)
   return state
 
 
@@ -249,67 +229,30 @@ def _decode(
   batch_size: int,
   max_len: int,
   choose,
+  *,
   eos_id: int,
   max_lens,
-  grow=None,
-  segment=None,
-  scores: bool = False,
-  prefix=None,
-  prefix_rule: str = "forced",
+  grow,
+  segment,
+  scores: bool,
+  prefix,
+  prefix_rule: str,
 ):
   """Shared loop of greedy/sampling; ``choose(logp [batch, vocab], t) -> [batch]`` tokens. With
   ``scores``: (ids, summed log-probabilities [batch], per-token ones [batch, max_len])."""
   keep = check_prefix_rule(prefix_rule) == "forced"
-  if max_lens is not None:
-    max_lens = jnp.asarray(max_lens, jnp.int32)
 
-  def cond(state):
-    t, _, _, done, _ = state[:5]
-    return (t < max_len) & ~jnp.all(done)
+  def cond(s: Tokens):
+    return (s.t < max_len) & ~jnp.all(s.done)
 
-  def body(state):
-    t, ids, prev, done, cache = state[:5]
-    logits, cache = step_fn(prev[:, None], cache)
-    logp = distribution.log_probs(logits)
-    if prefix is not None:
-      logp = distribution.force(logp, prefix_token(prefix, t), keep)
-    tok = choose(logp, t).astype(jnp.int32)
-    if max_lens is not None:
-      forced = t + 1 >= max_lens
-      tok = jnp.where(forced, eos_id, tok)
-    tok = jnp.where(done, PAD_ID, tok)
-    ids = lax.dynamic_update_slice(ids, tok[:, None], (0, t))
-    new = (t + 1, ids, tok, done | (tok == eos_id), cache)
-    if not scores:
-      return new
-    gain = jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
-    if max_lens is not None:
-      gain = jnp.where(forced, 0.0, gain)  # a forced EOS costs nothing, as in beam search
-    gain = jnp.where(done, 0.0, gain)
-    tokp = lax.dynamic_update_slice(state[6], gain[:, None], (0, t))
-    return new + (state[5] + gain, tokp)
+  def body(s: Tokens):
+    logits, cache = step_fn(s.tok[:, None], s.cache)
+    logp = next_log_probs(logits, s.t, max_lens=max_lens, prefix=prefix, keep=keep, eos_id=eos_id)
+    return token_advance(s, logp, lambda logp: choose(logp, s.t), eos_id)._replace(cache=cache)
 
-  init = (
-    jnp.int32(0),
-    jnp.full((batch_size, max_len), PAD_ID, jnp.int32),
-    jnp.zeros((batch_size,), jnp.int32),  # start symbol
-    jnp.zeros((batch_size,), bool),
-    cache,
-  )
-  if scores:
-    init += (jnp.zeros((batch_size,), jnp.float32), jnp.zeros((batch_size, max_len), jnp.float32))
-  state = _segmented_loop(
-    cond,
-    body,
-    init,
-    max_len,
-    segment,
-    grow,
-    lambda st: st[0],
-    lambda st: st[4],
-    lambda st, c: st[:4] + (c,) + st[5:],
-  )
-  return (state[1], state[5], state[6]) if scores else state[1]
+  s = start_tokens(batch_size, max_len, scores, scores, cache)
+  s = _segmented_loop(cond, body, s, max_len, segment, grow)
+  return (s.seqs, s.total, s.token_logp) if scores else s.seqs
 
 
 def greedy_search(
@@ -342,19 +285,10 @@ def greedy_search(
   """
   # Argmax of the float32 log-probs (not the raw logits) so ties break exactly
   # as in beam search; beam_size=1 reproduces this function.
+  loop = dict(eos_id=eos_id, max_lens=max_lens, grow=grow, segment=segment, scores=scores)
+  argmax = lambda logp, t: distribution.choose(logp)
   return _decode(
-    step_fn,
-    cache,
-    batch_size,
-    max_len,
-    lambda logp, t: distribution.choose(logp),
-    eos_id,
-    max_lens,
-    grow,
-    segment,
-    scores,
-    prefix,
-    prefix_rule,
+    step_fn, cache, batch_size, max_len, argmax, **loop, prefix=prefix, prefix_rule=prefix_rule
   )
 
 
@@ -417,15 +351,6 @@ def _per_entry(x):
   return x if jnp.ndim(x) == 0 else x[:, None]
 
 
-def write_step(seqs, tok, t):
-  """``seqs`` ``[batch, ..., max_len]`` with ``tok`` ``[batch, ...]`` written at step ``t``:
-  ``[]`` (one slice update) or ``[batch]`` (each entry at its own step)."""
-  if jnp.ndim(t) == 0:
-    return lax.dynamic_update_slice(seqs, tok[..., None], (0,) * (seqs.ndim - 1) + (t,))
-  at = jnp.arange(seqs.shape[-1]) == t.reshape(t.shape + (1,) * (seqs.ndim - 1))
-  return jnp.where(at, tok[..., None], seqs)
-
-
 def beam_start(
   batch_size: int, beam_size: int, max_len: int, cache=None, token_scores: bool = False
 ) -> _BeamState:
@@ -450,21 +375,83 @@ def beam_start(
   )
 
 
-def beam_restart(s: _BeamState, entry) -> _BeamState:
-  """``s`` (every entry at its own step: ``s.t`` ``[batch]``) with batch entry ``entry`` (``[]``
-  int) back at ``beam_start``'s state; the cache as it was (the caller places the entry's)."""
+class _Candidates(NamedTuple):
+  """A beam step's top ``2*beam`` continuations of each batch entry, best first: their summed
+  log-probabilities, the beams they continue, their tokens, the sequences (and, when tracked,
+  per-token log-probabilities) they make, and which end in EOS."""
+
+  logp: jax.Array  # [batch, 2k]; -inf: dropped by the 'ctranslate2' prefix rule
+  source: jax.Array  # [batch, 2k] the live beam each continues
+  tok: jax.Array  # [batch, 2k]
+  seqs: jax.Array  # [batch, 2k, max_len]
+  tokp: jax.Array | None  # [batch, 2k, max_len]
+  is_eos: jax.Array  # [batch, 2k]
+  dropped: jax.Array | None  # [batch, 2k] EOS candidates the prefix rule drops (None: no rule)
+
+
+def _candidates(s: _BeamState, logp, eos_id: int, prefix, keep: bool) -> _Candidates:
+  """The top ``2*beam`` continuations of ``s``'s live beams under ``logp`` ``[batch, beam,
+  vocab]`` (``next_log_probs``); ties go to the lower (beam, token). Without ``keep`` (the
+  'ctranslate2' prefix rule), at a sentence's first step after its prefix an EOS candidate below
+  the best is dropped: it can neither finish nor live on."""
+  b, k, vocab = logp.shape
+  t = s.t
+  vals, flat = beams_top_k(s.live_logp[:, :, None] + logp, 2 * k)  # [b, 2k]
+  src, tok = flat // vocab, (flat % vocab).astype(jnp.int32)
+  is_eos = tok == eos_id
+  dropped = None
+  if prefix is not None and not keep:
+    first = jnp.asarray(t) == jnp.sum(prefix != PAD_ID, axis=1)  # [b]
+    dropped = first[:, None] & is_eos & (jnp.arange(2 * k) > 0)
+    is_eos, vals = is_eos & ~dropped, jnp.where(dropped, NEG_INF, vals)
+  tokp = None
+  if s.live_tokp is not None:  # each candidate's own token log-probability, written at step t
+    gain = jnp.take_along_axis(logp.reshape(b, k * vocab), flat, axis=1)  # [b, 2k]
+    tokp = write_step(_take_beams(s.live_tokp, src), gain, t)
+  seqs = write_step(_take_beams(s.live_seqs, src), tok, t)
+  return _Candidates(vals, src, tok, seqs, tokp, is_eos, dropped)
+
+
+def _finish(s: _BeamState, c: _Candidates, lp_now):
+  """The finished set after a step: EOS candidates among the top ``beam`` (scored by ``lp_now``,
+  the length penalty at this step's length), merged with ``s``'s; the best ``beam`` kept.
+  Returns (scores, flags, seqs, per-token log-probabilities or None)."""
   k = s.tok.shape[1]
-  fresh = beam_start(1, k, s.live_seqs.shape[-1], token_scores=s.live_tokp is not None)
-  put = lambda big, new: lax.dynamic_update_slice_in_dim(big, new.astype(big.dtype), entry, 0)
-  per_entry = [
-    name
-    for name in _BeamState._fields
-    if name not in ("t", "cache") and getattr(s, name) is not None
-  ]
-  return s._replace(
-    **{name: put(getattr(s, name), getattr(fresh, name)) for name in per_entry},
-    t=s.t.at[entry].set(0),
-  )
+  new_fin = c.is_eos[:, :k] & (c.logp[:, :k] > NEG_INF) & ~s.done[:, None]
+  new_scores = jnp.where(new_fin, c.logp[:, :k] / lp_now, NEG_INF)
+  all_scores = jnp.concatenate([s.fin_scores, new_scores], axis=1)
+  all_flags = jnp.concatenate([s.fin_flags, new_fin], axis=1)
+  scores, best = lax.top_k(jnp.where(all_flags, all_scores, NEG_INF), k)
+  flags = jnp.take_along_axis(all_flags, best, axis=1)
+  seqs = _take_beams(jnp.concatenate([s.fin_seqs, c.seqs[:, :k]], axis=1), best)
+  tokp = None
+  if c.tokp is not None:
+    tokp = _take_beams(jnp.concatenate([s.fin_tokp, c.tokp[:, :k]], axis=1), best)
+  return scores, flags, seqs, tokp
+
+
+def _live(c: _Candidates, k: int):
+  """(summed log-probabilities [batch, beam], candidate indices [batch, beam]) of the next live
+  beams: the best ``k`` non-EOS candidates, or with a dropped candidate (``c.dropped``) the first
+  ``k`` non-EOS ones by rank, the dropped dead in their slots."""
+  if c.dropped is None:
+    return lax.top_k(jnp.where(c.is_eos, NEG_INF, c.logp), k)
+  rank = -jnp.arange(c.logp.shape[1], dtype=c.logp.dtype)
+  _, pick = lax.top_k(jnp.where(c.is_eos, NEG_INF, rank), k)
+  live_logp, order = lax.top_k(jnp.take_along_axis(c.logp, pick, axis=1), k)
+  return live_logp, jnp.take_along_axis(pick, order, axis=1)
+
+
+def _stops(live_logp, fin_scores, fin_flags, t, lmax, alpha, penalty: str, rule: str):
+  """[batch] bool: whether each entry is done after this step by the stopping ``rule`` (module
+  doc); ``t`` the steps taken before it, ``lmax`` the longest reachable length."""
+  full = jnp.all(fin_flags, axis=1)
+  if live_logp.shape[1] == 1 or rule == "finished":
+    return full | (live_logp[:, 0] == NEG_INF)
+  # logp <= 0, so logp / lp(L) is largest at the largest reachable lp(L).
+  best_lp = jnp.maximum(length_penalty(t + 2, alpha, penalty), length_penalty(lmax, alpha, penalty))
+  worst = jnp.where(full, fin_scores[:, -1], NEG_INF)
+  return live_logp[:, 0] / best_lp <= worst
 
 
 def beam_advance(
@@ -487,75 +474,25 @@ def beam_advance(
   (``[batch, P]``) and ``prefix_rule`` as ``beam_search``'s."""
   b, k = s.tok.shape
   t = s.t
-  lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
-  lp_max = length_penalty(lmax, alpha, penalty)  # [] or [batch]
-  logp = distribution.log_probs(logits)
-  vocab = logp.shape[-1]
-  logp = logp.reshape(b, k, vocab)
   keep = check_prefix_rule(prefix_rule) == "forced"
-  if prefix is not None:
-    logp = distribution.force(logp, prefix_token(prefix, t)[:, None], keep)
-  if max_lens is not None:
-    eos_only = jnp.where(jnp.arange(vocab) == eos_id, 0.0, NEG_INF)
-    forced = (t + 1 >= jnp.asarray(max_lens, jnp.int32))[:, None, None]
-    logp = jnp.where(forced, eos_only, logp)
-
-  # Top 2k continuations over all beams x vocabulary; ties -> lower (beam, token).
-  cand = s.live_logp[:, :, None] + logp  # [b, k, vocab]
-  vals, flat = _two_stage_top_k(cand, 2 * k)  # [b, 2k]
-  src, tok = flat // vocab, (flat % vocab).astype(jnp.int32)
-  seqs = write_step(_take_beams(s.live_seqs, src), tok, t)
-  is_eos = tok == eos_id
-  dropped = None
-  if prefix is not None and not keep:
-    # CTranslate2's rule at a sentence's first step after its prefix: EOS only as the best
-    # candidate; one further down becomes a dead live hypothesis, holding its slot.
-    first = jnp.asarray(t) == jnp.sum(prefix != PAD_ID, axis=1)  # [b]
-    dropped = first[:, None] & is_eos & (jnp.arange(2 * k) > 0)
-    is_eos, vals = is_eos & ~dropped, jnp.where(dropped, NEG_INF, vals)
-
-  # Finished: EOS among the top k, merged with the previous finished set.
-  new_fin = is_eos[:, :k] & (vals[:, :k] > NEG_INF) & ~s.done[:, None]
-  lp_now = _per_entry(length_penalty(t + 1, alpha, penalty))
-  new_scores = jnp.where(new_fin, vals[:, :k] / lp_now, NEG_INF)
-  all_scores = jnp.concatenate([s.fin_scores, new_scores], axis=1)
-  all_flags = jnp.concatenate([s.fin_flags, new_fin], axis=1)
-  all_seqs = jnp.concatenate([s.fin_seqs, seqs[:, :k]], axis=1)
-  fin_scores, keep = lax.top_k(jnp.where(all_flags, all_scores, NEG_INF), k)
-  fin_flags = jnp.take_along_axis(all_flags, keep, axis=1)
-  fin_seqs = _take_beams(all_seqs, keep)
+  logp = next_log_probs(
+    logits, t, max_lens=max_lens, prefix=prefix, keep=keep, eos_id=eos_id, beam=k
+  )
+  c = _candidates(s, logp, eos_id, prefix, keep)
+  fin_scores, fin_flags, fin_seqs, fin_tokp = _finish(
+    s, c, _per_entry(length_penalty(t + 1, alpha, penalty))
+  )
+  live_logp, pick = _live(c, k)
   tracked = {}
-  if s.live_tokp is not None:  # each candidate's own token log-probability, written at step t
-    gain = logp.reshape(b, k * vocab)
-    gain = jnp.take_along_axis(gain, flat, axis=1)  # [b, 2k]
-    tokp = write_step(_take_beams(s.live_tokp, src), gain, t)
-    fin_tokp = _take_beams(jnp.concatenate([s.fin_tokp, tokp[:, :k]], axis=1), keep)
-
-  # Live: best k non-EOS continuations; the cache follows its source beams.
-  if dropped is None:
-    live_logp, pick = lax.top_k(jnp.where(is_eos, NEG_INF, vals), k)
-  else:  # the first k non-EOS candidates by rank, dropped ones dead in their slots
-    _, pick = lax.top_k(jnp.where(is_eos, NEG_INF, -jnp.arange(2 * k, dtype=vals.dtype)), k)
-    live_logp, again = lax.top_k(jnp.take_along_axis(vals, pick, axis=1), k)
-    pick = jnp.take_along_axis(pick, again, axis=1)
-  live_seqs = _take_beams(seqs, pick)
-  live_tok = jnp.take_along_axis(tok, pick, axis=1)
-  if s.live_tokp is not None:
-    tracked = dict(live_tokp=_take_beams(tokp, pick), fin_tokp=fin_tokp)
-
-  full = jnp.all(fin_flags, axis=1)
-  if k == 1 or stopping_rule(penalty, stopping) == "finished":
-    stop = full | (live_logp[:, 0] == NEG_INF)
-  else:
-    # logp <= 0, so logp / lp(L) is largest at the largest reachable lp(L).
-    best_lp = jnp.maximum(length_penalty(t + 2, alpha, penalty), lp_max)
-    bound = live_logp[:, 0] / best_lp
-    worst = jnp.where(full, fin_scores[:, -1], NEG_INF)
-    stop = bound <= worst
+  if c.tokp is not None:
+    tracked = dict(live_tokp=_take_beams(c.tokp, pick), fin_tokp=fin_tokp)
+  lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
+  rule = stopping_rule(penalty, stopping)
+  stop = _stops(live_logp, fin_scores, fin_flags, t, lmax, alpha, penalty, rule)
   state = _BeamState(
     t + 1,
-    live_tok,
-    live_seqs,
+    jnp.take_along_axis(c.tok, pick, axis=1),
+    _take_beams(c.seqs, pick),
     live_logp,
     s.cache,
     fin_seqs,
@@ -564,7 +501,7 @@ def beam_advance(
     s.done | stop,
     **tracked,
   )
-  return state, jnp.take_along_axis(src, pick, axis=1)
+  return state, jnp.take_along_axis(c.source, pick, axis=1)
 
 
 def beam_best(s: _BeamState, alpha, penalty: str = "gnmt"):
@@ -608,34 +545,8 @@ def beam_search(
   prefix_rule: str = "forced",
 ):
   """Beam search with the GNMT length penalty (Wu et al. 2016; Vaswani et al. 2017), or with
-  fairseq's and CTranslate2's (``penalty='fairseq'``).
-
-  Scoring: a hypothesis of ``len`` generated tokens, *counting its EOS*, with summed
-  log-probability ``logp`` scores ``logp / ((5 + len) / 6) ** alpha``. E.g. ``[a, b, EOS]``
-  has ``len = 3``; a hypothesis forced to finish by ``max_lens`` counts the forced EOS,
-  which itself costs log-prob 0. A hypothesis still live at ``max_len`` (no EOS) has
-  ``len = max_len``.
-
-  Each step expands every live beam over the vocabulary and takes the top ``2*beam``
-  candidates. EOS candidates ranked within the top ``beam`` (i.e. ones that would occupy
-  a beam) move to the finished set, which keeps the ``beam`` best scores; the live set
-  is the top ``beam`` non-EOS candidates (there are always enough among ``2*beam``).
-  With the 'exact' stopping rule (GNMT's default) a batch entry is done, and its finished set
-  frozen, once the set is full and the best live ``logp`` divided by the largest length penalty
-  it can still get (at most ``min(max_lens, max_len)`` tokens) cannot beat the worst finished
-  score, or once no live beam is left; with 'finished' (fairseq's default) as soon as ``beam``
-  hypotheses have finished (or no live beam is left). With ``beam_size == 1`` an entry is done
-  as soon as its hypothesis finishes, so the result equals ``greedy_search`` exactly for any
-  ``alpha``. The loop ends when every entry is done or at ``max_len``; an entry with fewer than
-  ``beam`` finished hypotheses is then filled with the best live ones (scored as above).
-
-  ``penalty='fairseq'`` scores ``logp / len ** alpha`` (``len`` counting the EOS) and by default
-  stops by 'finished', as fairseq and CTranslate2 (patience 1) decide: no bound on what a live
-  hypothesis might still reach, so a large ``alpha`` does not keep every sentence searching to
-  its length limit ('exact' would: under ``len ** alpha`` a longer hypothesis gains more). Either
-  rule works with either penalty; 'finished' stops no later than 'exact' and returns the finished
-  set 'exact' held at that step (which 'exact' can only improve on). The two penalties agree at
-  ``alpha=0``.
+  fairseq's and CTranslate2's (``penalty='fairseq'``): how it scores, steps and stops is the
+  module doc's "Beam search".
 
   Args:
     step_fn: see module doc; called with ``n = batch * beam_size``.
@@ -682,15 +593,6 @@ def beam_search(
   def cond(s: _BeamState):
     return (s.t < max_len) & ~jnp.all(s.done)
 
-  s = _segmented_loop(
-    cond,
-    body,
-    beam_start(b, k, max_len, expand_to_beams(cache, k), token_scores),
-    max_len,
-    segment,
-    grow,
-    lambda st: st.t,
-    lambda st: st.cache,
-    lambda st, c: st._replace(cache=c),
-  )
+  s = beam_start(b, k, max_len, expand_to_beams(cache, k), token_scores)
+  s = _segmented_loop(cond, body, s, max_len, segment, grow)
   return beam_best(s, alpha, penalty)

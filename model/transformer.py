@@ -77,10 +77,12 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-  """Embedding + positions, dropout, N decoder layers, (final LayerNorm,) output projection."""
+  """Embedding + positions, dropout, N decoder layers, (final LayerNorm,) output projection;
+  without `cross_attention`, a causal stack (model/decoder_only.py). `embed`: the target
+  embedding (None: its own, named 'embed')."""
 
   config: TransformerConfig
-  embed: Embed
+  embed: Embed | None = None
   cross_attention: bool = True
 
   @nn.compact
@@ -94,8 +96,11 @@ class Decoder(nn.Module):
     deterministic,
     decode=False,
     return_weights=False,
+    project_from=0,
   ):
-    """decoder_inputs: [batch, tgt_len] ids (already shifted) -> [batch, tgt_len, vocab] logits."""
+    """decoder_inputs: [batch, tgt_len] ids (already shifted) -> [batch, tgt_len - project_from,
+    vocab] logits of the positions from `project_from` on (the others are never projected).
+    With `decode` and a cache, the positions are the cache's next `tgt_len` ones."""
     cfg = self.config
     # The position of each incremental step is counted in the cache: [] shared by all rows, or
     # [batch], each row its own (continuous batching, model/pool.py).
@@ -103,9 +108,16 @@ class Decoder(nn.Module):
       initialized = self.has_variable(cache_kinds.STATE, "position")
       position = self.variable(cache_kinds.STATE, "position", lambda: jnp.array(0, jnp.int32))
       if initialized:
-        positions = jnp.broadcast_to(jnp.reshape(position.value, (-1, 1)), decoder_inputs.shape)
-        position.value = position.value + 1
-    y = self.embed(decoder_inputs) + sinusoidal_encoding(positions, cfg.d_model).astype(
+        steps = decoder_inputs.shape[1]
+        after = jnp.reshape(position.value, (-1, 1))
+        if steps > 1:  # a prompt filling the cache in one call (model/decoder_only.py)
+          after = after + jnp.arange(steps, dtype=jnp.int32)
+        positions = jnp.broadcast_to(after, decoder_inputs.shape)
+        position.value = position.value + steps
+    embed = self.embed
+    if embed is None:
+      embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name="embed")
+    y = embed(decoder_inputs) + sinusoidal_encoding(positions, cfg.d_model).astype(
       cfg.compute_dtype
     )
     y = Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
@@ -116,9 +128,11 @@ class Decoder(nn.Module):
       )
     if cfg.pre_ln:
       y = layer_norm("final_norm", cfg)(y)
+    if project_from:
+      y = y[:, project_from:]
     # Decoding takes float32 logits straight from the product's float32 sums.
     if cfg.share_embeddings:
-      logits = self.embed.attend(y, jnp.float32 if decode else None)
+      logits = embed.attend(y, jnp.float32 if decode else None)
     else:
       out_dtype = jnp.float32 if decode else None
       logits = Dense(

@@ -264,6 +264,20 @@ def test_an_ensemble_translates_as_in_a_batch():
   assert pooled(model, both, ensemble=True, **how) == want
 
 
+def test_a_mismatched_ensemble_is_refused_by_name():
+  """Members whose leaves disagree on the member axis: the pool and the batch search both raise
+  `distribution.members`' error (no raw vmap error), before compiling anything."""
+  model, first = tiny()
+  both = jax.tree_util.tree_map(lambda a: np.stack([a, a]), first)
+  both["decoder"]["logits"]["bias"] = np.stack([first["decoder"]["logits"]["bias"]] * 3)
+  for run in (
+    lambda: pooled(model, both, ensemble=True, beam_size=1),
+    lambda: batch_at_once(model, both, ensemble=True, beam_size=1),
+  ):
+    with pytest.raises(ValueError, match=r"ensemble: every parameter needs the same leading"):
+      run()
+
+
 def test_sampling_reproduces_itself_whatever_the_pool():
   """A sentence's samples depend on the key and its index alone: the same with another pool
   size; another key draws others; top_k=1 is greedy search."""

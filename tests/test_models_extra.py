@@ -19,10 +19,10 @@ from jax import lax
 from model import cache_kinds, decoder_state, masks, search
 from model.build import MODEL_TYPES, abstract_params, build_model
 from model.config import TransformerConfig
-from model.decoder_only import CausalStack, DecoderOnly, combined_sequence
+from model.decoder_only import DecoderOnly, combined_sequence
 from model.rnn import RNNConfig, RNNSeq2Seq
 from model.special_tokens import SEP_ID
-from model.transformer import shift_right
+from model.transformer import Decoder, shift_right
 
 VOCAB = 40
 SRC = [[5, 6, 7, 1], [8, 9, 10, 11, 12, 1], [13, 1]]
@@ -188,13 +188,14 @@ def _decoder_only_references(model, params, packed):
   out = {}
   seq = jnp.asarray([SRC[1] + [SEP_ID] + TGT[1][:-1]])
   length = seq.shape[1]
-  stack = CausalStack(model.config)
+  stack = Decoder(model.config, cross_attention=False)
+  positions = jnp.arange(length)[None]
   full = stack.apply(
-    {"params": params["decoder"]}, seq, jnp.arange(length)[None], masks.causal_mask(length), True
+    {"params": params["decoder"]}, seq, positions, None, masks.causal_mask(length), None, True
   )
   out["by_hand"] = full[0, len(SRC[1]) :]
   tokens, positions, mask = combined_sequence(P_IN, P_TGT, P_IN_POS, P_TGT_POS, P_IN_SEG, P_TGT_SEG)
-  every = stack.apply({"params": params["decoder"]}, tokens, positions, mask, True)
+  every = stack.apply({"params": params["decoder"]}, tokens, positions, None, mask, None, True)
   out["projected_all"] = every[:, P_IN.shape[1] :]
   loss = lambda lg: smoothed_cross_entropy(lg, P_TGT, P_TGT > 0, 0.1)[0]
   out["projected_loss"], out["projected_all_loss"] = loss(packed), loss(out["projected_all"])

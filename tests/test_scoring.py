@@ -20,7 +20,7 @@ from inference.pair_scoring import PairScorer, pair_batches
 from model import forced_scoring, search
 from model.build import abstract_params, build_model
 from model.decoder_state import decoder_state, ensemble_decoder_state
-from model.generate import _only_ids_below  # what decoding masks with (num_ids)
+from model.decoder_state import only_ids_below  # what decoding masks with (num_ids)
 from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID, PAD_ID
 from tests.helpers import MODEL_TYPES, Compilations, fixed_batches, tiny_config
@@ -152,7 +152,7 @@ def _searched(model, params, inputs, beam, ensemble, max_len=7, num_ids=30):
   def run(params, inputs):
     make = ensemble_decoder_state if ensemble else decoder_state
     state = make(model, params, inputs, max_len)
-    step = _only_ids_below(state.step, num_ids)
+    step = only_ids_below(state.step, num_ids)
     ids, scores = search.beam_search(
       step,
       state.cache,

@@ -27,6 +27,7 @@ from model.search import (
   length_penalty,
   sample,
 )
+from model.top_k import beams_top_k, chunked_top_k
 from tests.helpers import Compilations
 
 PAD, EOS = 0, 1
@@ -319,9 +320,9 @@ def test_expand_and_gather_beams():
 
 @functools.partial(jax.jit, static_argnums=1)
 def _two_stage_and_flat_top_k(x, n):
-  """search._two_stage_top_k of x [batch, beam, vocab], and jax.lax.top_k over each row's
+  """beams_top_k of x [batch, beam, vocab], and jax.lax.top_k over each row's
   flattened beam * vocab entries (the reference), as one program."""
-  return search._two_stage_top_k(x, n), jax.lax.top_k(x.reshape(x.shape[0], -1), n)
+  return beams_top_k(x, n), jax.lax.top_k(x.reshape(x.shape[0], -1), n)
 
 
 @pytest.mark.parametrize("batch,beam,vocab", [(3, 4, 50), (2, 1, 7), (2, 3, 4), (1, 2, 2)])
@@ -344,8 +345,8 @@ def test_two_stage_top_k_equals_flat_top_k(batch, beam, vocab):
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _chunked_and_plain_top_k(x, n, chunk):
-  """search.chunked_top_k and jax.lax.top_k (the reference) of x, as one program."""
-  return search.chunked_top_k(x, n, chunk), jax.lax.top_k(x, n)
+  """chunked_top_k and jax.lax.top_k (the reference) of x, as one program."""
+  return chunked_top_k(x, n, chunk), jax.lax.top_k(x, n)
 
 
 @pytest.mark.parametrize("width,n,chunk", [(1000, 8, 16), (777, 3, 8), (300, 8, 64), (513, 2, 32)])

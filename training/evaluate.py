@@ -7,9 +7,9 @@ import math
 
 import jax
 import numpy as np
-import sacrebleu
 
 from data.tokenizer import encode_source
+from training.translation_metrics import corpus_bleu
 
 
 def loss_metrics(parallel, params, batches) -> dict:
@@ -59,9 +59,9 @@ def translation_metrics(
   tokens_per_batch: int = 4096,
   search=None,
 ) -> dict:
-  """BLEU (sacreBLEU, cased, on detokenized text) and exact match of translations of `pairs`,
-  by `search` (`translation_search` of the same model and settings; None: a new one) over length
-  batches."""
+  """BLEU (cased, on detokenized text: training/translation_metrics.py) and exact match of
+  translations of `pairs`, by `search` (`translation_search` of the same model and settings;
+  None: a new one) over length batches."""
   from model.generate import strip
   from model.length_buckets import length_batches
 
@@ -77,6 +77,5 @@ def translation_metrics(
     for row, i in enumerate(batch.indices):
       outputs[i] = strip(ids[row])
   hypotheses = [vocab.decode(o.tolist()) for o in outputs]
-  bleu = sacrebleu.corpus_bleu(hypotheses, [list(references)])
   exact = np.mean([h.strip() == r.strip() for h, r in zip(hypotheses, references)])
-  return {"bleu": bleu.score, "exact_match": float(exact)}
+  return {"bleu": corpus_bleu(hypotheses, references), "exact_match": float(exact)}
