@@ -103,6 +103,34 @@ FIELDS: dict[str, Field] = {
     "'xla', or 'cudnn' (cuDNN's fused attention: NVIDIA GPUs, bfloat16)",
     Choice("xla", "cudnn"),
   ),
+  # What models from other engines need (formats/marian.py); the defaults are the paper's.
+  "model.ffn_activation": Field(
+    "relu",
+    "FFN activation: relu (the paper's), swish (x sigmoid(x)), gelu (x sigmoid(1.702x), Marian's)",
+    Choice("relu", "swish", "gelu"),
+  ),
+  "model.position_layout": Field(
+    "interleaved",
+    "sinusoid table: interleaved (sin even, cos odd channels) or concatenated (sin half, cos half)",
+    Choice("interleaved", "concatenated"),
+  ),
+  "model.position_frequencies": Field(
+    "paper",
+    "sinusoid frequencies: paper (1/10000^(2i/d_model)) or marian (exp(-i ln 1e4 / (d/2 - 1)))",
+    Choice("paper", "marian"),
+  ),
+  "model.layer_norm_epsilon": Field(1e-6, "LayerNorm epsilon", Float(above=0.0, below=1.0)),
+  "model.decoder_start": Field(
+    "token",
+    "the decoder's first input: token (the start symbol's embedding) or zero (Marian's zeros)",
+    Choice("token", "zero"),
+  ),
+  "model.attention_bias": Field(
+    False, "biases on the attention projections W^Q, W^K, W^V, W^O (Marian's)", Bool()
+  ),
+  "model.output_bias": Field(
+    False, "a bias on the tied pre-softmax projection (an untied one always has one)", Bool()
+  ),
   "model.rnn_cell": Field(
     "gru", "recurrent cell of model.type rnn / rnn_attention", Choice("gru", "lstm")
   ),

@@ -176,7 +176,7 @@ class Translator:
     if isinstance(prefixes, str) or len(prefixes) != count:
       given = "one string" if isinstance(prefixes, str) else f"{len(prefixes)}"
       raise UsageError(f"target_prefixes: {given} given for {count} sentences; give one each")
-    ids = [self.vocab.encode(p.strip()) if p.strip() else [] for p in prefixes]
+    ids = [self.vocab.encode_target(p.strip()) if p.strip() else [] for p in prefixes]
     for index, tokens in enumerate(ids):
       if len(tokens) >= self.max_len:
         raise UsageError(

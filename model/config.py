@@ -12,6 +12,10 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 # Decoding only: int8 products (model/quantize.py), float32 everywhere else.
 INT8 = "int8"
 ATTENTION_IMPLS = ("xla", "cudnn")
+FFN_ACTIVATIONS = ("relu", "swish", "gelu")
+POSITION_LAYOUTS = ("interleaved", "concatenated")
+POSITION_FREQUENCIES = ("paper", "marian")
+DECODER_STARTS = ("token", "zero")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +43,14 @@ class TransformerConfig:
   dtype: str = "float32"
   remat: bool = False
   attention_impl: str = "xla"
+  # What models from other engines need (formats/marian.py); the defaults are the paper's.
+  ffn_activation: str = "relu"
+  position_layout: str = "interleaved"
+  position_frequencies: str = "paper"
+  layer_norm_epsilon: float = 1e-6
+  decoder_start: str = "token"
+  attention_bias: bool = False
+  output_bias: bool = False
 
   def __post_init__(self):
     def bad(field, why):
@@ -59,6 +71,16 @@ class TransformerConfig:
         bad(field, "must be in [0, 1)")
     if self.dtype not in DTYPES and self.dtype != INT8:
       bad("dtype", f"must be one of {sorted([*DTYPES, INT8])}")
+    for field, allowed in (
+      ("ffn_activation", FFN_ACTIVATIONS),
+      ("position_layout", POSITION_LAYOUTS),
+      ("position_frequencies", POSITION_FREQUENCIES),
+      ("decoder_start", DECODER_STARTS),
+    ):
+      if getattr(self, field) not in allowed:
+        bad(field, f"must be one of {allowed}")
+    if not 0.0 < self.layer_norm_epsilon < 1.0:
+      bad("layer_norm_epsilon", "must be in (0, 1)")
     if self.attention_impl not in ATTENTION_IMPLS:
       bad("attention_impl", f"must be one of {ATTENTION_IMPLS}")
     if self.attention_impl == "cudnn" and self.dtype == "float32":

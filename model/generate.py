@@ -24,9 +24,9 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from model import distribution, search
+from model import distribution, marian_beam, search
 from model.decoder_state import DECODE_SEGMENT, decoder_state, ensemble_decoder_state
-from model.search_settings import SearchSettings
+from model.search_settings import MARIAN, SearchSettings
 from model.special_tokens import EOS_ID, PAD_ID
 
 OUTPUTS = ("ids", "scores", "token_scores")  # what a search program returns, cumulatively
@@ -119,6 +119,23 @@ def generate(
     prefix_rule=settings.prefix_rule,
   )
   want = OUTPUTS.index(outputs) + 1  # how many of ids, scores, token scores
+  if settings.length_penalty == MARIAN:  # Marian's search rule: model/marian_beam.py
+    found = marian_beam.beam_search(
+      step,
+      state.cache,
+      batch,
+      max_decode_len,
+      beam_size=settings.beam_size,
+      alpha=settings.alpha,
+      max_lens=marian_beam.max_lengths(inputs, prefix),
+      token_scores=want > 2,
+      prefix=prefix,
+      grow=state.grow,
+      segment=state.segment,
+    )
+    n = settings.num_hypotheses
+    found = tuple(x[:, 0] if n == 1 else x[:, :n] for x in found[:want])
+    return found[0] if want == 1 else found
   if settings.sampling or settings.beam_size == 1:
     if settings.sampling:
       found = search.sample(

@@ -41,8 +41,14 @@ def product(subscripts: str, x: jax.Array, w, dtype, out_dtype=None) -> jax.Arra
   return out.astype(out_dtype or dtype)
 
 
-def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
+def sinusoidal_encoding(
+  positions: jax.Array, d_model: int, layout: str = "interleaved", frequencies: str = "paper"
+) -> jax.Array:
   """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same)   (section 3.5).
+
+  `layout='concatenated'` puts the d_model/2 sines first and the cosines after them;
+  `frequencies='marian'` takes frequency i as exp(-i ln(10000) / (d_model/2 - 1)) (Marian's
+  table is both).
 
   Args:
     positions: [batch, length] integer positions (explicit, so packed sentences restart at 0).
@@ -55,10 +61,24 @@ def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
     )
   if d_model % 2:
     raise ValueError(f"sinusoidal_encoding: d_model={d_model} must be even")
-  inv_freq = jnp.exp(-jnp.log(10000.0) * jnp.arange(0, d_model, 2, dtype=jnp.float32) / d_model)
+  if frequencies == "marian":
+    half = d_model // 2
+    inv_freq = jnp.exp(jnp.arange(half, dtype=jnp.float32) * -(jnp.log(10000.0) / max(half - 1, 1)))
+  else:
+    inv_freq = jnp.exp(-jnp.log(10000.0) * jnp.arange(0, d_model, 2, dtype=jnp.float32) / d_model)
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [batch, length, d_model/2]
+  if layout == "concatenated":
+    return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
   # Interleave so even channels are sin and odd channels cos, exactly as in the paper.
   return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
+
+
+def position_encoding(positions: jax.Array, config: TransformerConfig) -> jax.Array:
+  """`sinusoidal_encoding` with the table `config` names: [batch, length] -> [batch, length,
+  d_model] float32."""
+  return sinusoidal_encoding(
+    positions, config.d_model, config.position_layout, config.position_frequencies
+  )
 
 
 class Embed(nn.Module):
@@ -171,7 +191,15 @@ class MultiHeadAttention(nn.Module):
     kernels = [HeadsKernel(cfg, name=name)() for name in names]
     w = jax.tree_util.tree_map(lambda *k: jnp.stack(k, axis=1), *kernels)
     y = product("bld,dnhk->blnhk", x, w, cfg.compute_dtype)
-    return [y[:, :, i] for i in range(len(names))]
+    ys = [y[:, :, i] for i in range(len(names))]
+    if cfg.attention_bias:
+      shape = (cfg.num_heads, cfg.d_model // cfg.num_heads)
+      init = nn.with_logical_partitioning(initializers.zeros, ("heads", "kv"))
+      ys = [
+        h + self.param(f"{name}_bias", init, shape, jnp.float32).astype(h.dtype)
+        for h, name in zip(ys, names)
+      ]
+    return ys
 
   @nn.compact
   def __call__(
@@ -229,7 +257,12 @@ class MultiHeadAttention(nn.Module):
     """[batch, q_len, heads, d_v] -> [batch, q_len, d_model] (W^O)."""
     cfg = self.config
     return Dense(
-      cfg.d_model, ("heads", "kv", "embed"), cfg.compute_dtype, inputs=2, use_bias=False, name="out"
+      cfg.d_model,
+      ("heads", "kv", "embed"),
+      cfg.compute_dtype,
+      inputs=2,
+      use_bias=cfg.attention_bias,
+      name="out",
     )(out)
 
   # Decode-time caches are stored heads-major, [batch, heads, length, d_k]: the layout the
@@ -325,8 +358,16 @@ def _loaded(x: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == jnp.uint16 else x
 
 
+ACTIVATIONS = {
+  "relu": nn.relu,
+  "swish": lambda x: x * jax.nn.sigmoid(x),
+  "gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),  # Marian's gelu
+}
+
+
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2   (section 3.3)."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2   (section 3.3); `ffn_activation` may replace max(0, .)
+  with swish or Marian's gelu (`ACTIVATIONS`)."""
 
   config: TransformerConfig
 
@@ -334,12 +375,15 @@ class FeedForward(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """[batch, length, d_model] -> [batch, length, d_model]."""
     cfg = self.config
-    h = nn.relu(Dense(cfg.d_ff, ("embed", "mlp"), cfg.compute_dtype, name="wi")(x))
+    h = ACTIVATIONS[cfg.ffn_activation](
+      Dense(cfg.d_ff, ("embed", "mlp"), cfg.compute_dtype, name="wi")(x)
+    )
     return Dense(cfg.d_model, ("mlp", "embed"), cfg.compute_dtype, name="wo")(h)
 
 
 def layer_norm(name: str, config: TransformerConfig) -> nn.LayerNorm:
   return nn.LayerNorm(
+    epsilon=config.layer_norm_epsilon,
     dtype=config.compute_dtype,
     param_dtype=jnp.float32,
     name=name,
