@@ -19,7 +19,6 @@ ones, and the best score wins (n-best: sorted best first).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
