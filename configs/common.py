@@ -131,6 +131,11 @@ FIELDS: dict[str, Field] = {
   "model.output_bias": Field(
     False, "a bias on the tied pre-softmax projection (an untied one always has one)", Bool()
   ),
+  "model.raw_self_keys": Field(
+    False,
+    "pre_ln decoding: self-attention keys/values of un-normalised inputs after step 0 (Marian's)",
+    Bool(),
+  ),
   "model.rnn_cell": Field(
     "gru", "recurrent cell of model.type rnn / rnn_attention", Choice("gru", "lstm")
   ),

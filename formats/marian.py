@@ -464,6 +464,8 @@ def convert(release: dict[str, bytes], follow: str = "marian") -> Imported:
     "decoder_start": "zero",
     "attention_bias": True,
     "output_bias": options["share_embeddings"],
+    # Marian's pre-norm decoder, step by step, attends over un-normalised inputs (not CTranslate2).
+    "raw_self_keys": options["pre_ln"] and not ctranslate2,
     "max_len": MAX_LEN,
   }
   return Imported(fields, params, vocab, decoder)

@@ -51,6 +51,7 @@ class TransformerConfig:
   decoder_start: str = "token"
   attention_bias: bool = False
   output_bias: bool = False
+  raw_self_keys: bool = False
 
   def __post_init__(self):
     def bad(field, why):

@@ -210,9 +210,14 @@ class MultiHeadAttention(nn.Module):
     deterministic: bool,
     decode: bool = False,
     return_weights: bool = False,
+    raw: jax.Array | None = None,
   ):
     """x: [batch, q_len, d_model]; memory: [batch, kv_len, d_model] (cross) or None (self);
-    mask: boolean [batch, 1, q_len, kv_len]. Returns [batch, q_len, d_model]."""
+    mask: boolean [batch, 1, q_len, kv_len]. Returns [batch, q_len, d_model].
+
+    `raw` (self-attention decode steps only, `raw_self_keys`): the un-normalised layer input
+    [batch, 1, d_model]; the cache keeps its keys and values, and a step past the first attends
+    over them (Marian's pre-norm decoder), the first step's output being its normalised value."""
     cfg = self.config
     if x.ndim != 3 or x.shape[-1] != cfg.d_model:
       raise ValueError(
@@ -221,11 +226,23 @@ class MultiHeadAttention(nn.Module):
     if self.cross:
       (query,) = self._project(x, ("query",))
     else:
-      query, key, value = self._project(x, ("query", "key", "value"))
+      if raw is None:
+        query, key, value = self._project(x, ("query", "key", "value"))
+      else:  # one product for both inputs
+        n = x.shape[1]
+        both = self._project(
+          jnp.concatenate([x, raw.astype(x.dtype)], axis=1), ("query", "key", "value")
+        )
+        query, first_value = both[0][:, :n], both[2][:, :n]
+        key, value = both[1][:, n:], both[2][:, n:]
     if decode and self.has_variable(
       cache.SOURCE if self.cross else cache.TARGET, "cross_key" if self.cross else "cached_key"
     ):
+      if raw is not None:  # one key at the first step: its (normalised) value is the output
+        first = jnp.reshape(self.variables[cache.STATE]["cache_index"], (-1, 1, 1, 1)) == 0
       out, weights = self._cross_step(query) if self.cross else self._self_step(query, key, value)
+      if raw is not None:
+        out = jnp.where(first, first_value.astype(out.dtype), out)
       if return_weights:
         self.sow("intermediates", "attention_weights", weights)
       return self._out(out)
@@ -447,8 +464,11 @@ class DecoderLayer(nn.Module):
     self_mask: [batch, 1, tgt_len, tgt_len]; cross_mask: [batch, 1, tgt_len, src_len]."""
     cfg = self.config
     self_attn = MultiHeadAttention(cfg, name="self_attention")
+    raw = y if decode and cfg.pre_ln and cfg.raw_self_keys else None
     y = Residual(cfg, name="self_attention_block")(
-      y, lambda h: self_attn(h, None, self_mask, deterministic, decode), deterministic
+      y,
+      lambda h: self_attn(h, None, self_mask, deterministic, decode, raw=raw),
+      deterministic,
     )
     if self.cross_attention:
       cross = MultiHeadAttention(cfg, cross=True, name="cross_attention")
