@@ -43,6 +43,26 @@ from model.special_tokens import EOS_ID, NUM_SPECIAL, SPECIAL_PIECES, UNK_ID
 MODEL_YML = "special:model.yml"
 ABSENT_BIAS = -100.0  # output bias of PAD and SEP: exp(-100) vanishes beside any real logit
 FOLLOW = ("marian", "ctranslate2")
+FINETUNE_CONFIG = "finetune_config.py"  # train.py --config=<workdir>/finetune_config.py
+_FINETUNE = '''"""Fine-tuning the model imported into {workdir}: its config (config.json),
+started from its parameters (init_from) with its vocabulary; give the data on the command line:
+--config.data.name=files --config.data.dir=<folder> --config.data.source_lang=en
+--config.data.target_lang=de."""
+
+import json
+import pathlib
+
+import ml_collections
+
+WORKDIR = pathlib.Path({workdir!r})
+
+
+def get_config():
+  config = ml_collections.ConfigDict(json.loads((WORKDIR / "config.json").read_text()))
+  config.init_from = str(WORKDIR)
+  config.data.vocab_path = str(WORKDIR / "vocab.json")
+  return config
+'''
 MAX_LEN = 512  # model.max_len of an imported model (Marian's default max-length is 1000)
 SPM_FILES = ("source.spm", "target.spm")
 
@@ -502,6 +522,8 @@ def write_workdir(imported: Imported, workdir) -> pathlib.Path:
     "vocab": imported.vocab.fingerprint,
     "imported_from": "marian",
   }
+  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+  (workdir / FINETUNE_CONFIG).write_text(_FINETUNE.format(workdir=str(workdir.absolute())))
   checkpointer = Checkpointer(workdir, async_save=False)
   checkpointer.save(0, {"params": imported.params}, meta, force=True)
   checkpointer.wait()
