@@ -74,11 +74,11 @@ class MarianError(UsageError):
 # --- reading -------------------------------------------------------------------------------------
 
 
-def read_release(path) -> dict[str, bytes]:
+def read_release(model) -> dict[str, bytes]:
   """{file name: bytes} of a release folder or zip (its top-level files, or those of its one
   folder). MarianError for a missing path, an unreadable zip, or a member that is a link or whose
   name is absolute or climbs out of its folder."""
-  path = pathlib.Path(path)
+  path = pathlib.Path(model)
   if path.is_dir():
     files = {}
     for p in sorted(path.iterdir()):
@@ -88,7 +88,7 @@ def read_release(path) -> dict[str, bytes]:
         files[p.name] = p.read_bytes()
     return files
   if not path.is_file():
-    raise MarianError(f"--model={path}: no such folder or zip file")
+    raise MarianError(f"model={str(path)!r}: no such folder or zip file")
   try:
     with zipfile.ZipFile(path) as zf:
       infos = zf.infolist()
@@ -511,7 +511,7 @@ def write_workdir(imported: Imported, workdir) -> pathlib.Path:
 
   workdir = pathlib.Path(workdir)
   if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
-    raise MarianError(f"--workdir={workdir}: exists and is not an empty folder")
+    raise MarianError(f"workdir={str(workdir)!r}: exists and is not an empty folder")
   config = config_for(imported)
   workdir.mkdir(parents=True, exist_ok=True)
   save_in_workdir(imported.vocab, workdir)

@@ -287,3 +287,32 @@ def test_refuses_a_non_empty_workdir(release, tmp_path):
   (tmp_path / "w" / "x").write_text("x")
   with pytest.raises(marian.MarianError, match="exists and is not an empty folder"):
     marian.write_workdir(marian.convert(marian.read_release(release)), tmp_path / "w")
+
+
+# --- CTranslate2 ------------------------------------------------------------------------------
+
+
+def test_ctranslate2_converter_translates_as_an_import_following_it(tmp_path):
+  """CTranslate2's OpusMTConverter is not Marian-exact (its position table and LayerNorm
+  epsilon); imported with `follow='ctranslate2'` and decoded with our CTranslate2-equal search
+  (fairseq length penalty), the model translates as its conversion does."""
+  ctranslate2 = pytest.importorskip("ctranslate2")
+  from ctranslate2.converters import OpusMTConverter
+
+  from inference.ctranslate2_export import translate_tokens
+
+  variant, seed = VARIANTS["swish-tied"]  # CTranslate2 reads only an unpadded config
+  marian_model.write_release(tmp_path / "release", variant, seed)
+  OpusMTConverter(str(tmp_path / "release")).convert(str(tmp_path / "ct2"))
+  imported = marian.convert(marian.read_release(tmp_path / "release"), follow="ctranslate2")
+  marian.write_workdir(imported, tmp_path / "workdir")
+  ours = Translator.load(tmp_path / "workdir", dtype="float32")
+  theirs = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+  texts = marian_model.sentences(SENTENCES, 1234)
+  tokens = [imported.vocab._sp[0].encode(t, out_type=str) for t in texts]
+  for beam in (1, 4):
+    found = translate_tokens(theirs, tokens, max_extra_len=50, beam_size=beam, length_penalty=1.0)
+    expected = [text_of(" ".join(t)) for t in found]
+    got = ours.translate(texts, beam_size=beam, alpha=1.0, length_penalty="fairseq")
+    assert got == expected, beam
+    assert len(set(got)) >= SENTENCES // 5
