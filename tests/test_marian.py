@@ -316,3 +316,27 @@ def test_ctranslate2_converter_translates_as_an_import_following_it(tmp_path):
     got = ours.translate(texts, beam_size=beam, alpha=1.0, length_penalty="fairseq")
     assert got == expected, beam
     assert len(set(got)) >= SENTENCES // 5
+
+
+def test_our_ctranslate2_export_of_an_import_translates_as_we_do(case, tmp_path):
+  """inference/ctranslate2_export.py writes an imported model's options explicitly (position
+  table, LayerNorm epsilon, activation, zero first input, biases): the export translates as our
+  CTranslate2-equal search does; Marian's pre-norm decoding (raw_self_keys) is refused."""
+  ctranslate2 = pytest.importorskip("ctranslate2")
+  from core.errors import UsageError
+  from inference.ctranslate2_export import Pieces, export, translate_texts
+
+  workdir = case.folder.parent / f"{case.folder.name}-workdir"
+  if case.imported.model_options["raw_self_keys"]:
+    with pytest.raises(UsageError, match="raw_self_keys"):
+      export(workdir, tmp_path / "ct2")
+    return
+  path = export(workdir, tmp_path / "ct2")
+  theirs = ctranslate2.Translator(str(path), device="cpu", intra_threads=1)
+  pieces = Pieces(case.imported.vocab)
+  for beam in (1, 4):
+    expected = case.translator.translate(
+      case.texts, beam_size=beam, alpha=1.0, length_penalty="fairseq"
+    )
+    got = translate_texts(theirs, pieces, case.texts, beam_size=beam, length_penalty=1.0)
+    assert got == expected, beam
