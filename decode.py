@@ -51,7 +51,8 @@ from inference.translator import DTYPES, OPTION_RULES, Translator  # noqa: E402
 from model.search_settings import SearchSettings  # noqa: E402
 from model.special_tokens import EOS_ID  # noqa: E402
 
-SEARCH_DEFAULTS = {"max_extra_len": None}  # None: the training config's eval.max_decode_extra
+# None: the training config's eval.max_decode_extra, eval.length_penalty.
+SEARCH_DEFAULTS = {"max_extra_len": None, "length_penalty": None}
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -77,7 +78,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     **f,
   )
   define_search_flags(  # --nbest below is num_hypotheses
-    flag_values, SEARCH_DEFAULTS, {"max_extra_len": "(default: config.eval.max_decode_extra)"}
+    flag_values,
+    SEARCH_DEFAULTS,
+    {
+      "max_extra_len": "(default: config.eval.max_decode_extra)",
+      "length_penalty": "(default: config.eval.length_penalty: gnmt, marian for an import)",
+    },
   )
   flags.DEFINE_string(
     "checkpoint",

@@ -41,7 +41,8 @@ def main() -> None:
   opts = imported.model_options
   print(
     f"imported {flags.FLAGS.model} into {workdir}: {opts['num_layers']} layers, d_model "
-    f"{opts['d_model']}, {imported.vocab.vocab_size} ids; decode with --length_penalty=marian"
+    f"{opts['d_model']}, {imported.vocab.vocab_size} ids (decode.py searches as Marian: "
+    f"--length_penalty=marian)"
   )
 
 

@@ -499,6 +499,7 @@ def config_for(imported: Imported):
   config = base_config()
   config.model.update(imported.model_options)
   config.data.vocab_size = imported.vocab.vocab_size
+  config.eval.length_penalty = "marian"  # decode.py searches as Marian unless told otherwise
   return config
 
 
