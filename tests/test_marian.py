@@ -114,6 +114,22 @@ def case(request, tmp_path_factory):
   return Case(tmp_path_factory.mktemp("marian"), request.param)
 
 
+def test_marian_position_table_and_default_search(case):
+  """Marian's table (src/tensors/cpu/tensor_operators.cpp SinusoidalPositionEmbeddings: sin of
+  the first d/2 channels, cos of the rest, frequency exp(-i ln(1e4) / (d/2 - 1))), and an
+  imported workdir searching as Marian unless told otherwise."""
+  from model.layers import position_encoding
+
+  cfg = TransformerConfig(**{k: v for k, v in case.imported.model_options.items() if k != "type"})
+  d, half = cfg.d_model, cfg.d_model // 2
+  pos = np.arange(40, dtype=np.float32)[:, None]
+  angle = pos * np.exp(np.arange(d) % half * -np.float32(np.log(10000.0) / (half - 1)))
+  marians = np.where(np.arange(d) < half, np.sin(angle), np.cos(angle))
+  ours = np.asarray(position_encoding(jnp.arange(40)[None], cfg)[0])
+  np.testing.assert_allclose(ours, marians, atol=2e-5)
+  assert case.translator.settings().length_penalty == "marian"
+
+
 def test_translations_equal_marians(case):
   for run, theirs in zip(RUNS, case.marian):
     ours = case.translator.translate(
