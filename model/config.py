@@ -28,6 +28,13 @@ class TransformerConfig:
   `attention_impl='cudnn'` uses `jax.nn.dot_product_attention`'s cuDNN kernel (GPU,
   bfloat16/float16 only) wherever there is no attention dropout (training with
   `attention_dropout_rate > 0` takes the 'xla' path, which applies it); 'xla' is the reference.
+
+  The last block is what models from other engines need (formats/marian.py), the paper's
+  computation by default: the FFN activation, the sinusoid table's layout and frequencies
+  (model/layers.py `sinusoidal_encoding`), the LayerNorm epsilon, the decoder's first input (the
+  start symbol's embedding, or zeros), biases on the attention projections and on a tied output
+  projection, and `raw_self_keys` (pre-LN incremental decoding attends over keys and values of
+  the un-normalised layer inputs after the first step, as Marian's decoder does).
   """
 
   vocab_size: int
