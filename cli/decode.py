@@ -23,7 +23,8 @@ from inference.translator import DTYPES, OPTION_RULES, Translator
 from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID
 
-SEARCH_DEFAULTS = {"max_extra_len": None}  # None: the training config's eval.max_decode_extra
+# None: the training config's eval.max_decode_extra, eval.length_penalty.
+SEARCH_DEFAULTS = {"max_extra_len": None, "length_penalty": None}
 # The library's argument names -> this command line's flags.
 FLAG_NAMES = {"num_hypotheses": "nbest"}
 FLAGS = flags.FLAGS
@@ -34,7 +35,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags are SearchSettings' fields: their names, defaults and help (model/search_settings.py)."""
   _define_text_flags(flag_values)
   define_search_flags(  # --nbest below is num_hypotheses
-    flag_values, SEARCH_DEFAULTS, {"max_extra_len": "(default: config.eval.max_decode_extra)"}
+    flag_values,
+    SEARCH_DEFAULTS,
+    {
+      "max_extra_len": "(default: config.eval.max_decode_extra)",
+      "length_penalty": "(default: config.eval.length_penalty: gnmt, marian for an import)",
+    },
   )
   _define_model_flags(flag_values)
   _define_output_flags(flag_values)

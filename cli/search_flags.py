@@ -14,7 +14,7 @@ import dataclasses
 from absl import flags
 
 from model.search import PENALTIES, PREFIX_RULES, STOPPING
-from model.search_settings import FIELDS, SearchSettings
+from model.search_settings import FIELDS, MARIAN, SearchSettings
 
 EXCEPT = ("num_hypotheses",)
 
@@ -37,7 +37,7 @@ def define_search_flags(
     default = defaults.get(field.name, field.default)
     help_text = field.metadata["help"] + (f" {notes[field.name]}" if field.name in notes else "")
     if field.name == "length_penalty":
-      flags.DEFINE_enum(field.name, default, list(PENALTIES), help_text, **define)
+      flags.DEFINE_enum(field.name, default, [*PENALTIES, MARIAN], help_text, **define)
     elif field.name == "stopping":
       flags.DEFINE_enum(field.name, default, list(STOPPING), help_text, **define)
     elif field.name == "prefix_rule":

@@ -162,6 +162,11 @@ FIELDS: dict[str, Field] = {
   "eval.max_decode_extra": Field(
     50, "decoding's output length limit = source tokens + this", COUNT
   ),
+  "eval.length_penalty": Field(
+    "gnmt",
+    "decoding's default search rule (decode.py --length_penalty): marian for an imported model",
+    Choice("gnmt", "fairseq", "marian"),
+  ),
   "early_stopping.patience": Field(
     0, "evaluations in a row without a gain that end the run (a final checkpoint); 0 = off", COUNT
   ),

@@ -110,7 +110,10 @@ def _tokenize(
   try:
     pairs = iter(pairs)
     while chunk := list(itertools.islice(pairs, _CHUNK)):
-      ids = {side: vocab.encode_batch([p[k] for p in chunk]) for k, side in enumerate(_SIDES)}
+      ids = {
+        "source": vocab.encode_batch([p[0] for p in chunk]),
+        "target": vocab.encode_target_batch([p[1] for p in chunk]),
+      }
       too_long = [
         i
         for i in range(len(chunk))

@@ -13,6 +13,7 @@ Two kinds, both behind the same `Vocab` interface:
 from __future__ import annotations
 
 import abc
+import base64
 import hashlib
 import io
 import json
@@ -68,6 +69,15 @@ class Vocab(abc.ABC):
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """`encode` of each text."""
     return [self.encode(t) for t in texts]
+
+  def encode_target(self, text: str) -> list[int]:
+    """Token ids of a target-side `text`, without EOS: `encode`'s, unless the vocabulary has
+    its own target segmenter (`MarianVocab`)."""
+    return self.encode(text)
+
+  def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """`encode_target` of each text."""
+    return [self.encode_target(t) for t in texts]
 
   def decode_batch(self, ids: np.ndarray | Sequence[Sequence[int]]) -> list[str]:
     """`decode` of each row of `ids` (`[batch, length]`)."""
@@ -252,17 +262,102 @@ class WordVocab(Vocab):
     )
 
 
-def encode_source(vocab: Vocab, text: str, max_len: int) -> tuple[list[int], bool]:
+class MarianVocab(Vocab):
+  """An imported model's vocabulary (formats/marian.py): one id map over separate source and
+  target SentencePiece models, as Marian / OPUS-MT releases ship them (`source.spm`,
+  `target.spm`, a `*.vocab.yml` of pieces).
+
+  `pieces[i]` is the piece of id i; ids 0-3 are this project's PAD/EOS/UNK/SEP (Marian's `</s>`
+  and `<unk>` are EOS and UNK, PAD and SEP are rows Marian has not). Text is segmented into
+  pieces by the source model (`encode`) or the target model (`encode_target`), then looked up
+  (a piece not in the map is UNK), as OPUS-MT's preprocess.sh and Marian's vocabulary do;
+  decoding joins the pieces and turns '▁' into spaces, as OPUS-MT's postprocess.sh. Stored as
+  one JSON file (`vocab.json`, "kind": "marian") holding the pieces and both models.
+  """
+
+  KIND = "marian"
+
+  def __init__(self, pieces: Sequence[str], source_spm: bytes, target_spm: bytes):
+    import sentencepiece as spm
+
+    self.pieces = list(pieces)
+    if tuple(self.pieces[:NUM_SPECIAL]) != SPECIAL_PIECES:
+      raise ValueError(f"MarianVocab: the first pieces must be {SPECIAL_PIECES}")
+    self._ids = {p: i for i, p in enumerate(self.pieces) if i >= EOS_ID}
+    if len(self._ids) != len(self.pieces) - 1:
+      raise ValueError("MarianVocab: pieces must be distinct")
+    self._protos = (bytes(source_spm), bytes(target_spm))
+    self._sp = []
+    for side, proto in zip(("source", "target"), self._protos):
+      sp = spm.SentencePieceProcessor()
+      try:
+        sp.LoadFromSerializedProto(proto)
+      except (RuntimeError, OSError) as e:
+        raise ValueError(f"{side}.spm is not a valid SentencePiece model: {e}") from e
+      self._sp.append(sp)
+
+  def to_json(self) -> str:
+    return json.dumps(
+      {
+        "kind": self.KIND,
+        "pieces": self.pieces,
+        "source_spm": base64.b64encode(self._protos[0]).decode("ascii"),
+        "target_spm": base64.b64encode(self._protos[1]).decode("ascii"),
+      },
+      ensure_ascii=False,
+    )
+
+  @classmethod
+  def from_spec(cls, spec: dict) -> MarianVocab:
+    return cls(
+      spec["pieces"],
+      base64.b64decode(spec["source_spm"], validate=True),
+      base64.b64decode(spec["target_spm"], validate=True),
+    )
+
+  def save(self, path: str | os.PathLike) -> None:
+    """Writes the vocabulary as JSON, atomically."""
+    _atomic_write(pathlib.Path(path), self.to_json().encode("utf-8"))
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.pieces)
+
+  @property
+  def fingerprint(self) -> str:
+    return "marian-" + hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()[:16]
+
+  def _lookup(self, pieces: Sequence[str]) -> list[int]:
+    return [self._ids.get(p, UNK_ID) for p in pieces]
+
+  def encode(self, text: str) -> list[int]:
+    return self._lookup(self._sp[0].encode(text, out_type=str))
+
+  def encode_target(self, text: str) -> list[int]:
+    return self._lookup(self._sp[1].encode(text, out_type=str))
+
+  def piece(self, token_id: int) -> str | None:
+    return self.pieces[token_id] if 0 <= token_id < len(self.pieces) else None
+
+  def _decode_clean(self, ids: list[int]) -> str:
+    unk = self.pieces[UNK_ID]
+    text = "".join(self.pieces[i] if 0 <= i < len(self.pieces) else unk for i in ids)
+    return text.replace("\u2581", " ").strip()
+
+
+def encode_source(
+  vocab: Vocab, text: str, max_len: int, target: bool = False
+) -> tuple[list[int], bool]:
   """(the ids a model reads for the source `text`: its tokens, cut to `max_len - 1` when longer,
   then EOS, at most `max_len` ids; whether it was cut). Translation and evaluation encode with
   this; training data is cut or dropped by data/token_cache.py, as `data.truncate` says."""
-  tokens = list(vocab.encode(text))
+  tokens = list(vocab.encode_target(text) if target else vocab.encode(text))
   return tokens[: max_len - 1] + [EOS_ID], len(tokens) + 1 > max_len
 
 
 def workdir_name(vocab: Vocab) -> str:
   """The file name a vocabulary of this kind has inside a workdir."""
-  return VOCAB_JSON_NAME if isinstance(vocab, WordVocab) else VOCAB_MODEL_NAME
+  return VOCAB_JSON_NAME if isinstance(vocab, (WordVocab, MarianVocab)) else VOCAB_MODEL_NAME
 
 
 def save_in_workdir(vocab: Vocab, workdir: str | os.PathLike) -> pathlib.Path:
@@ -282,6 +377,15 @@ def load_vocab(path: str | os.PathLike) -> Vocab:
   if path.suffix == ".model":
     return SentencePieceVocab.load(path)
   if path.suffix == ".json":
+    try:
+      kind = json.loads(path.read_text(encoding="utf-8")).get("kind")
+    except (ValueError, AttributeError, UnicodeDecodeError) as e:
+      raise ValueError(f"{path} is not a valid vocabulary JSON file: {e}") from e
+    if kind == MarianVocab.KIND:
+      try:
+        return MarianVocab.from_spec(json.loads(path.read_text(encoding="utf-8")))
+      except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a valid Marian vocabulary JSON file: {e}") from e
     return WordVocab.load(path)
   raise ValueError(
     f"vocabulary file {path}: unknown suffix {path.suffix!r} (expected .model or .json)"

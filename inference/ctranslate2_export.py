@@ -47,7 +47,7 @@ from core.errors import ArgumentError, RunError, UsageError
 from data.tokenizer import Vocab, workdir_name
 from inference.restore import load_for_inference
 from model.config import TransformerConfig
-from model.layers import sinusoidal_encoding
+from model.layers import position_encoding, sinusoidal_encoding
 from model.special_tokens import EOS_ID, PAD_ID, UNK_ID
 
 QUANTIZATIONS = (
@@ -64,7 +64,9 @@ QUANTIZATIONS = (
 COMPUTE_TYPES = ("default", "auto", *QUANTIZATIONS)
 POSITIONS = 1024  # rows of the position table: CTranslate2 truncates sources at 1024 by default
 NEVER = -1e4  # the output bias of PAD: exp(NEVER) is 0 in float32 and float16 softmaxes
-LAYER_NORM_EPSILON = 1e-6  # flax.linen.LayerNorm's
+LAYER_NORM_EPSILON = 1e-6  # flax.linen.LayerNorm's (model.layer_norm_epsilon's default)
+# model.ffn_activation -> CTranslate2's activation (Marian's gelu is x sigmoid(1.702 x)).
+_ACTIVATIONS = {"relu": "RELU", "swish": "SWISH", "gelu": "GELUSigmoid"}
 
 
 def import_ctranslate2():
@@ -108,11 +110,19 @@ def _dense(spec, tree) -> None:
 
 def _attention(spec, tree, cross: bool) -> None:
   """Our MultiHeadAttention's W^Q, W^K, W^V, W^O as CTranslate2's projections: self-attention
-  has [Q; K; V] then the output; encoder-decoder attention has Q, [K; V] then the output."""
+  has [Q; K; V] then the output; encoder-decoder attention has Q, [K; V] then the output (and
+  their biases, with `model.attention_bias`)."""
   q, k, v = (_matrix(tree[name]["kernel"], 1) for name in ("query", "key", "value"))
   fused = [q, np.concatenate([k, v])] if cross else [np.concatenate([q, k, v])]
   for linear, weight in zip(spec.linear, [*fused, _matrix(tree["out"]["kernel"], 2)]):
     linear.weight = weight
+  if "query_bias" in tree:
+    qb, kb, vb = (
+      np.asarray(tree[f"{n}_bias"], np.float32).reshape(-1) for n in ("query", "key", "value")
+    )
+    fused = [qb, np.concatenate([kb, vb])] if cross else [np.concatenate([qb, kb, vb])]
+    for linear, bias in zip(spec.linear, [*fused, np.asarray(tree["out"]["bias"], np.float32)]):
+      linear.bias = bias
 
 
 def _ffn(spec, layer) -> None:
@@ -121,9 +131,12 @@ def _ffn(spec, layer) -> None:
   _dense(spec.linear_1, layer["ffn"]["wo"])
 
 
-def position_table(d_model: int, positions: int = POSITIONS) -> np.ndarray:
-  """[positions, d_model] float32: our sinusoidal encoding of positions 0, 1, ... (model/layers)."""
-  return np.asarray(sinusoidal_encoding(jnp.arange(positions)[None], d_model)[0], np.float32)
+def position_table(d_model: int, positions: int = POSITIONS, cfg=None) -> np.ndarray:
+  """[positions, d_model] float32: our sinusoidal encoding of positions 0, 1, ... (model/layers),
+  in the layout and frequencies `cfg` (a TransformerConfig) names, the paper's without one."""
+  index = jnp.arange(positions)[None]
+  table = sinusoidal_encoding(index, d_model) if cfg is None else position_encoding(index, cfg)
+  return np.asarray(table[0], np.float32)
 
 
 def transformer_spec(model_cfg, params, pieces: Sequence[str], positions: int = POSITIONS):
@@ -140,9 +153,17 @@ def transformer_spec(model_cfg, params, pieces: Sequence[str], positions: int = 
     raise UsageError(
       f"the vocabulary has {n} pieces but the model only model.vocab_size={cfg.vocab_size} ids"
     )
-  encoder = specs.TransformerEncoderSpec(cfg.num_layers, cfg.num_heads, pre_norm=cfg.pre_ln)
-  decoder = specs.TransformerDecoderSpec(cfg.num_layers, cfg.num_heads, pre_norm=cfg.pre_ln)
-  table = position_table(cfg.d_model, positions)
+  if cfg.raw_self_keys:
+    raise UsageError(
+      "model.raw_self_keys=True (Marian's pre-norm decoding): CTranslate2's decoder attends over "
+      "normalised keys only, so its export would translate otherwise"
+    )
+  activation = getattr(specs.common_spec.Activation, _ACTIVATIONS[cfg.ffn_activation])
+  stack = dict(pre_norm=cfg.pre_ln, activation=activation)
+  encoder = specs.TransformerEncoderSpec(cfg.num_layers, cfg.num_heads, **stack)
+  decoder = specs.TransformerDecoderSpec(cfg.num_layers, cfg.num_heads, **stack)
+  decoder.start_from_zero_embedding = cfg.decoder_start == "zero"
+  table = position_table(cfg.d_model, positions, cfg)
   source = np.asarray(params["embed"]["embedding"], np.float32)[:n]
   target = source
   if not cfg.share_embeddings:
@@ -155,6 +176,8 @@ def transformer_spec(model_cfg, params, pieces: Sequence[str], positions: int = 
   if cfg.share_embeddings:
     decoder.projection.weight = target
     bias = np.zeros(n, np.float32)
+    if cfg.output_bias:
+      bias = np.asarray(params["decoder"]["logits_bias"], np.float32)[:n].copy()
   else:
     logits = params["decoder"]["logits"]
     decoder.projection.weight = _matrix(logits["kernel"], 1)[:n]
@@ -177,7 +200,7 @@ def transformer_spec(model_cfg, params, pieces: Sequence[str], positions: int = 
     _norm(encoder.layer_norm, {"norm": params["encoder"]["final_norm"]})
     _norm(decoder.layer_norm, {"norm": params["decoder"]["final_norm"]})
   spec = specs.TransformerSpec(encoder, decoder)
-  spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+  spec.config.layer_norm_epsilon = cfg.layer_norm_epsilon
   spec.config.unk_token = pieces[UNK_ID]
   spec.config.eos_token = pieces[EOS_ID]
   spec.config.bos_token = pieces[PAD_ID]

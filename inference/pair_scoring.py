@@ -109,10 +109,12 @@ class PairScorer:
       text = sentence.strip()
       if not text and name == "targets":
         raise UsageError(f"{name}[{index}] is empty: every pair needs a target to score")
-      tokens, cut = encode_source(self.vocab, text, self.max_len)
+      target = name == "targets"
+      tokens, cut = encode_source(self.vocab, text, self.max_len, target=target)
       if cut:
+        encode = self.vocab.encode_target if target else self.vocab.encode
         raise UsageError(
-          f"{name}[{index}] has {len(self.vocab.encode(text)) + 1} tokens with EOS, more than "
+          f"{name}[{index}] has {len(encode(text)) + 1} tokens with EOS, more than "
           f"the model takes (max_len={self.max_len})"
         )
       ids.append(tokens)

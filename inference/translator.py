@@ -179,7 +179,7 @@ class Translator:
     if isinstance(prefixes, str) or len(prefixes) != count:
       given = "one string" if isinstance(prefixes, str) else f"{len(prefixes)}"
       raise UsageError(f"target_prefixes: {given} given for {count} sentences; give one each")
-    ids = [self.vocab.encode(p.strip()) if p.strip() else [] for p in prefixes]
+    ids = [self.vocab.encode_target(p.strip()) if p.strip() else [] for p in prefixes]
     for index, tokens in enumerate(ids):
       if len(tokens) >= self.max_len:
         raise UsageError(
@@ -376,8 +376,12 @@ class Translator:
   def settings(self, settings: SearchSettings | None = None, **fields) -> SearchSettings:
     """`settings` (or this model's defaults) with `fields` changed, checked for this model:
     UsageError naming the field when one is out of range or they do not go together. The default
-    max_extra_len is the training config's eval.max_decode_extra."""
-    defaults = {"max_extra_len": int(self.config.eval.max_decode_extra)}
+    max_extra_len is the training config's eval.max_decode_extra, the default length_penalty its
+    eval.length_penalty ('marian' for an imported Marian model)."""
+    defaults = {
+      "max_extra_len": int(self.config.eval.max_decode_extra),
+      "length_penalty": str(self.config.eval.get("length_penalty", "gnmt")),
+    }
     try:
       settings, unknown = with_keywords(settings, fields, defaults)
     except ValueError as e:

@@ -29,6 +29,10 @@ INT8 = "int8"
 AUTO = "auto"
 ATTENTION_IMPLS = ("xla", "cudnn")
 CELLS = ("gru", "lstm")
+FFN_ACTIVATIONS = ("relu", "swish", "gelu")
+POSITION_LAYOUTS = ("interleaved", "concatenated")
+POSITION_FREQUENCIES = ("paper", "marian")
+DECODER_STARTS = ("token", "zero")
 
 HELP, RULE, CONFIG_DEFAULT, RESOLVED = "help", "rule", "config_default", "resolved"
 REQUIRED = dataclasses.MISSING  # a hyperparameter without a default (the config says it)
@@ -106,6 +110,13 @@ class TransformerConfig(_Hyperparameters):
   `attention_impl='cudnn'` uses `jax.nn.dot_product_attention`'s cuDNN kernel (GPU,
   bfloat16/float16 only) wherever there is no attention dropout (training with
   `attention_dropout_rate > 0` takes the 'xla' path, which applies it); 'xla' is the reference.
+
+  The last block is what models from other engines need (formats/marian.py), the paper's
+  computation by default: the FFN activation, the sinusoid table's layout and frequencies
+  (model/layers.py `sinusoidal_encoding`), the LayerNorm epsilon, the decoder's first input (the
+  start symbol's embedding, or zeros), biases on the attention projections and on a tied output
+  projection, and `raw_self_keys` (pre-LN incremental decoding attends over keys and values of
+  the un-normalised layer inputs after the first step, as Marian's decoder does).
   """
 
   vocab_size: int = hyperparameter(
@@ -145,6 +156,39 @@ class TransformerConfig(_Hyperparameters):
     "xla",
     "'xla', or 'cudnn' (cuDNN's fused attention: NVIDIA GPUs, bfloat16)",
     Choice(*ATTENTION_IMPLS),
+  )
+  # What models from other engines need (formats/marian.py); the defaults are the paper's.
+  ffn_activation: str = hyperparameter(
+    "relu",
+    "FFN activation: relu (the paper's), swish (x sigmoid(x)), gelu (x sigmoid(1.702x), Marian's)",
+    Choice(*FFN_ACTIVATIONS),
+  )
+  position_layout: str = hyperparameter(
+    "interleaved",
+    "sinusoid table: interleaved (sin even, cos odd channels) or concatenated (sin half, cos half)",
+    Choice(*POSITION_LAYOUTS),
+  )
+  position_frequencies: str = hyperparameter(
+    "paper",
+    "sinusoid frequencies: paper (1/10000^(2i/d_model)) or marian (exp(-i ln 1e4 / (d/2 - 1)))",
+    Choice(*POSITION_FREQUENCIES),
+  )
+  layer_norm_epsilon: float = hyperparameter(1e-6, "LayerNorm epsilon", Float(above=0.0, below=1.0))
+  decoder_start: str = hyperparameter(
+    "token",
+    "the decoder's first input: token (the start symbol's embedding) or zero (Marian's zeros)",
+    Choice(*DECODER_STARTS),
+  )
+  attention_bias: bool = hyperparameter(
+    False, "biases on the attention projections W^Q, W^K, W^V, W^O (Marian's)", Bool()
+  )
+  output_bias: bool = hyperparameter(
+    False, "a bias on the tied pre-softmax projection (an untied one always has one)", Bool()
+  )
+  raw_self_keys: bool = hyperparameter(
+    False,
+    "pre_ln decoding: self-attention keys/values of un-normalised inputs after step 0 (Marian's)",
+    Bool(),
   )
 
   def _check_together(self) -> None:

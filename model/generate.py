@@ -23,14 +23,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from model import search
+from model import marian_beam, search
 from model.decoder_state import (
   DECODE_SEGMENT,
   decoder_state,
   ensemble_decoder_state,
   only_ids_below,
 )
-from model.search_settings import SearchSettings
+from model.search_settings import MARIAN, SearchSettings
 from model.special_tokens import EOS_ID, PAD_ID
 from model.token_step import output_limits
 
@@ -97,8 +97,12 @@ def generate(
     state = ensemble_decoder_state(model, params, inputs, max_decode_len, segment)
   else:
     state = decoder_state(model, params, inputs, max_decode_len, use_cache, segment)
+  if settings.length_penalty == MARIAN:  # Marian's own length limit (model/marian_beam.py)
+    max_lens = marian_beam.max_lengths(inputs, prefix)
+  else:
+    max_lens = output_limits(inputs, prefix, settings.max_extra_len)
   loop = dict(
-    max_lens=output_limits(inputs, prefix, settings.max_extra_len),
+    max_lens=max_lens,
     grow=state.grow,
     segment=state.segment,
     prefix=prefix,
@@ -112,6 +116,19 @@ def _search(step, cache, rng, settings: SearchSettings, batch, max_decode_len, o
   """`generate`'s search of `settings` over the step function and cache; `loop`: the keywords
   every search of model/search.py takes alike."""
   want = OUTPUTS.index(outputs) + 1  # how many of ids, scores, token scores
+  if settings.length_penalty == MARIAN:  # Marian's search rule: model/marian_beam.py
+    marian = {k: v for k, v in loop.items() if k != "prefix_rule"}
+    found = marian_beam.beam_search(
+      step,
+      cache,
+      batch,
+      max_decode_len,
+      beam_size=settings.beam_size,
+      alpha=settings.alpha,
+      token_scores=want > 2,
+      **marian,
+    )
+    return _best(found, want, settings.num_hypotheses)
   if settings.sampling or settings.beam_size == 1:
     if settings.sampling:
       found = search.sample(
@@ -140,7 +157,11 @@ def _search(step, cache, rng, settings: SearchSettings, batch, max_decode_len, o
     token_scores=want > 2,
     **loop,
   )
-  n = settings.num_hypotheses
+  return _best(found, want, settings.num_hypotheses)
+
+
+def _best(found, want: int, n: int):
+  """A beam search's first `want` outputs, each cut to its `n` best ([batch, ...] for n = 1)."""
   found = tuple(x[:, 0] if n == 1 else x[:, :n] for x in found[:want])
   return found[0] if want == 1 else found
 

@@ -41,8 +41,14 @@ def product(subscripts: str, x: jax.Array, w, dtype, out_dtype=None) -> jax.Arra
   return out.astype(out_dtype or dtype)
 
 
-def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
+def sinusoidal_encoding(
+  positions: jax.Array, d_model: int, layout: str = "interleaved", frequencies: str = "paper"
+) -> jax.Array:
   """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same)   (section 3.5).
+
+  `layout='concatenated'` puts the d_model/2 sines first and the cosines after them;
+  `frequencies='marian'` takes frequency i as exp(-i ln(10000) / (d_model/2 - 1)) (Marian's
+  table is both).
 
   Args:
     positions: [batch, length] integer positions (explicit, so packed sentences restart at 0).
@@ -55,10 +61,24 @@ def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
     )
   if d_model % 2:
     raise ValueError(f"sinusoidal_encoding: d_model={d_model} must be even")
-  inv_freq = jnp.exp(-jnp.log(10000.0) * jnp.arange(0, d_model, 2, dtype=jnp.float32) / d_model)
+  if frequencies == "marian":
+    half = d_model // 2
+    inv_freq = jnp.exp(jnp.arange(half, dtype=jnp.float32) * -(jnp.log(10000.0) / max(half - 1, 1)))
+  else:
+    inv_freq = jnp.exp(-jnp.log(10000.0) * jnp.arange(0, d_model, 2, dtype=jnp.float32) / d_model)
   angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [batch, length, d_model/2]
+  if layout == "concatenated":
+    return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
   # Interleave so even channels are sin and odd channels cos, exactly as in the paper.
   return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
+
+
+def position_encoding(positions: jax.Array, config: TransformerConfig) -> jax.Array:
+  """`sinusoidal_encoding` with the table `config` names: [batch, length] -> [batch, length,
+  d_model] float32."""
+  return sinusoidal_encoding(
+    positions, config.d_model, config.position_layout, config.position_frequencies
+  )
 
 
 class Embed(nn.Module):
@@ -171,7 +191,15 @@ class MultiHeadAttention(nn.Module):
     kernels = [HeadsKernel(cfg, name=name)() for name in names]
     w = jax.tree_util.tree_map(lambda *k: jnp.stack(k, axis=1), *kernels)
     y = product("bld,dnhk->blnhk", x, w, cfg.compute_dtype)
-    return [y[:, :, i] for i in range(len(names))]
+    ys = [y[:, :, i] for i in range(len(names))]
+    if cfg.attention_bias:
+      shape = (cfg.num_heads, cfg.d_model // cfg.num_heads)
+      init = nn.with_logical_partitioning(initializers.zeros, ("heads", "kv"))
+      ys = [
+        h + self.param(f"{name}_bias", init, shape, jnp.float32).astype(h.dtype)
+        for h, name in zip(ys, names)
+      ]
+    return ys
 
   @nn.compact
   def __call__(
@@ -182,9 +210,14 @@ class MultiHeadAttention(nn.Module):
     deterministic: bool,
     decode: bool = False,
     return_weights: bool = False,
+    raw: jax.Array | None = None,
   ):
     """x: [batch, q_len, d_model]; memory: [batch, kv_len, d_model] (cross) or None (self);
-    mask: boolean [batch, 1, q_len, kv_len]. Returns [batch, q_len, d_model]."""
+    mask: boolean [batch, 1, q_len, kv_len]. Returns [batch, q_len, d_model].
+
+    `raw` (self-attention decode steps only, `raw_self_keys`): the un-normalised layer input
+    [batch, 1, d_model]; the cache keeps its keys and values, and a step past the first attends
+    over them (Marian's pre-norm decoder), the first step's output being its normalised value."""
     cfg = self.config
     if x.ndim != 3 or x.shape[-1] != cfg.d_model:
       raise ValueError(
@@ -193,12 +226,24 @@ class MultiHeadAttention(nn.Module):
     if self.cross:
       (query,) = self._project(x, ("query",))
     else:
-      query, key, value = self._project(x, ("query", "key", "value"))
+      if raw is None:
+        query, key, value = self._project(x, ("query", "key", "value"))
+      else:  # one product for both inputs
+        n = x.shape[1]
+        both = self._project(
+          jnp.concatenate([x, raw.astype(x.dtype)], axis=1), ("query", "key", "value")
+        )
+        query, first_value = both[0][:, :n], both[2][:, :n]
+        key, value = both[1][:, n:], both[2][:, n:]
     if decode and self.has_variable(
       cache_kinds.SOURCE if self.cross else cache_kinds.TARGET,
       "cross_key" if self.cross else "cached_key",
     ):
+      if raw is not None:  # one key at the first step: its (normalised) value is the output
+        first = jnp.reshape(self.variables[cache_kinds.STATE]["cache_index"], (-1, 1, 1, 1)) == 0
       out, weights = self._cross_step(query) if self.cross else self._self_step(query, key, value)
+      if raw is not None:
+        out = jnp.where(first, first_value.astype(out.dtype), out)
       if return_weights:
         self.sow("intermediates", "attention_weights", weights)
       return self._out(out)
@@ -230,7 +275,12 @@ class MultiHeadAttention(nn.Module):
     """[batch, q_len, heads, d_v] -> [batch, q_len, d_model] (W^O)."""
     cfg = self.config
     return Dense(
-      cfg.d_model, ("heads", "kv", "embed"), cfg.compute_dtype, inputs=2, use_bias=False, name="out"
+      cfg.d_model,
+      ("heads", "kv", "embed"),
+      cfg.compute_dtype,
+      inputs=2,
+      use_bias=cfg.attention_bias,
+      name="out",
     )(out)
 
   # Decode-time caches are stored heads-major, [batch, heads, length, d_k]: the layout the
@@ -329,8 +379,16 @@ def _loaded(x: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == jnp.uint16 else x
 
 
+ACTIVATIONS = {
+  "relu": nn.relu,
+  "swish": lambda x: x * jax.nn.sigmoid(x),
+  "gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),  # Marian's gelu
+}
+
+
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2   (section 3.3)."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2   (section 3.3); `ffn_activation` may replace max(0, .)
+  with swish or Marian's gelu (`ACTIVATIONS`)."""
 
   config: TransformerConfig
 
@@ -338,12 +396,15 @@ class FeedForward(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """[batch, length, d_model] -> [batch, length, d_model]."""
     cfg = self.config
-    h = nn.relu(Dense(cfg.d_ff, ("embed", "mlp"), cfg.compute_dtype, name="wi")(x))
+    h = ACTIVATIONS[cfg.ffn_activation](
+      Dense(cfg.d_ff, ("embed", "mlp"), cfg.compute_dtype, name="wi")(x)
+    )
     return Dense(cfg.d_model, ("mlp", "embed"), cfg.compute_dtype, name="wo")(h)
 
 
 def layer_norm(name: str, config: TransformerConfig) -> nn.LayerNorm:
   return nn.LayerNorm(
+    epsilon=config.layer_norm_epsilon,
     dtype=config.compute_dtype,
     param_dtype=jnp.float32,
     name=name,
@@ -407,8 +468,11 @@ class DecoderLayer(nn.Module):
     self_mask: [batch, 1, tgt_len, tgt_len]; cross_mask: [batch, 1, tgt_len, src_len]."""
     cfg = self.config
     self_attn = MultiHeadAttention(cfg, name="self_attention")
+    raw = y if decode and cfg.pre_ln and cfg.raw_self_keys else None
     y = Residual(cfg, name="self_attention_block")(
-      y, lambda h: self_attn(h, None, self_mask, deterministic, decode), deterministic
+      y,
+      lambda h: self_attn(h, None, self_mask, deterministic, decode, raw=raw),
+      deterministic,
     )
     if self.cross_attention:
       cross = MultiHeadAttention(cfg, cross=True, name="cross_attention")

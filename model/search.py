@@ -211,7 +211,7 @@ def _segment_ends(max_len: int, segment: int | None, grow) -> list[int]:
   return ends + [max_len]
 
 
-def _segmented_loop(cond, body, state, max_len, segment, grow):
+def segmented_loop(cond, body, state, max_len, segment, grow):
   """``lax.while_loop(cond, body, state)`` run as one loop per segment of steps, growing
   ``state.cache`` by each segment's length in between (see module doc); ``state.t`` counts the
   steps."""
@@ -251,7 +251,7 @@ def _decode(
     return token_advance(s, logp, lambda logp: choose(logp, s.t), eos_id)._replace(cache=cache)
 
   s = start_tokens(batch_size, max_len, scores, scores, cache)
-  s = _segmented_loop(cond, body, s, max_len, segment, grow)
+  s = segmented_loop(cond, body, s, max_len, segment, grow)
   return (s.seqs, s.total, s.token_logp) if scores else s.seqs
 
 
@@ -594,5 +594,5 @@ def beam_search(
     return (s.t < max_len) & ~jnp.all(s.done)
 
   s = beam_start(b, k, max_len, expand_to_beams(cache, k), token_scores)
-  s = _segmented_loop(cond, body, s, max_len, segment, grow)
+  s = segmented_loop(cond, body, s, max_len, segment, grow)
   return beam_best(s, alpha, penalty)

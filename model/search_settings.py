@@ -16,6 +16,9 @@ import math
 
 from model.search import PENALTIES, STOPPING, check_prefix_rule, stopping_rule
 
+# Marian's search rule (model/marian_beam.py): its own beam, normalisation and length limit.
+MARIAN = "marian"
+
 
 def _help(text: str) -> dict:
   return {"help": text}
@@ -40,7 +43,9 @@ class SearchSettings:
     default="gnmt",
     metadata=_help(
       "The length penalty's form: gnmt (the paper's ((5+len)/6)^alpha) or fairseq (len^alpha, a "
-      "sentence done once beam_size hypotheses are, as fairseq and CTranslate2 search)."
+      "sentence done once beam_size hypotheses are, as fairseq and CTranslate2 search); marian: "
+      "Marian's whole search rule (a beam that shrinks as hypotheses end, len^alpha, <unk> "
+      "barred, at most 3x the source's tokens)."
     ),
   )
   max_extra_len: int = dataclasses.field(
@@ -90,8 +95,12 @@ class SearchSettings:
       if not number or not math.isfinite(value) or value < 0:
         raise ValueError(f"{name}={value!r}: must be a finite number >= 0")
       object.__setattr__(self, name, float(value))
-    if self.length_penalty not in PENALTIES:
-      raise ValueError(f"length_penalty={self.length_penalty!r}: must be one of {PENALTIES}")
+    if self.length_penalty not in (*PENALTIES, MARIAN):
+      raise ValueError(
+        f"length_penalty={self.length_penalty!r}: must be one of {(*PENALTIES, MARIAN)}"
+      )
+    if self.length_penalty == MARIAN and self.sampling:
+      raise ValueError("length_penalty='marian' is a beam search: it does not sample")
     if self.stopping is not None and self.stopping not in STOPPING:
       raise ValueError(f"stopping={self.stopping!r}: must be one of {STOPPING} (or None)")
     check_prefix_rule(self.prefix_rule)
@@ -127,6 +136,8 @@ class SearchSettings:
       return SearchSettings(
         1, 0.0, "gnmt", self.max_extra_len, self.temperature, self.top_k, 1, **rule
       )
+    if self.length_penalty == MARIAN:
+      return self.replace(stopping=None)
     if self.beam_size == 1:
       return SearchSettings(1, 0.0, "gnmt", self.max_extra_len, **rule)
     if self.stopping == stopping_rule(self.length_penalty):
@@ -139,6 +150,8 @@ class SearchSettings:
     rule = "" if self.prefix_rule == "forced" else f", {self.prefix_rule} prefix rule"
     if self.sampling:
       return f"sampling at temperature {self.temperature:g} (top_k {self.top_k}){rule}"
+    if self.length_penalty == MARIAN:
+      return f"Marian's beam search (beam {self.beam_size}, normalize {self.alpha:g}){rule}"
     if self.beam_size == 1:
       return f"greedy search{rule}"
     form = "" if self.length_penalty == "gnmt" else f", {self.length_penalty} length penalty"

@@ -23,8 +23,9 @@ from model.layers import (
   EncoderLayer,
   layer_norm,
   maybe_remat,
-  sinusoidal_encoding,
+  position_encoding,
 )
+from model.special_tokens import PAD_ID
 
 
 def shift_right(targets: jax.Array, segmentation: jax.Array | None = None) -> jax.Array:
@@ -65,7 +66,7 @@ class Encoder(nn.Module):
   def __call__(self, inputs, positions, segmentation, deterministic):
     """inputs: [batch, src_len] ids -> [batch, src_len, d_model]."""
     cfg = self.config
-    x = self.embed(inputs) + sinusoidal_encoding(positions, cfg.d_model).astype(cfg.compute_dtype)
+    x = self.embed(inputs) + position_encoding(positions, cfg).astype(cfg.compute_dtype)
     x = Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
     mask = masks.encoder_self_mask(inputs, segmentation)
     layer = maybe_remat(EncoderLayer, cfg, static_argnums=(3,))
@@ -117,9 +118,10 @@ class Decoder(nn.Module):
     embed = self.embed
     if embed is None:
       embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name="embed")
-    y = embed(decoder_inputs) + sinusoidal_encoding(positions, cfg.d_model).astype(
-      cfg.compute_dtype
-    )
+    y = embed(decoder_inputs)
+    if cfg.decoder_start == "zero":  # the start symbol (PAD) reads zeros (Marian's first input)
+      y = jnp.where((decoder_inputs == PAD_ID)[..., None], jnp.zeros((), y.dtype), y)
+    y = y + position_encoding(positions, cfg).astype(cfg.compute_dtype)
     y = Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
     layer = maybe_remat(DecoderLayer, cfg, static_argnums=(5, 6, 7))
     for i in range(cfg.num_layers):
@@ -133,6 +135,10 @@ class Decoder(nn.Module):
     # Decoding takes float32 logits straight from the product's float32 sums.
     if cfg.share_embeddings:
       logits = embed.attend(y, jnp.float32 if decode else None)
+      if cfg.output_bias:
+        init = nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",))
+        bias = self.param("logits_bias", init, (cfg.vocab_size,), jnp.float32)
+        logits = logits + bias.astype(logits.dtype)
     else:
       out_dtype = jnp.float32 if decode else None
       logits = Dense(

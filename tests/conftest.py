@@ -107,6 +107,7 @@ LONGEST_FIRST = [
   "test_process_loss.py",
   "test_multihost.py",
   "test_ctranslate2.py",
+  "test_marian.py",
   "test_decode.py",
   "test_models_extra.py",
   "test_checkpoint.py",

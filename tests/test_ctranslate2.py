@@ -457,7 +457,7 @@ def test_bench_command_line_times_ctranslate2_alone(tmp_path):
 def test_translate_command_has_decode_py_search_flags_and_defaults():
   """The CTranslate2 command line's search flags are decode.py's (cli/search_flags.py): the same
   names and defaults, but the length penalty (fairseq, the only one CTranslate2 has) and
-  max_extra_len (decode.py's comes from the workdir's config); the settings CTranslate2 cannot
+  max_extra_len (decode.py's come from the workdir's config); the settings CTranslate2 cannot
   honour are refused naming the field."""
   import decode
   from cli import ctranslate2_translate as command
@@ -473,7 +473,8 @@ def test_translate_command_has_decode_py_search_flags_and_defaults():
   assert "prefix_rule" in ours and "prefix_rule" not in theirs  # it takes no prefix
   pairs = {n: (ours[n].default, theirs[n].default) for n in names}
   differ = {n: pair for n, pair in pairs.items() if pair[0] != pair[1]}
-  assert differ == {"length_penalty": ("gnmt", "fairseq"), "max_extra_len": (None, 50)}
+  # decode.py's length penalty and max_extra_len come from the workdir's config (eval.*).
+  assert differ == {"length_penalty": (None, "fairseq"), "max_extra_len": (None, 50)}
   assert search_options(SearchSettings(beam_size=3, alpha=1.0, length_penalty="fairseq")) == {
     "beam_size": 3,
     "length_penalty": 1.0,

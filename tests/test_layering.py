@@ -13,6 +13,7 @@ imports are free everywhere):
     inference   core, model, cluster, data, configs, training
     analysis    core, model, cluster, data, configs, training, inference
     benchmark   the same: timing, sweeps, peers (bench.py's flags and processes are cli's)
+    formats     the same: other engines' models in (Marian / OPUS-MT)
     cli         the library (every package above): the command lines' flags, mains and exit
     train.py, decode.py, bench.py: anything (the entry points)
 
@@ -43,6 +44,7 @@ LIBRARY = (
   "inference",
   "analysis",
   "benchmark",
+  "formats",
 )
 ALLOWED = {
   "core": set(),
@@ -54,6 +56,7 @@ ALLOWED = {
   "inference": {"core", "model", "cluster", "data", "configs", "training"},
   "analysis": {"core", "model", "cluster", "data", "configs", "training", "inference"},
   "benchmark": {"core", "model", "cluster", "data", "configs", "training", "inference"},
+  "formats": {"core", "model", "cluster", "data", "configs", "training", "inference"},
   "cli": set(LIBRARY),
 }
 ENTRY_POINTS = ("train", "decode", "bench")

@@ -19,8 +19,11 @@ from inference.generator import Generator
 from inference.pair_scoring import PairScorer, pair_batches
 from model import forced_scoring, search
 from model.build import abstract_params, build_model
-from model.decoder_state import decoder_state, ensemble_decoder_state
-from model.decoder_state import only_ids_below  # what decoding masks with (num_ids)
+from model.decoder_state import (
+  decoder_state,
+  ensemble_decoder_state,
+  only_ids_below,  # what decoding masks with (num_ids)
+)
 from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID, PAD_ID
 from tests.helpers import MODEL_TYPES, Compilations, fixed_batches, tiny_config
