@@ -19,6 +19,9 @@ ones, and the best score wins (n-best: sorted best first).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -38,6 +41,31 @@ def max_lengths(inputs, prefix=None):
   if prefix is not None:
     limit = jnp.maximum(limit, jnp.sum(prefix != PAD_ID, axis=1, dtype=jnp.int32) + 1)
   return limit
+
+
+class _Finished(NamedTuple):
+  """Each sentence's finished hypotheses: ids, token log-probs [batch, beam, max_len], scores
+  [batch, beam] (normalised), and how many [batch]."""
+
+  ids: jax.Array
+  tokp: jax.Array
+  score: jax.Array
+  count: jax.Array
+
+
+class _Beam(NamedTuple):
+  """The loop's state: step `t`, the live hypotheses (`count` [batch] of them, at the front;
+  their scores `live_logp` [batch, beam], last tokens `tok`, ids `seqs` and token log-probs
+  `tokp` [batch, beam, max_len]), the finished ones and the decoding cache."""
+
+  t: jax.Array
+  live_logp: jax.Array
+  count: jax.Array
+  tok: jax.Array
+  seqs: jax.Array
+  tokp: jax.Array
+  fin: _Finished
+  cache: object
 
 
 def beam_search(
@@ -70,84 +98,89 @@ def beam_search(
   if max_lens is None:
     max_lens = jnp.full((b,), max_len, jnp.int32)
   max_lens = jnp.asarray(max_lens, jnp.int32)
-  rows = jnp.arange(b)[:, None]
   slots = jnp.arange(k)[None, :]
 
-  def body(s):
-    t, live_logp, count, tok, seqs, tokp, fin, cache = s
-    logits, cache = step_fn(tok.reshape(b * k, 1), cache)
+  def body(s: _Beam) -> _Beam:
+    logits, cache = step_fn(s.tok.reshape(b * k, 1), s.cache)
     logp = distribution.log_probs(logits).reshape(b, k, -1)
     logp = logp.at[..., UNK_ID].set(NEG_INF)
     if prefix is not None:
-      logp = distribution.force(logp, prefix_token(prefix, t)[:, None], True)
+      logp = distribution.force(logp, prefix_token(prefix, s.t)[:, None], True)
     vocab = logp.shape[-1]
-    cand = (live_logp[..., None] + logp).reshape(b, k * vocab)
+    cand = (s.live_logp[..., None] + logp).reshape(b, k * vocab)
     score, flat = lax.top_k(cand, k)  # [b, k], best first
     parent, word = flat // vocab, (flat % vocab).astype(jnp.int32)
-    kept = (slots < count[:, None]) & (score > NEG_INF)
-    last = (t + 1 >= max_lens)[:, None] | (t + 1 >= max_len)
+    kept = (slots < s.count[:, None]) & (score > NEG_INF)
+    last = (s.t + 1 >= max_lens)[:, None] | (s.t + 1 >= max_len)
     ends = kept & ((word == EOS_ID) | last)
     stays = kept & ~ends
-    new_seqs = jnp.take_along_axis(seqs, parent[..., None], axis=1)
-    new_seqs = new_seqs.at[:, :, t].set(jnp.where(kept, word, PAD_ID))
+    seqs = jnp.take_along_axis(s.seqs, parent[..., None], axis=1)
+    seqs = seqs.at[:, :, s.t].set(jnp.where(kept, word, PAD_ID))
     gain = jnp.take_along_axis(logp.reshape(b, k * vocab), flat, axis=1)
-    new_tokp = jnp.take_along_axis(tokp, parent[..., None], axis=1)
-    new_tokp = new_tokp.at[:, :, t].set(jnp.where(kept, gain, 0.0))
-    # Finished ones go to the next free slots of the finished set, in score order.
-    fin_ids, fin_tokp, fin_score, fin_count = fin
-    place = fin_count[:, None] + jnp.cumsum(ends, axis=1) - 1
-    place = jnp.where(ends, place, k)  # k: dropped by the scatter
-    normed = score / (t + 1.0) ** alpha
-    fin_ids = fin_ids.at[rows, place].set(new_seqs, mode="drop")
-    fin_tokp = fin_tokp.at[rows, place].set(new_tokp, mode="drop")
-    fin_score = fin_score.at[rows, place].set(normed, mode="drop")
-    fin = (fin_ids, fin_tokp, fin_score, fin_count + jnp.sum(ends, axis=1))
+    tokp = jnp.take_along_axis(s.tokp, parent[..., None], axis=1)
+    tokp = tokp.at[:, :, s.t].set(jnp.where(kept, gain, 0.0))
+    fin = _finish(s.fin, ends, seqs, tokp, score / (s.t + 1.0) ** alpha)
     # The live ones move to the front, in score order; the other slots are dead.
-    order = jnp.argsort(jnp.where(stays, slots, k + slots), axis=1)
-    take = lambda x: jnp.take_along_axis(x, order.reshape(order.shape + (1,) * (x.ndim - 2)), 1)
+    take = _reorder(jnp.argsort(jnp.where(stays, slots, k + slots), axis=1))
     live = take(stays)
-    live_logp = jnp.where(live, take(score), NEG_INF)
-    tok = jnp.where(live, take(word), PAD_ID)
-    parents = jnp.where(live, take(parent), 0)
-    cache = gather_beams(cache, parents, b, k)
-    count = jnp.sum(stays, axis=1)
-    return (t + 1, live_logp, count, tok, take(new_seqs), take(new_tokp), fin, cache)
+    return _Beam(
+      t=s.t + 1,
+      live_logp=jnp.where(live, take(score), NEG_INF),
+      count=jnp.sum(stays, axis=1),
+      tok=jnp.where(live, take(word), PAD_ID),
+      seqs=take(seqs),
+      tokp=take(tokp),
+      fin=fin,
+      cache=gather_beams(cache, jnp.where(live, take(parent), 0), b, k),
+    )
 
-  def cond(s):
-    return (s[0] < max_len) & jnp.any(s[2] > 0)
+  def cond(s: _Beam):
+    return (s.t < max_len) & jnp.any(s.count > 0)
 
-  # Step 0 reads one start hypothesis per sentence (slot 0) and keeps `beam_size` of its
-  # continuations: the live count starts at k with one scored slot.
+  state = segmented_loop(cond, body, _start(cache, b, k, max_len), max_len, segment, grow)
+  take = _reorder(jnp.argsort(-state.fin.score, axis=1, stable=True))
+  found = (take(state.fin.ids), take(state.fin.score))
+  return found + (take(state.fin.tokp),) if token_scores else found
+
+
+def _start(cache, b: int, k: int, max_len: int) -> _Beam:
+  """Step 0 reads one start hypothesis per sentence (slot 0) and keeps `k` of its
+  continuations: the live count starts at k with one scored slot."""
+  slots = jnp.arange(k)[None, :]
   live_logp = jnp.where(slots == 0, 0.0, NEG_INF) * jnp.ones((b, 1))
-  fin = (
-    jnp.full((b, k, max_len), PAD_ID, jnp.int32),
-    jnp.zeros((b, k, max_len), jnp.float32),
-    jnp.full((b, k), NEG_INF, jnp.float32),
-    jnp.zeros((b,), jnp.int32),
+  fin = _Finished(
+    ids=jnp.full((b, k, max_len), PAD_ID, jnp.int32),
+    tokp=jnp.zeros((b, k, max_len), jnp.float32),
+    score=jnp.full((b, k), NEG_INF, jnp.float32),
+    count=jnp.zeros((b,), jnp.int32),
   )
-  state = (
-    jnp.int32(0),
-    live_logp.astype(jnp.float32),
-    jnp.full((b,), k, jnp.int32),
-    jnp.zeros((b, k), jnp.int32),
-    jnp.full((b, k, max_len), PAD_ID, jnp.int32),
-    jnp.zeros((b, k, max_len), jnp.float32),
-    fin,
-    expand_to_beams(cache, k),
+  return _Beam(
+    t=jnp.int32(0),
+    live_logp=live_logp.astype(jnp.float32),
+    count=jnp.full((b,), k, jnp.int32),
+    tok=jnp.zeros((b, k), jnp.int32),
+    seqs=jnp.full((b, k, max_len), PAD_ID, jnp.int32),
+    tokp=jnp.zeros((b, k, max_len), jnp.float32),
+    fin=fin,
+    cache=expand_to_beams(cache, k),
   )
-  state = segmented_loop(
-    cond,
-    body,
-    state,
-    max_len,
-    segment,
-    grow,
-    lambda st: st[0],
-    lambda st: st[7],
-    lambda st, c: st[:7] + (c,),
+
+
+def _finish(fin: _Finished, ends, seqs, tokp, normed) -> _Finished:
+  """`fin` with the hypotheses `ends` [batch, beam] marks placed in the next free slots, in
+  score order (a slot past the beam is dropped by the scatter)."""
+  b, k = ends.shape
+  rows = jnp.arange(b)[:, None]
+  place = fin.count[:, None] + jnp.cumsum(ends, axis=1) - 1
+  place = jnp.where(ends, place, k)
+  return _Finished(
+    ids=fin.ids.at[rows, place].set(seqs, mode="drop"),
+    tokp=fin.tokp.at[rows, place].set(tokp, mode="drop"),
+    score=fin.score.at[rows, place].set(normed, mode="drop"),
+    count=fin.count + jnp.sum(ends, axis=1),
   )
-  fin_ids, fin_tokp, fin_score, _ = state[6]
-  order = jnp.argsort(-fin_score, axis=1, stable=True)
-  take = lambda x: jnp.take_along_axis(x, order.reshape(order.shape + (1,) * (x.ndim - 2)), 1)
-  found = (take(fin_ids), take(fin_score))
-  return found + (take(fin_tokp),) if token_scores else found
+
+
+def _reorder(order):
+  """A function taking [batch, beam, ...] arrays into the beam order `order` [batch, beam]."""
+  return lambda x: jnp.take_along_axis(x, order.reshape(order.shape + (1,) * (x.ndim - 2)), 1)

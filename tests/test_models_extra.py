@@ -421,6 +421,14 @@ def test_ignored_options_warn_only_when_changed(caplog):
     "pre_ln",
     "remat",
     "attention_impl",
+    "ffn_activation",
+    "position_layout",
+    "position_frequencies",
+    "layer_norm_epsilon",
+    "decoder_start",
+    "attention_bias",
+    "output_bias",
+    "raw_self_keys",
   }
   assert build._RNN_ONLY == {"rnn_cell": "gru", "rnn_bidirectional": True}
 
