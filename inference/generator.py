@@ -135,27 +135,21 @@ class Generator:
     program = self._program(args, static)
     return self._run(*args, *static) if program is None else program(*args)
 
-  def _fetching(self, params, shapes: dict, settings: SearchSettings, rng, outputs: str):
-    """Starts getting the programs of `shapes` ({key: (inputs, prefix)}, one batch of each shape)
-    from `programs`, each in its own thread; yields each key as its program is ready, first ready
-    first, so that a file's first batches translate while its other programs are still being read
-    or compiled (docs/experiments.md measures the gain). With fewer than two shapes, or none
-    kept, yields them in order and the programs are got as the batches are decoded."""
-    if self._programs is None or len(shapes) < 2:
-      yield from shapes
+  def _prepare(self, params, batches: list, settings: SearchSettings, rng, outputs: str) -> None:
+    """Gets the programs of `batches` ((inputs, prefix) of each shape) from `programs`
+    concurrently, one thread each (docs/experiments.md measures the gain)."""
+    if len(batches) < 2:
       return
-    calls = {
-      key: (
+    calls = [
+      (
         (params, x.astype(jnp.int32), rng, prefix),
         (settings.program(), _width(x, prefix) + settings.max_extra_len, outputs),
       )
-      for key, (x, prefix) in shapes.items()
-    }
+      for x, prefix in batches
+    ]
     with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
-      futures = {pool.submit(self._program, *call): key for key, call in calls.items()}
-      for done in concurrent.futures.as_completed(futures):
+      for done in [pool.submit(self._program, *call) for call in calls]:
         done.result()
-        yield futures[done]
 
   def _program(self, args, static) -> Callable | None:
     """The compiled search for these arguments from `programs` (asked once per signature), or
@@ -261,38 +255,31 @@ class Generator:
     batches = length_batches(token_lists, tokens_per_batch, batch_multiple, prefixes)
     put = (lambda x: x) if place is None else place
     want = OUTPUTS[2 if token_scores else 1 if scores else 0]
-    by_shape: dict[tuple, list[int]] = {}  # each shape's batches, in file order
+    if self._programs is not None:  # one batch of each shape: their programs fetched at once
+      first = {b.inputs.shape: b for b in reversed(batches)}.values()
+      shapes = [(put(b.inputs), b.prefixes) for b in first]
+      self._prepare(params, shapes, settings, rng, want)
     for n, batch in enumerate(batches):
-      shape = (batch.inputs.shape, None if batch.prefixes is None else batch.prefixes.shape)
-      by_shape.setdefault(shape, []).append(n)
-    first = {
-      key: (put(batches[ns[0]].inputs), batches[ns[0]].prefixes) for key, ns in by_shape.items()
-    }
-    # A shape's batches are decoded once its program is ready; each batch keeps its number (its
-    # rng) and its sentences' places, so the order changes nothing in the outputs.
-    for key in self._fetching(params, first, settings, rng, want):
-      for n in by_shape[key]:
-        batch = batches[n]
-        found = self(
-          params,
-          put(batch.inputs),
-          settings,
-          rng=jax.random.fold_in(rng, n),
-          scores=scores,
-          token_scores=token_scores,
-          prefix=batch.prefixes,
-        )
-        if want == "ids":
-          ids = np.asarray(found)
-          for row, i in enumerate(batch.indices):
-            outputs[i] = strip(ids[row]) if ids.ndim == 2 else [strip(h) for h in ids[row]]
-        else:
-          found = [np.asarray(x) for x in found]
-          for row, i in enumerate(batch.indices):
-            outputs[i] = nbest(*(x[row] for x in found))
-        done += len(batch.indices)
-        if on_batch is not None:
-          on_batch(done)
+      found = self(
+        params,
+        put(batch.inputs),
+        settings,
+        rng=jax.random.fold_in(rng, n),
+        scores=scores,
+        token_scores=token_scores,
+        prefix=batch.prefixes,
+      )
+      if want == "ids":
+        ids = np.asarray(found)
+        for row, i in enumerate(batch.indices):
+          outputs[i] = strip(ids[row]) if ids.ndim == 2 else [strip(h) for h in ids[row]]
+      else:
+        found = [np.asarray(x) for x in found]
+        for row, i in enumerate(batch.indices):
+          outputs[i] = nbest(*(x[row] for x in found))
+      done += len(batch.indices)
+      if on_batch is not None:
+        on_batch(done)
     return outputs
 
 
