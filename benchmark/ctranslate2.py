@@ -15,7 +15,12 @@ ends every hypothesis. The translator uses all of this machine's cores in one re
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -87,3 +92,109 @@ def decode_call(translator, inputs, vocab_size: int, decode_len: int, beam_size:
     return ids
 
   return call, ids
+
+
+# ----------------------------------------------------------------------------- at its best
+# CTranslate2's matrix library is chosen when it is imported: MKL on Intel CPUs, oneDNN
+# elsewhere; `CT2_USE_MKL` overrides the choice (0: oneDNN on any x86 CPU, 1: MKL where it runs).
+GEMM_PATHS = {"default": {}, "oneDNN": {"CT2_USE_MKL": "0"}, "MKL": {"CT2_USE_MKL": "1"}}
+# What CT2_VERBOSE=1 prints at its first model's load that says how it computes.
+BACKEND_KEYS = ("Selected ISA", "Use Intel MKL", "SGEMM backend")
+
+
+class PeerConfiguration(NamedTuple):
+  """One way to run CTranslate2 on `cores` cores: a GEMM path (`GEMM_PATHS`' key: environment
+  set before it is imported) and a threading: 'intra' one replica on every core
+  (intra_threads = cores), 'inter' one replica per core (inter_threads = cores, one thread each,
+  length groups in flight side by side)."""
+
+  gemm: str
+  threading: str
+  cores: int
+
+  @property
+  def env(self) -> dict:
+    return dict(GEMM_PATHS[self.gemm])
+
+  @property
+  def flags(self) -> list[str]:
+    """`python -m cli.ctranslate2_translate`'s threading flags."""
+    if self.threading == "intra":
+      return [f"--threads={self.cores}", "--inter_threads=1"]
+    return ["--threads=1", f"--inter_threads={self.cores}"]
+
+  def name(self) -> str:
+    return f"{self.gemm} GEMM, {self.threading}_threads={self.cores}"
+
+
+def peer_configurations(cores: int) -> list[PeerConfiguration]:
+  """Every GEMM path with both threadings on `cores` cores (one threading on one core)."""
+  threadings = ("intra",) if cores == 1 else ("intra", "inter")
+  return [PeerConfiguration(g, t, cores) for g in GEMM_PATHS for t in threadings]
+
+
+def backend_line(configuration: PeerConfiguration, model_dir) -> str:
+  """What CTranslate2 says it computes with under `configuration`, from a process that loads
+  `model_dir` with `CT2_VERBOSE=1`: its lines naming the instruction set, MKL and the float32
+  GEMM backend, joined ('Selected ISA: AVX2; Use Intel MKL: false; SGEMM backend: DNNL
+  (packed: false)'); '' when it prints none."""
+  code = (
+    "import ctranslate2, sys; "
+    "ctranslate2.Translator(sys.argv[1], device='cpu', inter_threads=1, intra_threads=1)"
+  )
+  env = {**os.environ, **configuration.env, "CT2_VERBOSE": "1"}
+  run = subprocess.run(
+    [sys.executable, "-c", code, str(model_dir)], env=env, capture_output=True, text=True
+  )
+  found = []
+  for line in (run.stderr + run.stdout).splitlines():
+    for key in BACKEND_KEYS:
+      if key in line:
+        found.append(line[line.index(key) :].strip())
+  return "; ".join(found)
+
+
+def time_peer(
+  model_dir,
+  input_path,
+  search_flags: Sequence[str],
+  configurations: Sequence[PeerConfiguration],
+  runs: int = 3,
+  pin: str | None = None,
+) -> list[dict]:
+  """Whole-process seconds of `python -m cli.ctranslate2_translate --model=model_dir
+  --input=input_path` under each configuration (its environment and threading flags, then
+  `search_flags`), the configurations taking turns `runs` times after one untimed round, each
+  process pinned to the CPUs `pin` names (taskset's list, e.g. '0') when given. Returns per
+  configuration {'configuration', 'backend', 'seconds': [...], 'median'}, fastest median
+  first: the first is the peer at its best on this machine. A configuration whose backend line
+  and threading repeat an earlier one's (its default path is oneDNN's on AMD CPUs, MKL's on
+  Intel's) is left out. Translations go nowhere."""
+  rows, seen = [], set()
+  for c in configurations:
+    backend = backend_line(c, model_dir)
+    if (backend, c.threading) not in seen:  # another path's name for the same library
+      seen.add((backend, c.threading))
+      rows.append({"configuration": c, "backend": backend, "seconds": []})
+  prefix = ["taskset", "-c", pin] if pin else []
+  for round_ in range(runs + 1):
+    for row in rows:
+      c = row["configuration"]
+      command = [
+        *prefix,
+        sys.executable,
+        "-m",
+        "cli.ctranslate2_translate",
+        f"--model={model_dir}",
+        f"--input={input_path}",
+        "--output=/dev/null",
+        *c.flags,
+        *search_flags,
+      ]
+      start = time.perf_counter()
+      subprocess.run(command, env={**os.environ, **c.env}, check=True, capture_output=True)
+      if round_:
+        row["seconds"].append(time.perf_counter() - start)
+  for row in rows:
+    row["median"] = float(np.median(row["seconds"]))
+  return sorted(rows, key=lambda r: r["median"])

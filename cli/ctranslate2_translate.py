@@ -2,7 +2,8 @@
 serving path on CPUs, no JAX involved.
 
     python -m cli.ctranslate2_translate --model=m30k_ct2 --input=test.en [--output=-] \
-        [--reference=test.de] [--compute_type=int8] [--beam_size=4] [--alpha=0.6]
+        [--reference=test.de] [--compute_type=int8] [--beam_size=4] [--alpha=0.6] \
+        [--threads=2 | --threads=1 --inter_threads=2]
 
 The search flags are decode.py's (cli/search_flags.py: the same names, help and defaults), but
 for `--length_penalty`, whose default here is fairseq: CTranslate2 searches with that penalty
@@ -52,8 +53,20 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     {"length_penalty": "CTranslate2 searches with fairseq only."},
     omit=("prefix_rule",),  # this command takes no prefix
   )
-  flags.DEFINE_integer("threads", 0, "CPU threads; 0 = all cores.", **define)
+  flags.DEFINE_integer(
+    "threads",
+    0,
+    "CPU threads of each replica (intra_threads); 0 = the cores shared among the replicas.",
+    **define,
+  )
+  flags.DEFINE_integer(
+    "inter_threads",
+    1,
+    "Replicas translating length groups side by side (CTranslate2's inter_threads).",
+    **define,
+  )
   app.check_flag("threads", Int(0), flag_values)
+  app.check_flag("inter_threads", Int(1), flag_values)
 
 
 def main() -> None:
@@ -61,7 +74,7 @@ def main() -> None:
   options = search_options(SearchSettings(**search_fields(f)))  # before any file is read
   check_writable(f.output, "--output")
   sources, references = read_aligned(f.input, f.reference)
-  translator, pieces = load(f.model, f.compute_type, f.threads)
+  translator, pieces = load(f.model, f.compute_type, f.threads, f.inter_threads)
   logging.info("translating %d sentences with %s", len(sources), f.model)
   translations = translate_texts(translator, pieces, sources, **options)
   write_lines(f.output, translations)

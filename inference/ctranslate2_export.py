@@ -335,16 +335,19 @@ def translate_tokens(
   **options,
 ) -> list[list[str]]:
   """The best hypothesis of each source (token lists, `Pieces.source`) from
-  `translator.translate_batch(..., **options)`, with our per-sentence length limit: sentences of
-  one length are translated together, at that length's `max_decoding_length`; an empty
-  translation is allowed (min_decoding_length 0), as in ours. `target_prefixes`: a token list
-  per source (empty: none), CTranslate2's `target_prefix`. Input order."""
+    `translator.translate_batch(..., **options)`, with our per-sentence length limit: sentences of
+    one length are translated together, at that length's `max_decoding_length` (all lengths queued
+  at once, so a translator with several replicas, `inter_threads`, translates them side by side;
+  each sentence's translation is the same either way); an empty
+    translation is allowed (min_decoding_length 0), as in ours. `target_prefixes`: a token list
+    per source (empty: none), CTranslate2's `target_prefix`. Input order."""
   options.setdefault("min_decoding_length", 0)  # CTranslate2's default 1 forbids EOS first
   options.setdefault("max_input_length", 0)  # no truncation (its default: 1024 tokens)
   by_length: dict[int, list[int]] = {}
   for i, tokens in enumerate(sources):
     by_length.setdefault(len(tokens), []).append(i)
   out: list[list[str]] = [[] for _ in sources]
+  pending = []
   for length, indices in sorted(by_length.items()):
     prefixes = None
     if target_prefixes is not None:
@@ -353,10 +356,13 @@ def translate_tokens(
       [list(sources[i]) for i in indices],
       target_prefix=prefixes,
       max_decoding_length=max_decoding_length(length, max_extra_len),
+      asynchronous=True,  # every group queued at once: a translator's replicas share them
       **options,
     )
+    pending.append((indices, results))
+  for indices, results in pending:
     for i, result in zip(indices, results):
-      out[i] = list(result.hypotheses[0])
+      out[i] = list(result.result().hypotheses[0])
   return out
 
 

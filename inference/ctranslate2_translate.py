@@ -1,7 +1,8 @@
 """An exported CTranslate2 model (inference/ctranslate2_export.py) loaded for translating: the
 serving path on CPUs, no JAX involved (the command line: cli/ctranslate2_translate.py).
 
-    translator, pieces = load("m30k_ct2", compute_type="int8")
+    translator, pieces = load("m30k_ct2", compute_type="int8")  # one replica, every core
+    translator, pieces = load("m30k_ct2", threads=1, inter_threads=2)  # two, one core each
     options = search_options(SearchSettings(beam_size=5, alpha=1.0, length_penalty="fairseq"))
     texts = translate_texts(translator, pieces, lines, **options)
 
@@ -22,8 +23,18 @@ from inference.ctranslate2_export import Pieces, import_ctranslate2
 from model.search_settings import SearchSettings
 
 
-def load(model_dir, compute_type: str = "default", threads: int = 0):
-  """(ctranslate2.Translator, Pieces) of an export directory; `threads` 0 = all cores."""
+def load(model_dir, compute_type: str = "default", threads: int = 0, inter_threads: int = 1):
+  """(ctranslate2.Translator, Pieces) of an export directory: `inter_threads` replicas (batches
+  translated side by side), each on `threads` threads (0 = the cores shared among the
+  replicas, at least one each). Which matrix library it multiplies with is CTranslate2's choice
+  at import (MKL on Intel CPUs, oneDNN elsewhere; `CT2_USE_MKL=0` in the environment before
+  `ctranslate2` is imported forces oneDNN; `CT2_VERBOSE=1` prints the choice)."""
+  if inter_threads < 1 or threads < 0:
+    raise ArgumentError(
+      "inter_threads" if inter_threads < 1 else "threads",
+      inter_threads if inter_threads < 1 else threads,
+      "must be positive (threads: 0 = the cores shared among the replicas)",
+    )
   path = pathlib.Path(model_dir)
   if not (path / "model.bin").is_file():
     raise ArgumentError(
@@ -42,8 +53,8 @@ def load(model_dir, compute_type: str = "default", threads: int = 0):
       str(path),
       device="cpu",
       compute_type=compute_type,
-      inter_threads=1,
-      intra_threads=threads or os.cpu_count() or 1,
+      inter_threads=inter_threads,
+      intra_threads=threads or max(1, (os.cpu_count() or 1) // inter_threads),
     )
   except ValueError as e:  # a compute type this CPU or build cannot run
     raise ArgumentError("compute_type", compute_type, " ".join(str(e).split())) from None

@@ -329,6 +329,16 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
   assert ours.returncode == 0, ours.stderr[-2000:]
   theirs = (tmp_path / "ct2.txt").read_text()
   assert theirs == ours.stdout and len(theirs.splitlines()) == len(texts)
+  replicas = run_in_process(  # two replicas, length groups in flight: the same lines, in order
+    "cli.ctranslate2_translate",
+    f"--model={exported.out}",
+    f"--input={tmp_path / 'in.txt'}",
+    "--compute_type=float32",
+    "--threads=1",
+    "--inter_threads=2",
+    *how,
+  )
+  assert replicas.returncode == 0 and replicas.stdout == theirs, replicas.stderr[-2000:]
   for args, message in [
     ([f"--model={tmp_path}"], f"--model={tmp_path}: no model.bin"),
     ([f"--model={exported.out}", "--beam_size=0"], "--beam_size=0"),
@@ -336,6 +346,7 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
     ([f"--model={exported.out}", "--length_penalty=gnmt"], "--length_penalty=gnmt: CTranslate2"),
     ([f"--model={exported.out}", "--stopping=exact"], "--stopping=exact: CTranslate2"),
     ([f"--model={exported.out}", "--temperature=1"], "--temperature=1.0: sampling is"),
+    ([f"--model={exported.out}", "--inter_threads=0"], "--inter_threads=0"),
     ([f"--model={exported.out}", f"--output={tmp_path / 'no' / 'o.txt'}"], "does not exist"),
     ([f"--model={exported.out}", f"--reference={tmp_path / 'in.txt'}", "--input=/dev/null"], "61"),
   ]:
@@ -343,6 +354,22 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert message in last, last
+
+
+def test_the_peer_at_its_best_tries_every_gemm_path_and_threading(exported):
+  """CTranslate2's configurations: each GEMM path with one replica on every core or one replica
+  per core (one threading on one core), as cli.ctranslate2_translate's flags; the backend line
+  is CTranslate2's own (CT2_VERBOSE=1) under the configuration's environment."""
+  two = peer.peer_configurations(2)
+  assert {(c.gemm, c.threading) for c in two} == {
+    (g, t) for g in peer.GEMM_PATHS for t in ("intra", "inter")
+  }
+  inter = next(c for c in two if c.gemm == "oneDNN" and c.threading == "inter")
+  assert inter.flags == ["--threads=1", "--inter_threads=2"]
+  assert inter.env == {"CT2_USE_MKL": "0"}
+  assert [c.threading for c in peer.peer_configurations(1)] == ["intra"] * len(peer.GEMM_PATHS)
+  line = peer.backend_line(inter, exported.out)
+  assert "Use Intel MKL: false; SGEMM backend: DNNL" in line, line
 
 
 # ----------------------------------------------------------------------------- the bench peer
