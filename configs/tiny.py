@@ -1,5 +1,5 @@
 """configs/default.py cut down for the tests and quick demos: a narrower feed-forward layer, half
-the batch and 200 steps (a few seconds on a CPU); evaluations every 100 steps."""
+the batch and 200 steps; evaluations every 100 steps."""
 
 from configs import default
 

@@ -362,8 +362,8 @@ def test_bad_input_is_one_line_naming_the_argument(sources, targets, options, me
 
 
 def _rescored(model, params, inputs, found, settings, num_ids, ensemble):
-  """The scores the Translator used to compute with a second pass, written out independently:
-  each hypothesis (EOS appended) scored teacher-forced under the searches' distribution, its
+  """Each hypothesis' score recomputed independently, in a second pass: each hypothesis (EOS
+  appended) scored teacher-forced under the searches' distribution, its
   EOS made free when it sits at the sentence's length limit, the log-probability summed and,
   in beam search, divided by the length penalty's formula."""
   pairs = [(i, ids) for i, nbest in enumerate(found) for ids in nbest.ids]
