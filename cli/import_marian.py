@@ -13,7 +13,8 @@ from __future__ import annotations
 from absl import flags
 
 from cli import app
-from formats.marian import FOLLOW, convert, read_release, write_workdir
+from formats.marian import FOLLOW, convert, write_workdir
+from formats.marian_files import read_release
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
-from formats import marian
+from formats import marian, marian_files
 from inference.translator import Translator
 from model import distribution
 from model.config import TransformerConfig
@@ -92,7 +92,7 @@ class Case:
     variant, seed = VARIANTS[name]
     self.folder = root / name
     marian_model.write_release(self.folder, variant, seed)
-    release = marian.read_release(self.folder)
+    release = marian_files.read_release(self.folder)
     self.imported = marian.convert(release)
     marian.write_workdir(self.imported, root / f"{name}-workdir")
     self.translator = Translator.load(root / f"{name}-workdir", dtype="float32")
@@ -196,8 +196,8 @@ def copy(release: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
 
 
 def refused(folder, workdir, match: str):
-  with pytest.raises(marian.MarianError, match=match) as raised:
-    marian.write_workdir(marian.convert(marian.read_release(folder)), workdir)
+  with pytest.raises(marian_files.MarianError, match=match) as raised:
+    marian.write_workdir(marian.convert(marian_files.read_release(folder)), workdir)
   assert "\n" not in str(raised.value)
   assert not pathlib.Path(workdir).exists()
   return raised
@@ -206,7 +206,7 @@ def refused(folder, workdir, match: str):
 def set_option(folder: pathlib.Path, key: str, value) -> None:
   with np.load(folder / "model.npz") as npz:
     arrays = dict(npz)
-  config = marian.model_config(arrays, "model.npz")
+  config = marian_files.model_config(arrays, "model.npz")
   if value is None:
     config.pop(key)
   else:
@@ -216,11 +216,11 @@ def set_option(folder: pathlib.Path, key: str, value) -> None:
 
 
 def test_imports_a_padded_config_and_a_zip(release, tmp_path):
-  folder = marian.convert(marian.read_release(release))
+  folder = marian.convert(marian_files.read_release(release))
   with zipfile.ZipFile(tmp_path / "r.zip", "w") as zf:
     for p in release.iterdir():
       zf.write(p, f"opus-mt/{p.name}")
-  zipped = marian.convert(marian.read_release(tmp_path / "r.zip"))
+  zipped = marian.convert(marian_files.read_release(tmp_path / "r.zip"))
   assert zipped.model_options == folder.model_options
   assert zipped.vocab.fingerprint == folder.vocab.fingerprint
   # The yml's quoted and escaped pieces read back as the SentencePiece models' pieces.
@@ -301,8 +301,8 @@ def test_refuses_a_link_in_a_zip(release, tmp_path):
 def test_refuses_a_non_empty_workdir(release, tmp_path):
   (tmp_path / "w").mkdir()
   (tmp_path / "w" / "x").write_text("x")
-  with pytest.raises(marian.MarianError, match="exists and is not an empty folder"):
-    marian.write_workdir(marian.convert(marian.read_release(release)), tmp_path / "w")
+  with pytest.raises(marian_files.MarianError, match="exists and is not an empty folder"):
+    marian.write_workdir(marian.convert(marian_files.read_release(release)), tmp_path / "w")
 
 
 # --- CTranslate2 ------------------------------------------------------------------------------
@@ -320,7 +320,7 @@ def test_ctranslate2_converter_translates_as_an_import_following_it(tmp_path):
   variant, seed = VARIANTS["swish-tied"]  # CTranslate2 reads only an unpadded config
   marian_model.write_release(tmp_path / "release", variant, seed)
   OpusMTConverter(str(tmp_path / "release")).convert(str(tmp_path / "ct2"))
-  imported = marian.convert(marian.read_release(tmp_path / "release"), follow="ctranslate2")
+  imported = marian.convert(marian_files.read_release(tmp_path / "release"), follow="ctranslate2")
   marian.write_workdir(imported, tmp_path / "workdir")
   ours = Translator.load(tmp_path / "workdir", dtype="float32")
   theirs = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
