@@ -211,11 +211,30 @@ def train_sentencepiece(
   return vocab
 
 
-class WordVocab(Vocab):
+class _JsonVocab(Vocab):
+  """A vocabulary stored as one JSON file (`to_json`, with its "kind"), fingerprinted by it."""
+
+  KIND: str
+
+  @abc.abstractmethod
+  def to_json(self) -> str: ...
+
+  def save(self, path: str | os.PathLike) -> None:
+    """Writes the vocabulary as JSON, atomically."""
+    _atomic_write(pathlib.Path(path), self.to_json().encode("utf-8"))
+
+  @property
+  def fingerprint(self) -> str:
+    return f"{self.KIND}-" + hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()[:16]
+
+
+class WordVocab(_JsonVocab):
   """A fixed word-level vocabulary: word `i` of `words` has id `NUM_SPECIAL + i`.
 
   Text is split on whitespace; words not in the list encode to UNK_ID.
   """
+
+  KIND = "word"
 
   def __init__(self, words: Sequence[str]):
     self.words = list(words)
@@ -225,7 +244,7 @@ class WordVocab(Vocab):
     self._pieces = list(SPECIAL_PIECES) + self.words
 
   def to_json(self) -> str:
-    return json.dumps({"kind": "word", "words": self.words})
+    return json.dumps({"kind": self.KIND, "words": self.words})
 
   @classmethod
   def load(cls, path: str | os.PathLike) -> WordVocab:
@@ -238,17 +257,9 @@ class WordVocab(Vocab):
     except (ValueError, KeyError, TypeError, AttributeError) as e:
       raise ValueError(f"{path} is not a valid WordVocab JSON file: {e}") from e
 
-  def save(self, path: str | os.PathLike) -> None:
-    """Writes the vocabulary as JSON, atomically."""
-    _atomic_write(pathlib.Path(path), self.to_json().encode("utf-8"))
-
   @property
   def vocab_size(self) -> int:
     return len(self._pieces)
-
-  @property
-  def fingerprint(self) -> str:
-    return "word-" + hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()[:16]
 
   def encode(self, text: str) -> list[int]:
     return [self._ids.get(w, UNK_ID) for w in text.split()]
@@ -262,7 +273,7 @@ class WordVocab(Vocab):
     )
 
 
-class MarianVocab(Vocab):
+class MarianVocab(_JsonVocab):
   """An imported model's vocabulary (formats/marian.py): one id map over separate source and
   target SentencePiece models, as Marian / OPUS-MT releases ship them (`source.spm`,
   `target.spm`, a `*.vocab.yml` of pieces).
@@ -315,17 +326,9 @@ class MarianVocab(Vocab):
       base64.b64decode(spec["target_spm"], validate=True),
     )
 
-  def save(self, path: str | os.PathLike) -> None:
-    """Writes the vocabulary as JSON, atomically."""
-    _atomic_write(pathlib.Path(path), self.to_json().encode("utf-8"))
-
   @property
   def vocab_size(self) -> int:
     return len(self.pieces)
-
-  @property
-  def fingerprint(self) -> str:
-    return "marian-" + hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()[:16]
 
   def _lookup(self, pieces: Sequence[str]) -> list[int]:
     return [self._ids.get(p, UNK_ID) for p in pieces]
