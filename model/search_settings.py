@@ -101,6 +101,16 @@ class SearchSettings:
       )
     if self.length_penalty == MARIAN and self.sampling:
       raise ValueError("length_penalty='marian' is a beam search: it does not sample")
+    if self.length_penalty == MARIAN and self.stopping is not None:
+      raise ValueError(
+        f"stopping={self.stopping!r}: length_penalty='marian' has its own (a beam that shrinks "
+        f"until no hypothesis is live); leave stopping unset"
+      )
+    if self.length_penalty == MARIAN and self.prefix_rule != "forced":
+      raise ValueError(
+        f"prefix_rule={self.prefix_rule!r}: length_penalty='marian' forces a prefix as it is "
+        f"('forced')"
+      )
     if self.stopping is not None and self.stopping not in STOPPING:
       raise ValueError(f"stopping={self.stopping!r}: must be one of {STOPPING} (or None)")
     check_prefix_rule(self.prefix_rule)
@@ -136,8 +146,8 @@ class SearchSettings:
       return SearchSettings(
         1, 0.0, "gnmt", self.max_extra_len, self.temperature, self.top_k, 1, **rule
       )
-    if self.length_penalty == MARIAN:
-      return self.replace(stopping=None)
+    if self.length_penalty == MARIAN:  # its own stopping rule: `stopping` is unset
+      return self
     if self.beam_size == 1:
       return SearchSettings(1, 0.0, "gnmt", self.max_extra_len, **rule)
     if self.stopping == stopping_rule(self.length_penalty):

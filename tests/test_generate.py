@@ -517,6 +517,12 @@ def test_search_settings_check_themselves_and_share_programs():
     (dict(max_extra_len=-1), "max_extra_len=-1: must be >= 0"),
     (dict(top_k=5), "top_k=5 applies to sampling only"),
     (dict(stopping="soon"), "stopping='soon': must be one of ('exact', 'finished') (or None)"),
+    (dict(length_penalty="marian", temperature=1.0), "length_penalty='marian' is a beam search"),
+    (dict(length_penalty="marian", stopping="exact"), "stopping='exact': length_penalty='marian'"),
+    (
+      dict(length_penalty="marian", prefix_rule="ctranslate2"),
+      "prefix_rule='ctranslate2': length_penalty='marian' forces",
+    ),
   ):
     with pytest.raises(ValueError, match=re.escape(message)):
       SearchSettings(**fields)
