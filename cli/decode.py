@@ -158,6 +158,13 @@ def _define_batching_flags(flag_values: flags.FlagValues) -> None:
     **f,
   )
   flags.DEFINE_integer("pool_size", 32, "Decoding rows of --batching=continuous.", **f)
+  flags.DEFINE_integer(
+    "parallel_batches",
+    None,
+    "Length batches decoded at once, each by its own thread (the same translations whatever it "
+    "is); default: the CPU cores this process may use on one CPU device, else 1.",
+    **f,
+  )
   flags.DEFINE_integer("seed", 0, "Random seed of sampling.", **f)
   flags.DEFINE_integer(
     "tokens_per_batch",
@@ -358,6 +365,7 @@ def _translate_all(translator, settings, sources, prefixes, keep_texts: bool, ph
           batching=FLAGS.batching,
           pool_size=FLAGS.pool_size,
           target_prefixes=chunk_prefixes,
+          parallel_batches=FLAGS.parallel_batches,
         )
       written = _nbest_lines(result, first - 1) if FLAGS.nbest else result.texts
       out.write("".join(f"{line}\n" for line in written))

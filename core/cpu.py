@@ -1,5 +1,7 @@
-"""Which computation dtype a machine multiplies fastest: `dtype='auto'` of decoding
-(`inference.Translator.load`, decode.py's `--dtype`) and of training (`model.dtype=auto`).
+"""What the host CPU offers: which computation dtype it multiplies fastest (`dtype='auto'` of
+decoding, `inference.Translator.load` and decode.py's `--dtype`, and of training,
+`model.dtype=auto`), and how many cores this process may run on (`usable_cores`: the batches a
+CPU decodes at once by default).
 
     dtype, why = native_dtype("cpu")   # ('float32', 'this CPU has no native bfloat16 products ...')
 
@@ -15,6 +17,7 @@ used by XLA:CPU's products).
 from __future__ import annotations
 
 import functools
+import os
 import pathlib
 from collections.abc import Collection
 
@@ -36,6 +39,15 @@ def cpu_flags() -> frozenset[str]:
     if name.strip() in ("flags", "Features"):
       return frozenset(value.split())
   return frozenset()
+
+
+def usable_cores() -> int:
+  """The CPU cores this process may run on: its affinity mask (`taskset`, a container's cpuset),
+  else the machine's count."""
+  try:
+    return max(1, len(os.sched_getaffinity(0)))
+  except (AttributeError, OSError):
+    return os.cpu_count() or 1
 
 
 def native_dtype(platform: str, flags: Collection[str] | None = None) -> tuple[str, str]:

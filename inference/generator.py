@@ -137,9 +137,8 @@ class Generator:
 
   def _prepare(self, params, batches: list, settings: SearchSettings, rng, outputs: str) -> None:
     """Gets the programs of `batches` ((inputs, prefix) of each shape) from `programs`
-    concurrently, one thread each (docs/experiments.md measures the gain)."""
-    if len(batches) < 2:
-      return
+    concurrently, one thread each (docs/experiments.md measures the gain), before any batch is
+    decoded: batches decoded in parallel then only look their program up."""
     calls = [
       (
         (params, x.astype(jnp.int32), rng, prefix),
@@ -147,6 +146,9 @@ class Generator:
       )
       for x, prefix in batches
     ]
+    if len(calls) == 1:
+      self._program(*calls[0])
+      return
     with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
       for done in [pool.submit(self._program, *call) for call in calls]:
         done.result()
@@ -223,6 +225,7 @@ class Generator:
     scores: bool = False,
     token_scores: bool = False,
     prefixes: Sequence[Sequence[int]] | None = None,
+    parallel_batches: int = 1,
   ) -> list:
     """The search over any number of sentences, batched by `length_batches`.
 
@@ -241,12 +244,18 @@ class Generator:
         tokens' log-probabilities), from the same search.
       prefixes: a target prefix per sentence (ids, no EOS; empty: none): its outputs start with
         it. All empty (or None): decoded exactly as without.
+      parallel_batches: how many batches are decoded at once, each by its own thread running its
+        program to the end (on a CPU, each search's small operations leave cores idle that
+        another batch's fill). Every batch's outputs are the same whatever this is; `on_batch`
+        is still called in batch order.
 
     Returns:
       per sentence, in input order: its translation's ids [tokens] (no EOS, no PAD); with
       `settings.num_hypotheses` n > 1, a list of its n best, best first; with `scores` or
       `token_scores`, its `NBest` (all n hypotheses).
     """
+    if not isinstance(parallel_batches, int) or parallel_batches < 1:
+      raise ValueError(f"parallel_batches={parallel_batches!r}: must be a positive integer")
     outputs: list = [None] * len(token_lists)
     rng = jax.random.key(0) if rng is None else rng
     done = 0
@@ -259,28 +268,43 @@ class Generator:
       first = {b.inputs.shape: b for b in reversed(batches)}.values()
       shapes = [(put(b.inputs), b.prefixes) for b in first]
       self._prepare(params, shapes, settings, rng, want)
-    for n, batch in enumerate(batches):
+
+    def search(n: int):
       found = self(
         params,
-        put(batch.inputs),
+        put(batches[n].inputs),
         settings,
         rng=jax.random.fold_in(rng, n),
         scores=scores,
         token_scores=token_scores,
-        prefix=batch.prefixes,
+        prefix=batches[n].prefixes,
       )
-      if want == "ids":
-        ids = np.asarray(found)
+      return np.asarray(found) if want == "ids" else [np.asarray(x) for x in found]
+
+    if parallel_batches == 1:
+      searched = map(search, range(len(batches)))
+    else:
+      pool = concurrent.futures.ThreadPoolExecutor(parallel_batches)
+      searched = pool.map(search, range(len(batches)))
+    try:
+      for batch, found in zip(batches, searched):
         for row, i in enumerate(batch.indices):
-          outputs[i] = strip(ids[row]) if ids.ndim == 2 else [strip(h) for h in ids[row]]
-      else:
-        found = [np.asarray(x) for x in found]
-        for row, i in enumerate(batch.indices):
-          outputs[i] = nbest(*(x[row] for x in found))
-      done += len(batch.indices)
-      if on_batch is not None:
-        on_batch(done)
+          outputs[i] = _sentence(found, row, want)
+        done += len(batch.indices)
+        if on_batch is not None:
+          on_batch(done)
+    finally:
+      if parallel_batches > 1:
+        pool.shutdown(cancel_futures=True)
     return outputs
+
+
+def _sentence(found, row: int, want: str):
+  """One sentence's result from its batch's search results `found` (numpy): its ids (or a list
+  of its n best), or with scores its `NBest`."""
+  if want != "ids":
+    return nbest(*(x[row] for x in found))
+  return strip(found[row]) if found.ndim == 2 else [strip(h) for h in found[row]]
 
 
 def _width(inputs, prefix) -> int:

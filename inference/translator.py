@@ -25,6 +25,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from core.cpu import usable_cores
 from core.errors import UsageError
 from core.progress import Progress
 from core.rules import Choice, Int, RuleError
@@ -48,6 +49,7 @@ OPTION_RULES = {
   "tokens_per_batch": Int(min=1),
   "batching": Choice("length", "continuous"),
   "pool_size": Int(min=1),
+  "parallel_batches": Int(min=1),
 }
 # The dtypes decoding offers: model/config.py's, less float16 (not offered for decoding), with
 # 'auto' (core/cpu.py's choice for the devices) first.
@@ -208,6 +210,7 @@ class Translator:
     batching: str = "length",
     pool_size: int = 32,
     target_prefixes: Sequence[str] | None = None,
+    parallel_batches: int | None = None,
     **search,
   ) -> Translations:
     """Translates `sentences` with `settings`, or with the fields of `SearchSettings` given as
@@ -228,14 +231,24 @@ class Translator:
     `target_prefixes`: one text per sentence ("" for none): every hypothesis of that sentence
     starts with its tokens and the search goes on from there (as CTranslate2's `target_prefix`),
     with any search and batching; its scores count the prefix as forced decoding does
-    (`score_pairs(as_search=True)`). An empty sentence still translates to ""."""
+    (`score_pairs(as_search=True)`). An empty sentence still translates to "".
+    `parallel_batches`: length batches decoded at once, each by its own thread (the same
+    translations whatever it is); default: on one CPU device the cores this process may use
+    (`core.cpu.usable_cores`), else 1."""
     if isinstance(sentences, str):
       raise UsageError("translate: expected a list of sentences, got one string")
     settings = self.settings(settings, **search)
     if tokens_per_batch is None:
       tokens_per_batch = TOKENS_PER_BATCH.get(self.devices[0].platform, TOKENS_PER_BATCH["gpu"])
+    if parallel_batches is None:
+      one_cpu = len(self.devices) == 1 and self.devices[0].platform == "cpu"
+      parallel_batches = usable_cores() if one_cpu else 1
     self.check_options(
-      seed=seed, tokens_per_batch=tokens_per_batch, batching=batching, pool_size=pool_size
+      seed=seed,
+      tokens_per_batch=tokens_per_batch,
+      batching=batching,
+      pool_size=pool_size,
+      parallel_batches=parallel_batches,
     )
     prefixes = self.encode_prefixes(target_prefixes, len(sentences), first_line)
     source_ids, cut = self._encode_warning(sentences, first_line)
@@ -250,6 +263,7 @@ class Translator:
     if batching == "continuous" and len(self.devices) == 1 and settings.num_hypotheses == 1:
       outputs = self._pooled(ids, settings, jax.random.key(seed), pool_size, bar, **wanted)
     else:
+      wanted["parallel_batches"] = parallel_batches
       outputs = self._batched(ids, settings, jax.random.key(seed), tokens_per_batch, bar, wanted)
     seconds = time.perf_counter() - start
     bar.close()

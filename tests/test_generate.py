@@ -263,6 +263,12 @@ def test_a_file_compiles_one_program_per_length_bucket(tiny):
   with Compilations("jit(_search)") as compiled:
     outputs = kept.translate_all(model, params, lists, tokens_per_batch=512, **how)
   assert compiled.count == 2
+  with Compilations("jit(_search)") as again:  # batches decoded at once: the same, in order
+    parallel = kept.translate_all(
+      model, params, lists, tokens_per_batch=512, parallel_batches=3, **how
+    )
+  assert again.count == 0
+  assert [o.tolist() for o in parallel] == [o.tolist() for o in outputs]
   for i in (0, 1, 150, 299):  # a sentence alone in its batch decodes to the same tokens
     alone = kept.translate(model, params, padded([lists[i]], 64), **how)
     assert outputs[i].tolist() == generate.strip(alone[0]).tolist(), i
@@ -314,6 +320,16 @@ def test_sampling_batches_of_one_shape_draw_different_noise(tiny):
     rng=jax.random.key(3),
   )
   assert len({tuple(o.tolist()) for o in outputs}) > 1, [o.tolist() for o in outputs]
+  # Batches decoded at once draw the same noise, each from its batch's number; scores too.
+  how = dict(tokens_per_batch=8, temperature=2.0, max_extra_len=EXTRA, rng=jax.random.key(3))
+  one = kept.translate_all(model, params, [SOURCES[0]] * 6, scores=True, **how)
+  two = kept.translate_all(model, params, [SOURCES[0]] * 6, scores=True, parallel_batches=2, **how)
+  hypotheses = lambda found: [[h.tolist() for h in o.ids] for o in found]
+  assert hypotheses(two) == hypotheses(one)
+  assert [o.ids[0].tolist() for o in one] == [o.tolist() for o in outputs]
+  assert [o.scores.tolist() for o in two] == [o.scores.tolist() for o in one]
+  with pytest.raises(ValueError, match="parallel_batches=0: must be a positive integer"):
+    kept.translate_all(model, params, [SOURCES[0]], parallel_batches=0)
 
 
 def test_attention_weights():

@@ -87,6 +87,7 @@ def test_long_sentences_are_cut_with_a_warning_and_options_are_checked(workdirs,
     ({"max_extra_len": -1}, "max_extra_len=-1: must be >= 0"),
     ({"temperature": 1.0, "top_k": 10**6}, "top_k=1000000: larger than the model's vocabulary"),
     ({"beam": 2}, "'beam'; the search settings are beam_size, alpha"),
+    ({"parallel_batches": 0}, "parallel_batches=0: must be >= 1"),
   ):
     with pytest.raises(UsageError, match=re.escape(message)):
       translator.translate(["w1"], **options)
@@ -94,6 +95,12 @@ def test_long_sentences_are_cut_with_a_warning_and_options_are_checked(workdirs,
   settings = translator.settings(beam_size=1, max_extra_len=2)
   assert settings == SearchSettings(beam_size=1, max_extra_len=2)
   assert translator.translate(["w1 w2", long], settings) == result.texts[:2]
+  # One sentence a batch, two batches at a time: the same translations, in order.
+  sentences = ["w1 w2", long, "w3", "w4 w5 w6"]
+  batched = dict(tokens_per_batch=1, beam_size=1, max_extra_len=2)
+  assert translator.translate(sentences, parallel_batches=2, **batched) == translator.translate(
+    sentences, parallel_batches=1, **batched
+  )
   assert translator.settings().max_extra_len == translator.config.eval.max_decode_extra
   with pytest.raises(UsageError, match="expected a list of sentences"):
     translator.translate("w1 w2")
