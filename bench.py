@@ -11,9 +11,11 @@ Batches are `bench.batch_size` × `bench.seq_len` random tokens; decoding always
 `bench.decode_len` tokens (beam `bench.beam_size`). MFU is achieved model FLOP/s over the peak of
 all devices (datasheet, else a measured matmul: `peak_source`). --flax_wmt=<dir> times google/flax
 examples/wmt instead of ours; --ctranslate2 (--mode=decode) times CTranslate2 decoding our model's
-own weights, at the first of --ctranslate2_compute_types; --paired times ours and the peer(s)
-alternately (every compute type a peer; with flax's, --separate_processes runs each side in its
-own process every round). The work is in benchmark/ (its modules' docstrings say how).
+own weights, at the first of --ctranslate2_compute_types, in each of its threadings on this
+machine's cores (one replica on all, or one per core), recording the fastest and its matrix
+library (`CT2_USE_MKL=0|1` picks another); --paired times ours and the peer(s) alternately
+(every compute type and threading a peer; with flax's, --separate_processes runs each side in
+its own process every round). The work is in benchmark/ (its modules' docstrings say how).
 """
 
 from __future__ import annotations

@@ -8,8 +8,11 @@ on the same source batch and lengths as ours, at one or more compute types (floa
 The source rows are ours (random ids ending in EOS) given as their token strings, without the EOS
 (the exported model appends it). Every sentence gets exactly `decode_len` tokens:
 min_decoding_length = max_decoding_length = decode_len keeps EOS out until the last step, which
-ends every hypothesis. The translator uses all of this machine's cores in one replica
-(intra_threads = os.cpu_count(), inter_threads 1), as a server decoding one batch at a time would.
+ends every hypothesis. Each compute type is timed in both of CTranslate2's threadings on this
+machine's cores (`THREADINGS`): one replica on all of them, and one replica per core with the
+batch split between them; the faster is the peer at its best. Its matrix library is the one this
+process's CTranslate2 chose when imported (`CT2_USE_MKL=0` or 1 in the environment selects
+another: `GEMM_PATHS`); `backend_line` records which.
 """
 
 from __future__ import annotations
@@ -43,11 +46,23 @@ def check_model(model_cfg) -> str:
   return version
 
 
-def translators(model_cfg, params, compute_types, threads: int, longest: int) -> dict:
-  """{compute type: ctranslate2.Translator} of our Transformer (`model_cfg`, `params`), exported
-  once in float32 to a temporary directory; each translator converts the weights to its compute
-  type as it loads them, and holds them in memory (the directory is gone when this returns). One
-  replica each, on `threads` threads; positions up to `longest` (source or output tokens)."""
+# 'intra': one replica on every core (intra_threads = cores); 'inter': one replica per core
+# (inter_threads = cores, one thread each), a batch split into one part per replica.
+THREADINGS = ("intra", "inter")
+
+
+def threadings(cores: int) -> tuple[str, ...]:
+  """The threadings that differ on `cores` cores (one core: 'intra' alone)."""
+  return THREADINGS if cores > 1 else THREADINGS[:1]
+
+
+def translators(model_cfg, params, compute_types, cores: int, longest: int):
+  """({(compute type, threading): ctranslate2.Translator}, backend) of our Transformer
+  (`model_cfg`, `params`), exported once in float32 to a temporary directory; each translator
+  converts the weights to its compute type as it loads them, and holds them in memory (the
+  directory is gone when this returns). Each compute type in each of `threadings(cores)`;
+  positions up to `longest` (source or output tokens). `backend`: what CTranslate2 says it
+  computes with in this process's environment (`backend_line`)."""
   ctranslate2 = export.import_ctranslate2()
   spec = export.transformer_spec(
     model_cfg,
@@ -57,27 +72,35 @@ def translators(model_cfg, params, compute_types, threads: int, longest: int) ->
   )
   with tempfile.TemporaryDirectory(prefix="bench_ctranslate2_") as tmp:
     path = export.write_model(spec, os.path.join(tmp, "model"))
-    return {
-      c: ctranslate2.Translator(
-        str(path), device="cpu", compute_type=c, inter_threads=1, intra_threads=threads
-      )
-      for c in compute_types
-    }
+    built = {}
+    for c in compute_types:
+      for threading in threadings(cores):
+        inter = cores if threading == "inter" else 1
+        built[c, threading] = ctranslate2.Translator(
+          str(path), device="cpu", compute_type=c, inter_threads=inter, intra_threads=cores // inter
+        )
+    backend = backend_line(PeerConfiguration("default", "intra", cores), path)
+  return built, backend
 
 
-def decode_call(translator, inputs, vocab_size: int, decode_len: int, beam_size: int):
+def decode_call(
+  translator, inputs, vocab_size: int, decode_len: int, beam_size: int, parts: int = 1
+):
   """(call, ids): `call()` translates the source rows `inputs` ([rows, src_len] ids below
   `vocab_size`, each ending in EOS) with `translator`, `decode_len` tokens per sentence, beam
-  `beam_size`; `ids()` gives the last call's best hypotheses as [rows, decode_len] ids, a short
-  one padded with PAD (the timed call does not convert them)."""
+  `beam_size`, the rows split into `parts` batches (one per replica of an 'inter' translator);
+  `ids()` gives the last call's best hypotheses as [rows, decode_len] ids, a short one padded
+  with PAD (the timed call does not convert them)."""
   names = placeholder_pieces(vocab_size)
   index = {p: i for i, p in enumerate(names)}
   sources = [[names[i] for i in row[:-1]] for row in np.asarray(inputs)]
   out = []
+  part = -(-len(sources) // parts) if parts > 1 else 0  # 0: the whole batch at once
 
   def call():
     out[:] = translator.translate_batch(
       sources,
+      max_batch_size=part,
       beam_size=beam_size,
       min_decoding_length=decode_len,
       max_decoding_length=decode_len,

@@ -6,8 +6,6 @@ beam search of our own parameters at each compute type (benchmark/ctranslate2.py
 
 from __future__ import annotations
 
-import os
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -26,6 +24,7 @@ from benchmark.records import (
   environment,
   time_stats,
 )
+from core.cpu import usable_cores
 from core.errors import RunError, UsageError
 from model import decoder_state, search
 from model.build import build_model, init_variables
@@ -192,9 +191,10 @@ def decode_runner(config, options: Options, flax: bool = False) -> Runner:
 
 def ctranslate2_runners(config, options: Options, params=None) -> list[Runner]:
   """CTranslate2's fixed-length decoding (benchmark/ctranslate2.py) of the same source rows as
-  `decode_runner`, one runner per compute type of `options.ctranslate2_compute_types`, of our
-  Transformer with `params` (those `decode_runner` times; None: initialised the same way). The
-  records have CTRANSLATE2_FIELDS; CTranslate2 runs on this machine's CPU."""
+  `decode_runner`: one runner per compute type of `options.ctranslate2_compute_types` and per
+  threading on this machine's cores (`ct2.threadings`), compute type first, of our Transformer
+  with `params` (those `decode_runner` times; None: initialised the same way). The records have
+  CTRANSLATE2_FIELDS; CTranslate2 runs on this machine's CPU."""
   version = ct2.check_model(config.model)
   device = jax.local_devices()[0]
   if params is None:
@@ -203,25 +203,29 @@ def ctranslate2_runners(config, options: Options, params=None) -> list[Runner]:
   decode_len, beam = int(config.bench.decode_len), int(config.bench.beam_size)
   vocab = int(config.model.vocab_size)
   n_params = count_params(params)
-  threads = os.cpu_count() or 1
-  translators = ct2.translators(
-    config.model, params, options.ctranslate2_compute_types, threads, max(length, decode_len)
+  cores = usable_cores()
+  translators, backend = ct2.translators(
+    config.model, params, options.ctranslate2_compute_types, cores, max(length, decode_len)
   )
   runners = []
-  for compute_type, translator in translators.items():
-    call, ids = ct2.decode_call(translator, decode_inputs(config), vocab, decode_len, beam)
+  for (compute_type, threading), translator in translators.items():
+    inter = cores if threading == "inter" else 1
+    call, ids = ct2.decode_call(translator, decode_inputs(config), vocab, decode_len, beam, inter)
+    name = f"ctranslate2 {compute_type}, {threading}_threads={cores}"
 
-    def record(first, times, compute_type=compute_type, ids=ids):
-      rec = _decode_record(
-        config, options, device, f"ctranslate2 {compute_type}", ids(), first, times, n_params
-      )
+    def record(first, times, compute_type=compute_type, ids=ids, name=name, inter=inter):
+      rec = _decode_record(config, options, device, name, ids(), first, times, n_params)
       rec.update(
         device_kind="cpu",
         compute_type=compute_type,
-        intra_threads=threads,
+        intra_threads=cores // inter,
+        inter_threads=inter,
+        backend=backend,
         ctranslate2_version=version,
       )
       return rec
 
-    runners.append(Runner(f"ctranslate2_{compute_type}_b{rows}_l{length}", call, record))
+    runners.append(
+      Runner(f"ctranslate2_{compute_type}_{threading}_b{rows}_l{length}", call, record)
+    )
   return runners

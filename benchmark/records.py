@@ -78,8 +78,15 @@ DECODE_FIELDS = (
 
 
 # CTranslate2's decoding records (benchmark/ctranslate2.py): what it computed in, on how many
-# threads, and its version.
-CTRANSLATE2_FIELDS = (*DECODE_FIELDS, "compute_type", "intra_threads", "ctranslate2_version")
+# threads and replicas, with which matrix library (its CT2_VERBOSE=1 line), and its version.
+CTRANSLATE2_FIELDS = (
+  *DECODE_FIELDS,
+  "compute_type",
+  "intra_threads",
+  "inter_threads",
+  "backend",
+  "ctranslate2_version",
+)
 
 
 # ----------------------------------------------------------------------------- measuring

@@ -19,6 +19,7 @@ from benchmark import ctranslate2 as peer
 from benchmark import decoding, paired, records, report
 from benchmark.options import Options
 from configs import tiny
+from core.cpu import usable_cores
 from core.errors import UsageError
 from data.sources import synthetic_pairs
 from inference import ctranslate2_export as ce
@@ -404,9 +405,9 @@ def test_bench_times_int8_products_and_the_peer_exports_the_float_weights(monkey
   assert isinstance(kernel, Int8Matrix) and kernel.values.dtype == np.int8
   assert all(x.dtype == np.float32 for x in jax.tree_util.tree_leaves(ours.params))
   only_int8 = dataclasses.replace(options, ctranslate2_compute_types=("int8",))
-  (runner,) = decoding.ctranslate2_runners(config, only_int8, ours.params)
-  runner.call()
-  assert runner.record(0.1, [0.01])["compute_type"] == "int8"
+  for runner in decoding.ctranslate2_runners(config, only_int8, ours.params):
+    runner.call()
+    assert runner.record(0.1, [0.01])["compute_type"] == "int8"
   with pytest.raises(UsageError, match="model.dtype='int8' is for decoding only"):
     check_config(config, "train")
 
@@ -422,18 +423,27 @@ def test_bench_peer_decodes_our_own_weights_to_the_fixed_length(beam):
   runners = decoding.ctranslate2_runners(config, options, ours.params)
   decode = decoding.fixed_length_decoder(build_model(config.model), beam, 6, True)
   expected = np.asarray(decode(ours.params, decoding.decode_inputs(config)))
-  for runner, compute_type in zip(runners, peer.COMPUTE_TYPES):
+  cores = usable_cores()
+  sides = [(c, t) for c in peer.COMPUTE_TYPES for t in peer.threadings(cores)]
+  assert len(runners) == len(sides) == 2 * (1 + (cores > 1))
+  for runner, (compute_type, threading) in zip(runners, sides):
     runner.call()
     record = runner.record(0.1, [0.01])
     assert set(record) == set(records.CTRANSLATE2_FIELDS)
-    assert record["implementation"] == f"ctranslate2 {compute_type}"
+    assert record["implementation"] == f"ctranslate2 {compute_type}, {threading}_threads={cores}"
     assert record["compute_type"] == compute_type
+    inter = cores if threading == "inter" else 1
+    assert (record["inter_threads"], record["intra_threads"]) == (inter, cores // inter)
+    assert "SGEMM backend" in record["backend"], record["backend"]
     assert record["ctranslate2_version"] == ctranslate2.__version__
     assert record["decode_len"] == 6 and record["beam_size"] == beam
-  (translator,) = peer.translators(config.model, ours.params, ["float32"], 1, 8).values()
-  call, ids = peer.decode_call(translator, decoding.decode_inputs(config), 64, 6, beam)
-  call()
-  np.testing.assert_array_equal(ids(), expected)
+  # Both threadings decode the rows (split between 2 replicas for 'inter') to our fixed length.
+  built, _ = peer.translators(config.model, ours.params, ["float32"], 2, 8)
+  for (_, threading), translator in built.items():
+    parts = 2 if threading == "inter" else 1
+    call, ids = peer.decode_call(translator, decoding.decode_inputs(config), 64, 6, beam, parts)
+    call()
+    np.testing.assert_array_equal(ids(), expected)
 
 
 def test_paired_with_ctranslate2_alternates_ours_and_each_compute_type(capsys):
@@ -444,7 +454,12 @@ def test_paired_with_ctranslate2_alternates_ours_and_each_compute_type(capsys):
   result = paired.bench_paired(config, options, rounds=2)
   assert set(result) == set(paired.PAIRED_FIELDS) | {"peer_speedups"}
   names = [r["implementation"] for r in result["records"]]
-  assert names == ["this repository", "ctranslate2 float32", "ctranslate2 int8"]
+  cores = usable_cores()
+  assert names == ["this repository"] + [
+    f"ctranslate2 {c}, {t}_threads={cores}"
+    for c in ("float32", "int8")
+    for t in peer.threadings(cores)
+  ]
   ours = result["records"][0]["step_time_s"]
   for record, speedup in zip(result["records"][1:], result["peer_speedups"]):
     assert speedup["implementation"] == record["implementation"]
@@ -454,7 +469,7 @@ def test_paired_with_ctranslate2_alternates_ours_and_each_compute_type(capsys):
   json.dumps(result)
   report.print_paired(result)
   printed = capsys.readouterr().out
-  assert "speedup (ctranslate2 int8's step time / ours)" in printed
+  assert f"speedup (ctranslate2 int8, intra_threads={cores}'s step time / ours)" in printed
 
 
 def test_bench_command_line_times_ctranslate2_alone(tmp_path):
@@ -478,7 +493,9 @@ def test_bench_command_line_times_ctranslate2_alone(tmp_path):
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   record = json.loads(record_path.read_text())
-  assert record["implementation"] == "ctranslate2 int8" and record["decode_len"] == 5
+  # The fastest of its threadings on this machine's cores is the record.
+  assert record["implementation"].startswith("ctranslate2 int8, ") and record["decode_len"] == 5
+  assert record["intra_threads"] * record["inter_threads"] == usable_cores()
 
 
 def test_translate_command_has_decode_py_search_flags_and_defaults():
