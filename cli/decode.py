@@ -23,8 +23,9 @@ from inference.translator import DTYPES, OPTION_RULES, Translator
 from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID
 
-# None: the training config's eval.max_decode_extra, eval.length_penalty.
-SEARCH_DEFAULTS = {"max_extra_len": None, "length_penalty": None}
+# None: the training config's eval.beam_size, eval.alpha, eval.max_decode_extra,
+# eval.length_penalty.
+SEARCH_DEFAULTS = {"beam_size": None, "alpha": None, "max_extra_len": None, "length_penalty": None}
 # The library's argument names -> this command line's flags.
 FLAG_NAMES = {"num_hypotheses": "nbest"}
 FLAGS = flags.FLAGS
@@ -38,6 +39,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flag_values,
     SEARCH_DEFAULTS,
     {
+      "beam_size": "(default: config.eval.beam_size: 4, decoder.yml's for an import)",
+      "alpha": "(default: config.eval.alpha: 0.6, decoder.yml's normalize for an import)",
       "max_extra_len": "(default: config.eval.max_decode_extra)",
       "length_penalty": "(default: config.eval.length_penalty: gnmt, marian for an import)",
     },
@@ -182,7 +185,10 @@ def _search_fields() -> dict:
 def _check_flags() -> None:
   """UsageError (or a ValueError naming a search field, printed as its flag) for flags that
   cannot go together or outputs that cannot be written, before any file is read."""
-  SearchSettings(**_search_fields())
+  fields = _search_fields()
+  if FLAGS.beam_size is None:  # the workdir's beam, known once it is read: checked then
+    fields.pop("num_hypotheses")
+  SearchSettings(**fields)
   if FLAGS.score_reference and not (FLAGS.reference or FLAGS.split):
     raise UsageError("--score_reference scores given translations: give --reference or --split")
   for path, flag in (

@@ -15,6 +15,7 @@ import ml_collections
 
 from core.rules import Bool, Choice, Float, Int, Rule, Text, allowing
 from model import config as model_config
+from model.search_settings import SearchSettings
 from model.special_tokens import NUM_SPECIAL
 
 
@@ -28,6 +29,7 @@ class Field:
 FRACTION = Float(min=0.0, below=1.0)
 POSITIVE = Int(min=1)
 COUNT = Int(min=0)
+_SEARCH = {f.name: f for f in dataclasses.fields(SearchSettings)}  # decoding's defaults
 MESH_AXIS = Int(min=1, also=(-1,))
 
 
@@ -161,6 +163,17 @@ FIELDS: dict[str, Field] = {
   ),
   "eval.max_decode_extra": Field(
     50, "decoding's output length limit = source tokens + this", COUNT
+  ),
+  "eval.beam_size": Field(
+    _SEARCH["beam_size"].default,
+    "decoding's default beam size (decode.py --beam_size): decoder.yml's beam-size for an import",
+    POSITIVE,
+  ),
+  "eval.alpha": Field(
+    _SEARCH["alpha"].default,
+    "decoding's default length penalty exponent (decode.py --alpha): decoder.yml's normalize "
+    "for an import",
+    Float(min=0.0),
   ),
   "eval.length_penalty": Field(
     "gnmt",

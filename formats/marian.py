@@ -286,12 +286,14 @@ def _done(w: _Weights, params: dict) -> dict:
 @dataclasses.dataclass
 class Imported:
   """An imported model: `model_options` (the config's `model.*` fields), `params` (the parameter
-  tree, numpy float32), `vocab` (a MarianVocab), `decoder` (decoder.yml's options, {} if none)."""
+  tree, numpy float32), `vocab` (a MarianVocab), `decoder` (decoder.yml's options, {} if none),
+  `search` (the `eval.*` decoding defaults decoder.yml gives: `decoder_search`)."""
 
   model_options: dict
   params: dict
   vocab: MarianVocab
   decoder: dict
+  search: dict = dataclasses.field(default_factory=dict)
 
 
 def _file(release: dict[str, bytes], name: str) -> bytes:
@@ -304,6 +306,27 @@ def _plain_name(value, key: str) -> str:
   if not isinstance(value, str) or "/" in value or "\\" in value or value in ("", ".", ".."):
     raise MarianError(f"decoder.yml: {key}={value!r} must name a file of the release")
   return value
+
+
+def decoder_search(decoder: dict) -> dict:
+  """The decoding defaults of decoder.yml, as config fields: `beam-size` -> eval.beam_size,
+  `normalize` (Marian's length normalisation exponent) -> eval.alpha; MarianError naming the key
+  for a value out of range. Options it does not give keep the config's defaults."""
+  search = {}
+  size = decoder.get("beam-size")
+  if size is not None:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+      raise MarianError(f"decoder.yml: beam-size={size!r}: expected a positive integer")
+    search["beam_size"] = size
+  normalize = decoder.get("normalize")
+  if normalize is not None:
+    number = isinstance(normalize, (int, float)) and not isinstance(normalize, bool)
+    if isinstance(normalize, bool):  # a flag without its value means 1 in Marian
+      normalize, number = float(normalize), True
+    if not number or not 0 <= normalize < float("inf"):
+      raise MarianError(f"decoder.yml: normalize={normalize!r}: expected a number >= 0")
+    search["alpha"] = float(normalize)
+  return search
 
 
 def convert(release: dict[str, bytes], follow: str = "marian") -> Imported:
@@ -332,6 +355,7 @@ def convert(release: dict[str, bytes], follow: str = "marian") -> Imported:
         f"expected one of each"
       )
     npz_name, vocab_names = npzs[0], ymls * 2
+  search = decoder_search(decoder)
   spms = [_file(release, n) for n in SPM_FILES]
   vocab_data = [_file(release, n) for n in vocab_names]
   arrays = read_npz(_file(release, npz_name), npz_name)
@@ -372,18 +396,20 @@ def convert(release: dict[str, bytes], follow: str = "marian") -> Imported:
     "raw_self_keys": options["pre_ln"] and not ctranslate2,
     "max_len": MAX_LEN,
   }
-  return Imported(fields, params, vocab, decoder)
+  return Imported(fields, params, vocab, decoder, search)
 
 
 def config_for(imported: Imported):
   """The run config of an imported model: every field at its default but `model.*` (the
-  model's) and the vocabulary's size."""
+  model's), the vocabulary's size and decoding's defaults (Marian's search, with decoder.yml's
+  beam size and normalisation)."""
   from configs.common import base_config
 
   config = base_config()
   config.model.update(imported.model_options)
   config.data.vocab_size = imported.vocab.vocab_size
   config.eval.length_penalty = "marian"  # decode.py searches as Marian unless told otherwise
+  config.eval.update(imported.search)  # and with decoder.yml's beam size and normalisation
   return config
 
 

@@ -389,12 +389,17 @@ class Translator:
 
   def settings(self, settings: SearchSettings | None = None, **fields) -> SearchSettings:
     """`settings` (or this model's defaults) with `fields` changed, checked for this model:
-    UsageError naming the field when one is out of range or they do not go together. The default
-    max_extra_len is the training config's eval.max_decode_extra, the default length_penalty its
-    eval.length_penalty ('marian' for an imported Marian model)."""
+    UsageError naming the field when one is out of range or they do not go together. The defaults
+    of beam_size, alpha and max_extra_len are the training config's eval.beam_size, eval.alpha
+    (decoder.yml's beam-size and normalize for an imported Marian model) and
+    eval.max_decode_extra, of length_penalty its eval.length_penalty ('marian' for an import);
+    a config without them (an older workdir) gets SearchSettings' own."""
+    plain = SearchSettings()
     defaults = {
+      "beam_size": int(self.config.eval.get("beam_size", plain.beam_size)),
+      "alpha": float(self.config.eval.get("alpha", plain.alpha)),
       "max_extra_len": int(self.config.eval.max_decode_extra),
-      "length_penalty": str(self.config.eval.get("length_penalty", "gnmt")),
+      "length_penalty": str(self.config.eval.get("length_penalty", plain.length_penalty)),
     }
     try:
       settings, unknown = with_keywords(settings, fields, defaults)

@@ -517,8 +517,14 @@ def test_translate_command_has_decode_py_search_flags_and_defaults():
   assert "prefix_rule" in ours and "prefix_rule" not in theirs  # it takes no prefix
   pairs = {n: (ours[n].default, theirs[n].default) for n in names}
   differ = {n: pair for n, pair in pairs.items() if pair[0] != pair[1]}
-  # decode.py's length penalty and max_extra_len come from the workdir's config (eval.*).
-  assert differ == {"length_penalty": (None, "fairseq"), "max_extra_len": (None, 50)}
+  # decode.py's beam, alpha, length penalty and max_extra_len come from the workdir's config
+  # (eval.*; their defaults are SearchSettings', the command's).
+  assert differ == {
+    "beam_size": (None, 4),
+    "alpha": (None, 0.6),
+    "length_penalty": (None, "fairseq"),
+    "max_extra_len": (None, 50),
+  }
   assert search_options(SearchSettings(beam_size=3, alpha=1.0, length_penalty="fairseq")) == {
     "beam_size": 3,
     "length_penalty": 1.0,

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import zipfile
@@ -236,6 +237,24 @@ def test_imports_a_padded_config_and_a_zip(release, tmp_path):
   # The yml's quoted and escaped pieces read back as the SentencePiece models' pieces.
   pieces = set(folder.vocab.pieces)
   assert {"\u2581", '"', "\\", ":", "#", "'"} <= pieces
+
+
+def test_decoder_yml_gives_the_default_beam_and_normalisation(release, tmp_path):
+  folder = copy(release, tmp_path / "r")
+  options = yaml.safe_load((folder / "decoder.yml").read_text())
+  (folder / "decoder.yml").write_text(yaml.safe_dump({**options, "beam-size": 6, "normalize": 0.6}))
+  imported = marian.convert(marian_files.read_release(folder))
+  assert imported.search == {"beam_size": 6, "alpha": 0.6}
+  workdir = marian.write_workdir(imported, tmp_path / "w")
+  settings = Translator.load(workdir).settings()
+  assert (settings.beam_size, settings.alpha, settings.length_penalty) == (6, 0.6, "marian")
+  assert Translator.load(workdir).settings(beam_size=2).beam_size == 2  # asked for: as asked
+  for key, value, match in (
+    ("beam-size", 0, "decoder.yml: beam-size=0: expected a positive integer"),
+    ("normalize", "x", "decoder.yml: normalize='x': expected a number >= 0"),
+  ):
+    (folder / "decoder.yml").write_text(yaml.safe_dump({**options, key: value}))
+    refused(folder, tmp_path / f"w{key}", re.escape(match))
 
 
 @pytest.mark.parametrize(
