@@ -166,13 +166,12 @@ FIELDS: dict[str, Field] = {
   ),
   "eval.beam_size": Field(
     _SEARCH["beam_size"].default,
-    "decoding's default beam size (decode.py --beam_size): decoder.yml's beam-size for an import",
+    "decoding's default beam size (decode.py --beam_size): an import's decoder.yml beam-size",
     POSITIVE,
   ),
   "eval.alpha": Field(
     _SEARCH["alpha"].default,
-    "decoding's default length penalty exponent (decode.py --alpha): decoder.yml's normalize "
-    "for an import",
+    "decoding's default length penalty exponent (decode.py --alpha): an import's normalize",
     Float(min=0.0),
   ),
   "eval.length_penalty": Field(
