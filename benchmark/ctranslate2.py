@@ -75,9 +75,13 @@ def translators(model_cfg, params, compute_types, cores: int, longest: int):
     built = {}
     for c in compute_types:
       for threading in threadings(cores):
-        inter = cores if threading == "inter" else 1
+        run = PeerConfiguration("default", threading, cores)
         built[c, threading] = ctranslate2.Translator(
-          str(path), device="cpu", compute_type=c, inter_threads=inter, intra_threads=cores // inter
+          str(path),
+          device="cpu",
+          compute_type=c,
+          inter_threads=run.replicas,
+          intra_threads=run.threads,
         )
     backend = backend_line(PeerConfiguration("default", "intra", cores), path)
   return built, backend
@@ -140,11 +144,19 @@ class PeerConfiguration(NamedTuple):
     return dict(GEMM_PATHS[self.gemm])
 
   @property
+  def replicas(self) -> int:
+    """inter_threads: one replica, or one per core."""
+    return self.cores if self.threading == "inter" else 1
+
+  @property
+  def threads(self) -> int:
+    """intra_threads: each replica's share of the cores."""
+    return self.cores // self.replicas
+
+  @property
   def flags(self) -> list[str]:
     """`python -m cli.ctranslate2_translate`'s threading flags."""
-    if self.threading == "intra":
-      return [f"--threads={self.cores}", "--inter_threads=1"]
-    return ["--threads=1", f"--inter_threads={self.cores}"]
+    return [f"--threads={self.threads}", f"--inter_threads={self.replicas}"]
 
   def name(self) -> str:
     return f"{self.gemm} GEMM, {self.threading}_threads={self.cores}"

@@ -209,17 +209,19 @@ def ctranslate2_runners(config, options: Options, params=None) -> list[Runner]:
   )
   runners = []
   for (compute_type, threading), translator in translators.items():
-    inter = cores if threading == "inter" else 1
-    call, ids = ct2.decode_call(translator, decode_inputs(config), vocab, decode_len, beam, inter)
+    run = ct2.PeerConfiguration("default", threading, cores)
+    call, ids = ct2.decode_call(
+      translator, decode_inputs(config), vocab, decode_len, beam, run.replicas
+    )
     name = f"ctranslate2 {compute_type}, {threading}_threads={cores}"
 
-    def record(first, times, compute_type=compute_type, ids=ids, name=name, inter=inter):
+    def record(first, times, compute_type=compute_type, ids=ids, name=name, run=run):
       rec = _decode_record(config, options, device, name, ids(), first, times, n_params)
       rec.update(
         device_kind="cpu",
         compute_type=compute_type,
-        intra_threads=cores // inter,
-        inter_threads=inter,
+        intra_threads=run.threads,
+        inter_threads=run.replicas,
         backend=backend,
         ctranslate2_version=version,
       )

@@ -318,12 +318,9 @@ def decoder_search(decoder: dict) -> dict:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
       raise MarianError(f"decoder.yml: beam-size={size!r}: expected a positive integer")
     search["beam_size"] = size
-  normalize = decoder.get("normalize")
+  normalize = decoder.get("normalize")  # true: a flag without its value, 1 in Marian
   if normalize is not None:
-    number = isinstance(normalize, (int, float)) and not isinstance(normalize, bool)
-    if isinstance(normalize, bool):  # a flag without its value means 1 in Marian
-      normalize, number = float(normalize), True
-    if not number or not 0 <= normalize < float("inf"):
+    if not isinstance(normalize, (int, float)) or not 0 <= normalize < float("inf"):
       raise MarianError(f"decoder.yml: normalize={normalize!r}: expected a number >= 0")
     search["alpha"] = float(normalize)
   return search

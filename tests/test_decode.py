@@ -362,6 +362,7 @@ def test_nbest_lists_and_scoring_given_translations(workdir, tmp_path):
     assert [float(x) for x in tokens.split()] == pytest.approx(pair.token_log_probs, abs=1e-5)
   for flags, message in (
     (["--nbest=5", "--beam_size=3"], "--nbest=5: at most beam_size=3 hypotheses"),
+    (["--nbest=5"], "--nbest=5: at most beam_size=4 hypotheses"),  # the workdir's eval.beam_size
     (["--nbest=-1"], "flag --nbest=-1: must be >= 0"),
     (["--score_reference"], "--score_reference scores given translations: give --reference"),
   ):

@@ -245,6 +245,7 @@ def test_decoder_yml_gives_the_default_beam_and_normalisation(release, tmp_path)
   (folder / "decoder.yml").write_text(yaml.safe_dump({**options, "beam-size": 6, "normalize": 0.6}))
   imported = marian.convert(marian_files.read_release(folder))
   assert imported.search == {"beam_size": 6, "alpha": 0.6}
+  assert marian.decoder_search({"normalize": True}) == {"alpha": 1.0}  # a bare flag: 1
   workdir = marian.write_workdir(imported, tmp_path / "w")
   settings = Translator.load(workdir).settings()
   assert (settings.beam_size, settings.alpha, settings.length_penalty) == (6, 0.6, "marian")
