@@ -188,3 +188,38 @@ def test_decoding_reads_the_parameters_only(uninterrupted, tmp_path):
     assert_trees_equal(
       load_for_inference(work, checkpoint).params, load_for_inference(full, checkpoint).params
     )
+
+
+def test_parameters_restore_from_the_shapes_meta_recorded(uninterrupted, tmp_path):
+  """Training's checkpoints record the parameters' shapes in meta, and `restore_params` reads
+  the parameters by them (no Orbax metadata of every array); a checkpoint without them (written
+  before) restores the same parameters; shapes meta has wrong are an OSError naming the folder."""
+  import json
+
+  _, full = uninterrupted
+  folder = ckpt.checkpoint_dir(full) / "12"
+  meta = json.loads((folder / "meta" / "metadata").read_text())
+  params = saved_params(full, 12)
+  shapes = jax.tree_util.tree_map(lambda x: list(x.shape), params)
+  assert meta[ckpt.PARAM_SHAPES] == shapes
+  restored, restored_meta = restore_params(folder)
+  assert_trees_equal(restored, params)
+  assert restored_meta[ckpt.PARAM_SHAPES] == shapes and restored_meta["step"] == 12
+
+  older = tmp_path / "12"
+  shutil.copytree(folder, older)
+  del meta[ckpt.PARAM_SHAPES]
+  (older / "meta" / "metadata").write_text(json.dumps(meta))
+  assert_trees_equal(restore_params(older)[0], params)
+
+  wrong = json.loads(json.dumps(shapes))  # a copy, one parameter's shape changed
+  node = wrong
+  while isinstance(node, dict):
+    key = next(iter(node))
+    if isinstance(node[key], list):
+      node[key] = [d + 1 for d in node[key]]
+      break
+    node = node[key]
+  (older / "meta" / "metadata").write_text(json.dumps(dict(meta, **{ckpt.PARAM_SHAPES: wrong})))
+  with pytest.raises(OSError, match="do not have the shapes meta recorded"):
+    restore_params(older)

@@ -19,7 +19,13 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from core.errors import ArgumentError
-from training.checkpoint import available_steps, checkpoint_dir, describe_workdir, restore_params
+from training.checkpoint import (
+  available_steps,
+  checkpoint_dir,
+  describe_workdir,
+  restore_params,
+  with_param_shapes,
+)
 from training.compatibility import config_from_meta
 
 AVERAGE_DIR = "averaged"
@@ -77,14 +83,13 @@ def write_average(workdir, last: int) -> pathlib.Path:
     p, meta = restore_params(checkpoint_dir(workdir) / str(s))
     trees.append(p)
   report_average(chosen, config_from_meta(meta).get("checkpoint_every_steps"))
-  meta = dict(meta, averaged_steps=chosen)
+  averaged = {"params": average_params(trees)}
+  meta = with_param_shapes(dict(meta, averaged_steps=chosen), averaged)
   out = workdir / AVERAGE_DIR / f"last{last}"
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
     ckptr.save(
       out,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave({"params": average_params(trees)}), meta=ocp.args.JsonSave(meta)
-      ),
+      args=ocp.args.Composite(state=ocp.args.StandardSave(averaged), meta=ocp.args.JsonSave(meta)),
       force=True,
     )
   return out

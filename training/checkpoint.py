@@ -4,7 +4,8 @@ inference/restore.py; averaging is training/average.py; whether a config may con
 checkpoint is training/compatibility.py.
 
 A checkpoint holds `state` (params, Adam moments, step, the non-finite counter) and `meta`
-(JSON: the config, the data iterator's position, the RNG seed). The vocabulary file sits in the
+(JSON: the config, the data iterator's position, the RNG seed, and the parameters' shapes, so that
+decoding restores them without reading every array's metadata). The vocabulary file sits in the
 workdir beside it. Orbax writes each step into a temporary folder and renames it when complete,
 so a crash mid-save leaves the previous checkpoint intact; restore skips unfinished folders and
 falls back past a checkpoint that cannot be read, with a warning naming it, and renames it to
@@ -31,6 +32,7 @@ from __future__ import annotations
 import json
 import pathlib
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -112,6 +114,7 @@ class Checkpointer:
     previous one still in flight, fails."""
     if self._writing is not None:
       self.wait()  # Orbax would wait for it too; a failure of it is named as its own
+    meta = with_param_shapes(meta, state)
     try:
       saved = self.manager.save(
         int(step),
@@ -344,15 +347,57 @@ def choose_steps(steps: list[int], choice: str) -> list[int]:
   raise ValueError("expected latest, a step number, average:<k> or ensemble:<k>")
 
 
+PARAM_SHAPES = "param_shapes"  # meta's key: {name: sub-tree, or a parameter's [shape]}
+
+
+def with_param_shapes(meta: dict, state) -> dict:
+  """`meta` with the shape tree of `state`'s params (a dict's "params" or a `.params`), which
+  `restore_params` restores from; `meta` as it is when they are not nested dicts of arrays."""
+  params = state.get("params") if isinstance(state, Mapping) else getattr(state, "params", None)
+  shapes = _shape_tree(params)
+  return meta if shapes is None else dict(meta, **{PARAM_SHAPES: shapes})
+
+
+def _shape_tree(tree):
+  """{name: sub-tree} of nested dicts, each array as its [shape]; None for anything else."""
+  if hasattr(tree, "shape"):
+    return [int(d) for d in tree.shape]
+  if not isinstance(tree, Mapping) or not all(isinstance(k, str) for k in tree):
+    return None
+  out = {k: _shape_tree(v) for k, v in tree.items()}
+  return None if any(v is None for v in out.values()) else out
+
+
+def _recorded_params(folder: pathlib.Path):
+  """The params tree (leaves: their shapes) that `meta` recorded at save time, or None (an older
+  checkpoint, or meta unreadable: Orbax's metadata of the state is read instead)."""
+  try:
+    shapes = json.loads((folder / "meta" / "metadata").read_text()).get(PARAM_SHAPES)
+  except (OSError, ValueError, AttributeError):
+    return None
+
+  def tree(node):
+    return tuple(node) if isinstance(node, list) else {k: tree(v) for k, v in node.items()}
+
+  return tree(shapes) if isinstance(shapes, dict) else None
+
+
 def restore_params(folder) -> tuple[Any, dict]:
   """(params, meta) of one checkpoint folder (a training step's, or one `training.average`
   wrote), the parameters as host numpy arrays: Orbax restores the `params` subtree of the state
-  only (a partial restore), reading none of the optimizer's arrays."""
+  only (a partial restore), reading none of the optimizer's arrays. The subtree is the one meta
+  recorded (`with_param_shapes`); for a checkpoint without it, Orbax's metadata of every array
+  of the state, which takes longer. OSError when the arrays read do not have the shapes meta
+  recorded."""
   folder = pathlib.Path(folder)
   begin = time.perf_counter()
-  saved = _state_metadata(folder)
-  if not isinstance(saved, dict) or "params" not in saved:  # Orbax gives no tree when damaged
-    raise OSError(f"no readable parameter metadata in {folder / 'state'}")
+  recorded = _recorded_params(folder)
+  if recorded is not None:  # a leaf's value is not read: the restore args say what to make
+    saved = {"params": jax.tree_util.tree_map(lambda _: 0, recorded, is_leaf=_is_shape)}
+  else:
+    saved = _state_metadata(folder)
+    if not isinstance(saved, dict) or "params" not in saved:  # Orbax gives no tree when damaged
+      raise OSError(f"no readable parameter metadata in {folder / 'state'}")
   wanted = {"params": saved["params"]}
   as_numpy = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
   with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
@@ -364,6 +409,8 @@ def restore_params(folder) -> tuple[Any, dict]:
       ),
     )
   params = restored["state"]["params"]
+  if recorded is not None and jax.tree_util.tree_map(lambda x: tuple(x.shape), params) != recorded:
+    raise OSError(f"the parameters in {folder / 'state'} do not have the shapes meta recorded")
   arrays = jax.tree_util.tree_leaves(params)
   logging.vlog(
     1,
@@ -375,6 +422,10 @@ def restore_params(folder) -> tuple[Any, dict]:
     time.perf_counter() - begin,
   )
   return params, restored["meta"]
+
+
+def _is_shape(x) -> bool:
+  return isinstance(x, tuple)
 
 
 def restore(path: pathlib.Path, abstract_state=None):
