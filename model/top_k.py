@@ -4,6 +4,11 @@ step (model/search.py).
 
     values, index = chunked_top_k(x, n)        # x [..., width]
     values, flat = beams_top_k(x, n)           # x [batch, beam, vocab]: flat index into beam*vocab
+
+XLA:CPU runs `lax.top_k` as a library call (a partial sort) only while every consumer takes all
+`n` results; one taking fewer (`values[:, :k]`) turns it into a full sort of the row, several
+times slower. The selections here hand their results out through `lax.optimization_barrier`, so
+no consumer changes how they run.
 """
 
 from __future__ import annotations
@@ -12,44 +17,71 @@ import jax.numpy as jnp
 from jax import lax
 
 
+def _top_k(x, n: int):
+  """``lax.top_k(x, n)``, its results behind an optimization barrier (module doc)."""
+  return lax.optimization_barrier(lax.top_k(x, n))
+
+
+def _sliced_top_k(x, n: int, chunk: int):
+  """``lax.top_k`` over the last two axes of ``x`` ``[..., rows, width]`` taken as one flat axis
+  of ``rows * width``: values and int32 flat indices ``[..., n]``, identical including ties.
+
+  Order the elements by (value descending, flat index ascending). Cut each row into slices of
+  ``chunk`` elements (the last one shorter when ``chunk`` does not divide ``width``): each of the
+  top ``n`` lies in one of the ``n`` slices whose best elements rank highest, since a slice
+  outside those holds no element that outranks ``n`` others. So: one pass for the slice maxima,
+  ``top_k`` over those, then ``top_k`` over the elements of the chosen slices laid out in flat
+  index order (a shorter slice's missing elements as -inf after all of them: never taken, each
+  chosen slice holding at least one element). On CPU a ``top_k`` over a long axis is far slower
+  than a max reduction over it. Slices stay within a row: cut across rows of a width that
+  ``chunk`` does not divide, XLA:CPU computes ``x`` itself (beam search's sum of scores) several
+  times slower. Few slices: plain ``top_k``.
+  """
+  *lead, rows, width = x.shape
+  flat = x.reshape(*lead, rows * width)
+  whole, short = divmod(width, chunk)  # full slices per row, the length of a shorter last one
+  if rows * width <= 4 * chunk or n > rows * whole:
+    return _top_k(flat, n)
+  per_row = whole + (short > 0)  # slices per row
+  maxima = jnp.max(x[..., : whole * chunk].reshape(*lead, rows, whole, chunk), axis=-1)
+  if short:
+    maxima = jnp.concatenate([maxima, jnp.max(x[..., whole * chunk :], axis=-1)[..., None]], -1)
+  _, chosen = _top_k(maxima.reshape(*lead, rows * per_row), n)  # [..., n] slice numbers
+  chosen = jnp.sort(chosen, axis=-1)  # flat index order
+  if not short:  # slices tile the flat axis: gather them whole
+    cand = jnp.take_along_axis(flat.reshape(*lead, -1, chunk), chosen[..., None], axis=-2)
+    values, j = _top_k(cand.reshape(*lead, n * chunk), n)
+    index = jnp.take_along_axis(chosen, j // chunk, axis=-1) * chunk + j % chunk
+    return values, index.astype(jnp.int32)
+  row, part = chosen // per_row, chosen % per_row
+  start = row * width + part * chunk  # [..., n] each chosen slice's first flat index
+  size = jnp.where(part == whole, short, chunk)
+  offset = jnp.cumsum(size, axis=-1) - size  # [..., n] its first candidate's position
+  at = jnp.arange(n * chunk)  # candidate positions, the slices' elements packed in order
+  slot = jnp.sum(at[:, None] >= offset[..., None, :], axis=-1) - 1  # [..., n*chunk] the slice
+  index = jnp.take_along_axis(start - offset, slot, axis=-1) + at  # each one's flat index
+  real = at < jnp.sum(size, axis=-1, keepdims=True)
+  index = jnp.where(real, index, 0)
+  cand = jnp.where(real, jnp.take_along_axis(flat, index, axis=-1), -jnp.inf)
+  values, j = _top_k(cand, n)
+  return values, jnp.take_along_axis(index, j, axis=-1).astype(jnp.int32)
+
+
 def chunked_top_k(x, n: int, chunk: int = 64):
-  """``lax.top_k(x, n)`` over the last axis, identical including ties (lower index first), from
-  the maxima of ``chunk``-wide slices.
+  """``lax.top_k(x, n)`` over the last axis of ``x`` ``[..., width]``, identical including ties
+  (lower index first): values and int32 indices ``[..., n]``, from the maxima of ``chunk``-wide
+  slices (``_sliced_top_k``)."""
+  return _sliced_top_k(x[..., None, :], n, chunk)
 
-  Order the elements by (value descending, index ascending). Each of the top ``n`` lies in one
-  of the ``n`` slices whose best elements rank highest: a slice outside those holds no element
-  that outranks ``n`` others. So: one pass for the slice maxima, ``top_k`` over those, then
-  ``top_k`` over the ``n * chunk`` elements of the chosen slices taken in index order. On CPU a
-  ``top_k`` over a long axis is far slower than a max reduction over it.
+
+def beams_top_k(x, n: int, chunk: int = 64):
+  """``lax.top_k(x.reshape(batch, beam * vocab), n)``: ``x`` is ``[batch, beam, vocab]``;
+  values and flat int32 indices into ``beam * vocab``, both ``[batch, n]``, identical to the
+  flat ``top_k`` including ties (lower flat index first).
+
+  ``_sliced_top_k`` over each sentence's ``beam * vocab`` entries at once, in slices of ``chunk``
+  tokens of one beam: no ``top_k`` per beam, only one over the sentence's slice maxima and one
+  over its ``n * chunk`` candidates, which on CPU cost far less than one per beam and a third
+  over the ``beam * n`` survivors.
   """
-  *lead, width = x.shape
-  if width <= 4 * chunk or n > width // chunk:
-    return lax.top_k(x, n)
-  pad = (-width) % chunk
-  slices = jnp.pad(x, [(0, 0)] * len(lead) + [(0, pad)], constant_values=-jnp.inf)
-  slices = slices.reshape(*lead, -1, chunk)  # [..., slices, chunk]
-  _, chosen = lax.top_k(jnp.max(slices, axis=-1), n)  # [..., n]
-  chosen = jnp.sort(chosen, axis=-1)  # index order
-  cand = jnp.take_along_axis(slices, chosen[..., None], axis=-2)  # [..., n, chunk]
-  values, j = lax.top_k(cand.reshape(*lead, n * chunk), n)
-  index = jnp.take_along_axis(chosen, j // chunk, axis=-1) * chunk + j % chunk
-  return values, index.astype(jnp.int32)
-
-
-def beams_top_k(x, n: int):
-  """``lax.top_k(x.reshape(batch, beam * vocab), n)`` computed in two stages.
-
-  ``x`` is ``[batch, beam, vocab]``; returns values and flat indices into
-  ``beam * vocab``, both ``[batch, n]``, identical to the flat ``top_k``
-  including ties (lower flat index first). The flat top ``n`` lies within the
-  union of each beam's top ``n``, so ``top_k`` runs per beam, then over the
-  ``beam * n`` survivors, which are laid out beam-major and, within a beam, in
-  the per-beam order (value descending, ties by lower token). This avoids one
-  large ``top_k`` over ``beam * vocab``, which is slow on CPU inside loops.
-  """
-  batch, beam, vocab = x.shape
-  m = min(n, vocab)
-  v1, i1 = chunked_top_k(x, m)  # [batch, beam, m]
-  vals, j = lax.top_k(v1.reshape(batch, beam * m), n)  # [batch, n]
-  tok = jnp.take_along_axis(i1.reshape(batch, beam * m), j, axis=1)
-  return vals, (j // m) * vocab + tok
+  return _sliced_top_k(x, n, chunk)

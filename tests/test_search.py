@@ -318,29 +318,65 @@ def test_expand_and_gather_beams():
   np.testing.assert_array_equal(g2["x"], [10, 50])
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _two_stage_and_flat_top_k(x, n):
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _beams_and_flat_top_k(x, n, chunk):
   """beams_top_k of x [batch, beam, vocab], and jax.lax.top_k over each row's
   flattened beam * vocab entries (the reference), as one program."""
-  return beams_top_k(x, n), jax.lax.top_k(x.reshape(x.shape[0], -1), n)
+  return beams_top_k(x, n, chunk), jax.lax.top_k(x.reshape(x.shape[0], -1), n)
 
 
-@pytest.mark.parametrize("batch,beam,vocab", [(3, 4, 50), (2, 1, 7), (2, 3, 4), (1, 2, 2)])
-def test_two_stage_top_k_equals_flat_top_k(batch, beam, vocab):
-  rng = np.random.default_rng(batch * 100 + beam * 10 + vocab)
+@pytest.mark.parametrize(
+  "batch,beam,vocab,chunk",
+  [
+    (3, 4, 50, 64),  # too few slices: plain top_k
+    (2, 1, 7, 64),
+    (2, 3, 4, 64),
+    (1, 2, 2, 64),
+    (3, 4, 50, 8),  # each beam: 6 slices of 8 tokens and a shorter one of 2
+    (2, 5, 37, 8),  # a shorter last slice, beam * vocab no multiple of the chunk either
+    (2, 5, 64, 16),  # whole slices only
+    (2, 3, 1001, 64),
+    (2, 5, 8000, 64),  # beam search's shape on the Multi30k model
+  ],
+)
+def test_beams_top_k_equals_flat_top_k(batch, beam, vocab, chunk):
+  rng = np.random.default_rng(batch * 100 + beam * 10 + vocab + chunk)
   n = 2 * beam
-  for ties in (False, True):
-    if ties:  # few distinct values -> many ties within and across beams, plus -inf rows
-      x = rng.integers(0, 3, (batch, beam, vocab)).astype(np.float32)
-      x[:, 1:] = np.where(rng.random((batch, beam - 1, 1)) < 0.5, -INF, x[:, 1:])
-    else:
-      x = rng.standard_normal((batch, beam, vocab)).astype(np.float32)
-    (vals, flat), (ref_vals, ref_flat) = _two_stage_and_flat_top_k(x, n)
+  shape = (batch, beam, vocab)
+  few = rng.integers(0, 3, shape).astype(np.float32)  # many ties within and across beams
+  dead = few.copy()  # ... and beams at -inf, as beam search's first step has them
+  dead[:, 1:] = np.where(rng.random((batch, beam - 1, 1)) < 0.5, -INF, dead[:, 1:])
+  one = np.full(shape, -INF, np.float32)  # one entry per beam (a forced token): -inf ties
+  one[:, :, vocab // 2] = rng.standard_normal((batch, beam))
+  cases = [
+    rng.standard_normal(shape),
+    few,
+    dead,
+    one,
+    np.where(rng.random(shape) < 0.97, -INF, rng.standard_normal(shape)),
+    np.full(shape, -INF),  # all -inf: the lowest flat indices
+  ]
+  for x in cases:
+    (vals, flat), (ref_vals, ref_flat) = _beams_and_flat_top_k(x.astype(np.float32), n, chunk)
     np.testing.assert_array_equal(vals, ref_vals)
     np.testing.assert_array_equal(flat, ref_flat)
-  x = np.full((batch, beam, vocab), -INF, np.float32)  # all -inf: lowest flat indices
-  (_, flat), _ = _two_stage_and_flat_top_k(x, n)
-  np.testing.assert_array_equal(flat, np.tile(np.arange(n), (batch, 1)))
+    assert flat.dtype == np.int32
+
+
+def test_beams_top_k_stays_a_library_top_k_on_cpu():
+  """Consumers that take fewer than all n results (beam search's values[:, :k]) must not turn
+  XLA:CPU's top_k into a full sort of the candidates (model/top_k.py's module doc)."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("XLA:CPU's top_k rewrite")
+
+  def first_half(x):
+    vals, flat = beams_top_k(x, 10)
+    return vals[:, :5], flat[:, :5]
+
+  hlo = jax.jit(first_half).lower(jnp.zeros((4, 5, 1000))).compile().as_text()
+  sorts = [line for line in hlo.splitlines() if " sort(" in line]
+  assert all("f32[" not in line.split(" sort(")[0] for line in sorts), sorts
+  assert hlo.count('custom_call_target="TopK"') == 2
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
@@ -349,7 +385,9 @@ def _chunked_and_plain_top_k(x, n, chunk):
   return chunked_top_k(x, n, chunk), jax.lax.top_k(x, n)
 
 
-@pytest.mark.parametrize("width,n,chunk", [(1000, 8, 16), (777, 3, 8), (300, 8, 64), (513, 2, 32)])
+@pytest.mark.parametrize(
+  "width,n,chunk", [(1000, 8, 16), (777, 3, 8), (300, 8, 64), (513, 2, 32), (1024, 5, 16)]
+)
 def test_chunked_top_k_equals_top_k(width, n, chunk):
   """Including ties (lower index first), -inf entries, a width not divisible by the chunk and
   the fallback to plain top_k when there are too few chunks."""
