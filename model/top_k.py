@@ -2,7 +2,6 @@
 stages that run faster on CPU than one `top_k` over a long axis, as beam search takes them every
 step (model/search.py).
 
-    values, index = chunked_top_k(x, n)        # x [..., width]
     values, flat = beams_top_k(x, n)           # x [batch, beam, vocab]: flat index into beam*vocab
 
 XLA:CPU runs `lax.top_k` as a library call (a partial sort) only while every consumer takes all
@@ -65,13 +64,6 @@ def _sliced_top_k(x, n: int, chunk: int):
   cand = jnp.where(real, jnp.take_along_axis(flat, index, axis=-1), -jnp.inf)
   values, j = _top_k(cand, n)
   return values, jnp.take_along_axis(index, j, axis=-1).astype(jnp.int32)
-
-
-def chunked_top_k(x, n: int, chunk: int = 64):
-  """``lax.top_k(x, n)`` over the last axis of ``x`` ``[..., width]``, identical including ties
-  (lower index first): values and int32 indices ``[..., n]``, from the maxima of ``chunk``-wide
-  slices (``_sliced_top_k``)."""
-  return _sliced_top_k(x[..., None, :], n, chunk)
 
 
 def beams_top_k(x, n: int, chunk: int = 64):

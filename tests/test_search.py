@@ -27,7 +27,7 @@ from model.search import (
   length_penalty,
   sample,
 )
-from model.top_k import beams_top_k, chunked_top_k
+from model.top_k import beams_top_k
 from tests.helpers import Compilations
 
 PAD, EOS = 0, 1
@@ -381,14 +381,17 @@ def test_beams_top_k_stays_a_library_top_k_on_cpu():
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _chunked_and_plain_top_k(x, n, chunk):
-  """chunked_top_k and jax.lax.top_k (the reference) of x, as one program."""
-  return chunked_top_k(x, n, chunk), jax.lax.top_k(x, n)
+  """beams_top_k of x [..., width] taken as one beam per row, and jax.lax.top_k (the reference)
+  of x, as one program."""
+  rows = x.reshape(-1, 1, x.shape[-1])
+  values, index = beams_top_k(rows, n, chunk)
+  return (values.reshape(*x.shape[:-1], n), index.reshape(*x.shape[:-1], n)), jax.lax.top_k(x, n)
 
 
 @pytest.mark.parametrize(
   "width,n,chunk", [(1000, 8, 16), (777, 3, 8), (300, 8, 64), (513, 2, 32), (1024, 5, 16)]
 )
-def test_chunked_top_k_equals_top_k(width, n, chunk):
+def test_one_beam_top_k_equals_top_k(width, n, chunk):
   """Including ties (lower index first), -inf entries, a width not divisible by the chunk and
   the fallback to plain top_k when there are too few chunks."""
   rng = np.random.default_rng(width + n)

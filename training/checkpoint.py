@@ -190,7 +190,7 @@ class Checkpointer:
     for step in reversed(steps):
       folder = self.root / str(step)
       try:
-        meta = json.loads((folder / "meta" / "metadata").read_text())
+        meta = read_meta(folder)
         diffs = state_differences(folder, abstract_state)
       except Exception as e:  # noqa: BLE001 - unreadable metadata: fall back to the one before
         _raise_if_environmental(e, folder)
@@ -368,18 +368,20 @@ def _shape_tree(tree):
   return None if any(v is None for v in out.values()) else out
 
 
-def _recorded_params(folder: pathlib.Path):
-  """The params tree (leaves: their shapes) that `meta` recorded at save time, or None (an older
+def read_meta(folder) -> dict:
+  """The `meta` JSON of checkpoint folder `folder`, as Orbax's JsonSave wrote it (OSError,
+  ValueError when it cannot be read)."""
+  return json.loads((pathlib.Path(folder) / "meta" / "metadata").read_text())
+
+
+def _recorded_shapes(folder: pathlib.Path) -> dict | None:
+  """The params' shape tree that meta recorded at save time (`_shape_tree`), or None (an older
   checkpoint, or meta unreadable: Orbax's metadata of the state is read instead)."""
   try:
-    shapes = json.loads((folder / "meta" / "metadata").read_text()).get(PARAM_SHAPES)
+    shapes = read_meta(folder).get(PARAM_SHAPES)
   except (OSError, ValueError, AttributeError):
     return None
-
-  def tree(node):
-    return tuple(node) if isinstance(node, list) else {k: tree(v) for k, v in node.items()}
-
-  return tree(shapes) if isinstance(shapes, dict) else None
+  return shapes if isinstance(shapes, dict) else None
 
 
 def restore_params(folder) -> tuple[Any, dict]:
@@ -391,7 +393,7 @@ def restore_params(folder) -> tuple[Any, dict]:
   recorded."""
   folder = pathlib.Path(folder)
   begin = time.perf_counter()
-  recorded = _recorded_params(folder)
+  recorded = _recorded_shapes(folder)
   if recorded is not None:  # a leaf's value is not read: the restore args say what to make
     saved = {"params": jax.tree_util.tree_map(lambda _: 0, recorded, is_leaf=_is_shape)}
   else:
@@ -409,7 +411,7 @@ def restore_params(folder) -> tuple[Any, dict]:
       ),
     )
   params = restored["state"]["params"]
-  if recorded is not None and jax.tree_util.tree_map(lambda x: tuple(x.shape), params) != recorded:
+  if recorded is not None and _shape_tree(params) != recorded:
     raise OSError(f"the parameters in {folder / 'state'} do not have the shapes meta recorded")
   arrays = jax.tree_util.tree_leaves(params)
   logging.vlog(
@@ -425,7 +427,7 @@ def restore_params(folder) -> tuple[Any, dict]:
 
 
 def _is_shape(x) -> bool:
-  return isinstance(x, tuple)
+  return isinstance(x, list)
 
 
 def restore(path: pathlib.Path, abstract_state=None):

@@ -17,7 +17,6 @@ checkpoint's metadata alone).
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import re
 
@@ -35,6 +34,7 @@ from training.checkpoint import (
   checkpoint_dir,
   choose_steps,
   describe_workdir,
+  read_meta,
   restore_params,
   saved_shapes,
 )
@@ -92,7 +92,7 @@ def resolve(config, workdir) -> Source | None:
     raise _error(spec, str(e)) from None
   folder = checkpoint_dir(src) / str(chosen[-1])
   try:
-    meta = json.loads((folder / "meta" / "metadata").read_text())
+    meta = read_meta(folder)
     src_config = config_from_meta(meta)
   except (OSError, ValueError, KeyError) as e:
     raise _error(spec, f"cannot read {folder}'s metadata ({first_line(e)})") from None
