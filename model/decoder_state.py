@@ -91,15 +91,18 @@ def initial_cache(model, params, inputs, length: int) -> dict:
   return {kind: state.get(kind, {}) for kind in cache_kinds.COLLECTIONS}
 
 
-def _cache_length(model, params, inputs, max_decode_len: int, segment: int | None):
-  """(positions the cache starts with, whether its `TARGET` buffers grow): `segment` positions
-  when the cache has buffers to grow, else `max_decode_len` (recurrent state)."""
+def _first_cache(init: Callable[[int], dict], max_decode_len: int, segment: int | None):
+  """(the initial cache `init(length)`, its length when its `TARGET` buffers grow, else None):
+  `segment` positions when the cache has buffers to grow, else `max_decode_len` (recurrent
+  state). A cache with nothing to grow is made again at full length, so the common case traces
+  the encoder once."""
   first = max_decode_len if not segment or segment >= max_decode_len else int(segment)
-  if first < max_decode_len:
-    shapes = jax.eval_shape(lambda p: initial_cache(model, p, inputs, first), params)
-    if jax.tree_util.tree_leaves(shapes[cache_kinds.TARGET]):
-      return first, True
-  return max_decode_len, False
+  initial = init(first)
+  if first == max_decode_len:
+    return initial, None
+  if jax.tree_util.tree_leaves(initial[cache_kinds.TARGET]):
+    return initial, first
+  return init(max_decode_len), None
 
 
 def decoder_state(
@@ -126,13 +129,14 @@ def decoder_state(
     }
     return DecoderState(_uncached_step(model, params), state)
   params = matrices_for_decoding(model, params)
-  length, grows = _cache_length(model, params, inputs, max_decode_len, segment)
-  initial = initial_cache(model, params, inputs, length)
+  initial, length = _first_cache(
+    lambda n: initial_cache(model, params, inputs, n), max_decode_len, segment
+  )
   return DecoderState(
     cached_step(model, params, initial[cache_kinds.SOURCE]),
     {kind: initial[kind] for kind in cache_kinds.CARRIED},
-    _grow if grows else None,
-    length if grows else None,
+    None if length is None else _grow,
+    length,
   )
 
 
@@ -150,9 +154,8 @@ def ensemble_decoder_state(
   indices) are the same for every member and kept once.
   """
   params = matrices_for_decoding(model, params, leading=1)
-  first = jax.tree_util.tree_map(lambda x: x[0], params)
-  length, grows = _cache_length(model, first, inputs, max_decode_len, segment)
-  initial = jax.vmap(lambda p: initial_cache(model, p, inputs, length))(params)  # [members, ...]
+  members = lambda n: jax.vmap(lambda p: initial_cache(model, p, inputs, n))(params)
+  initial, length = _first_cache(members, max_decode_len, segment)  # [members, ...]
   source = initial[cache_kinds.SOURCE]
   stacked = {kind: initial[kind] for kind in cache_kinds.CARRIED}
   carried = jax.tree_util.tree_map(
@@ -160,7 +163,7 @@ def ensemble_decoder_state(
   )
   axes = jax.tree_util.tree_map(lambda v: None if v.ndim == 1 else 1, stacked)
   step = ensemble_step(model, params, source, axes)
-  return DecoderState(step, carried, _grow if grows else None, length if grows else None)
+  return DecoderState(step, carried, None if length is None else _grow, length)
 
 
 def ensemble_step(model, params, source, axes):

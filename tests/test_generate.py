@@ -203,8 +203,10 @@ def test_growing_cache_changes_nothing(tiny):
   model, params = tiny
   inputs = padded(SOURCES)
   width = SRC_LEN + EXTRA
-  whole_at_once = (width, False)  # (positions allocated first, whether they grow)
-  assert decoder_state._cache_length(model, params, inputs, width, DECODE_SEGMENT) == whole_at_once
+  state = decoder_state.decoder_state(model, params, inputs, width, segment=DECODE_SEGMENT)
+  assert (state.grow, state.segment) == (None, None)  # the whole output allocated at once
+  state = decoder_state.decoder_state(model, params, inputs, width, segment=3)
+  assert state.segment == 3 and state.grow is not None
   for beam in (1, 2):
     whole = kept.translate(model, params, inputs, beam_size=beam, max_extra_len=EXTRA)
     grown = kept.translate(model, params, inputs, beam_size=beam, max_extra_len=EXTRA, segment=3)
