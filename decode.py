@@ -41,4 +41,4 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(lambda: main(_STARTED), prog="decode.py", flag_names=FLAG_NAMES)
+  app.run(lambda: main(_STARTED), prog="decode.py", flag_names=FLAG_NAMES, skip_teardown=True)

@@ -240,7 +240,9 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
   command-line runner (cli/app.py: parsing, one-line errors, exit status), without a new
   interpreter's seconds of imports. For the checks made before any work; the real command lines
   are run end to end in subprocesses too. Leaves the flags, the logging setup, absl's verbosity
-  and JAX's cache settings as they were, and the process's malloc settings alone."""
+  and JAX's cache settings as they were, and the process's malloc settings alone; a command line
+  that would end its process once done (`skip_teardown`) returns here instead."""
+  from cli import app as cli_app
   from cli import host_memory
 
   others = {  # e.g. flags an entry point defined when imported for its functions: they'd clash
@@ -261,7 +263,7 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
     "jax_persistent_cache_min_entry_size_bytes",
   )
   saved_jax = {name: getattr(jax.config, name) for name in jax_options}
-  saved_keep = host_memory.keep_freed_memory_on_cpu
+  saved_keep, saved_exit = host_memory.keep_freed_memory_on_cpu, cli_app.exit_now
   saved_rename = command_name.make_process_name_useful
   saved_argv, saved_stdin = sys.argv, sys.stdin
   out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)  # with .buffer
@@ -269,6 +271,7 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
   status = 0
   try:
     host_memory.keep_freed_memory_on_cpu = lambda *a, **k: host_memory.DEFAULT
+    cli_app.exit_now = sys.exit  # this process goes on
     handler.python_handler.stream = err  # the run's log lines, as its stderr
     # absl.app initializes once per process (its handler on the root logger, verbosity INFO
     # unless given): as a new process does, for each run.
@@ -285,7 +288,7 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
   except SystemExit as e:
     status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
   finally:
-    host_memory.keep_freed_memory_on_cpu = saved_keep
+    host_memory.keep_freed_memory_on_cpu, cli_app.exit_now = saved_keep, saved_exit
     absl_app._run_init.done = absl_app._register_and_parse_flags_with_usage.done = True
     command_name.make_process_name_useful = saved_rename
     sys.argv, sys.stdin = saved_argv, saved_stdin

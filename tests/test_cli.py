@@ -21,7 +21,7 @@ from core.logs import quiet_library_logs
 from core.rules import Bool, Choice, Float, Int, RuleError, allowing
 from model import config as model_config
 from model.search_settings import SearchSettings
-from tests.helpers import run_in_process, run_py, tiny_config
+from tests.helpers import one_device_env, run_in_process, run_py, tiny_config
 from training.validate import check_config
 
 
@@ -123,6 +123,35 @@ def test_a_bad_config_value_is_an_error_naming_the_field(override, message):
   with pytest.raises(UsageError) as e:
     check_config(tiny_config(num_devices=1, **override), "train")
   assert message in str(e.value)
+
+
+_TEARDOWN_PROBE = """
+import atexit, os, sys
+from absl import logging
+from cli import app
+from core.errors import UsageError
+atexit.register(lambda: open(os.environ["MARKER"], "w").write("Python's shutdown ran"))
+def main():
+  sys.stdout.write("x" * 100_000 + "\\n")  # buffered: written only if flushed
+  logging.warning("a log line")
+  if os.environ["MODE"] == "fail":
+    raise UsageError("bad input")
+app.run(main, prog="probe", skip_teardown=True)
+"""
+
+
+def test_skip_teardown_flushes_everything_then_ends_without_pythons_shutdown(tmp_path):
+  """decode.py's ending (cli/app.py `skip_teardown`): after a main that returned, stdout and the
+  logs are complete and the status 0 while no atexit handler ran; an error ends as usual."""
+  marker = tmp_path / "teardown"
+  env = lambda mode: {**one_device_env(), "MARKER": str(marker), "MODE": mode}
+  done = run_py("-c", _TEARDOWN_PROBE, "--logtostderr", env=env("ok"))
+  assert done.returncode == 0, done.stderr
+  assert done.stdout == "x" * 100_000 + "\n" and "a log line" in done.stderr
+  assert not marker.exists()
+  failed = run_py("-c", _TEARDOWN_PROBE, env=env("fail"))
+  assert failed.returncode == 2 and "probe: error: bad input" in failed.stderr
+  assert marker.read_text() == "Python's shutdown ran"
 
 
 def test_exit_status_by_kind():
