@@ -103,8 +103,9 @@ def _define_model_flags(flag_values: flags.FlagValues) -> None:
   flags.DEFINE_string(
     "compilation_cache",
     None,
-    "Folder of the persistent compilation cache and of the compiled searches, so a second run "
-    "of the same model and settings compiles and traces nothing; 'off' = none (default: "
+    "Folder of the persistent compilation cache, of the compiled searches and of copies of the "
+    "parameters read, so a second run of the same model and settings compiles and traces "
+    "nothing and reads the parameters without Orbax; 'off' = none (default: "
     "$JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/attention-jax/jax or "
     "~/.cache/attention-jax/jax).",
     **f,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -34,6 +35,7 @@ from core.cpu import native_dtype
 from core.errors import ArgumentError, UsageError
 from data.tokenizer import load_matching, run_vocab_files
 from inference.compilation_cache import enable as enable_compilation_cache
+from inference.params_copy import ParamsCopies
 from inference.program_store import ProgramStore
 from model.build import build_model
 from model.config import INT8
@@ -63,13 +65,16 @@ class Restored:
   ensemble: bool = False
 
 
-def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
+def load_for_inference(
+  workdir, checkpoint: str = "latest", *, read: Callable = restore_params
+) -> Restored:
   """Config, parameters (host numpy; put them on any devices), step and vocabulary from a
   workdir alone.
 
   checkpoint: 'latest', a step number, 'average:<k>' (mean of the last k checkpoints'
   parameters, or the file `python -m cli.average` wrote for them), or 'ensemble:<k>' (the
-  last k checkpoints' parameters stacked, decoded as an ensemble).
+  last k checkpoints' parameters stacked, decoded as an ensemble). `read`: (params, meta) of a
+  checkpoint folder, `training.checkpoint.restore_params` or a `ParamsCopies`' `restore`.
   """
   workdir = pathlib.Path(workdir).absolute()
   steps = available_steps(workdir)
@@ -87,13 +92,13 @@ def load_for_inference(workdir, checkpoint: str = "latest") -> Restored:
   params = None
   avg_file = workdir / AVERAGE_DIR / f"last{len(chosen)}"
   if not ensemble and len(chosen) > 1 and (avg_file / "state").exists():
-    averaged, meta = restore_params(avg_file)
+    averaged, meta = read(avg_file)
     if meta.get("averaged_steps") == chosen:
       params = averaged
   if params is None:
     trees = []
     for s in chosen:
-      p, meta = restore_params(checkpoint_dir(workdir) / str(s))
+      p, meta = read(checkpoint_dir(workdir) / str(s))
       trees.append(p)
     if ensemble:
       params = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *trees)
@@ -139,7 +144,8 @@ def _training_vocab(workdir: pathlib.Path, config, fingerprint: str | None):
 
 
 INT8_TYPES = ("transformer", "decoder_only")  # the models whose products are model/layers.py's
-PROGRAMS = "programs"  # the subfolder of the compilation cache where compiled searches are kept
+PROGRAMS = "programs"  # the subfolders of the compilation cache where compiled searches and
+PARAMS = "params"  # copies of the parameters (inference/params_copy.py) are kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,13 +171,15 @@ def restore(
   of compilation_cache.py) or a folder turns on JAX's persistent compilation cache for the whole
   process, and keeps the search programs in its `programs` subfolder (inference/program_store.py),
   so that a later process decoding the same model and settings neither compiles nor traces its
-  searches; 'off', False or None turn both off. JAX's cache takes effect only before the
-  process's first compilation."""
-  programs = None
+  searches, and the parameters read in its `params` subfolder (inference/params_copy.py), so
+  that it reads them without Orbax; 'off', False or None turn all three off. JAX's cache takes
+  effect only before the process's first compilation."""
+  programs, read = None, restore_params
   if compilation_cache is not False and compilation_cache is not None:
     where = enable_compilation_cache(None if compilation_cache is True else str(compilation_cache))
-    programs = None if where is None else ProgramStore(where / PROGRAMS)
-  return load_for_inference(workdir, checkpoint), programs
+    if where is not None:
+      programs, read = ProgramStore(where / PROGRAMS), ParamsCopies(where / PARAMS).restore
+  return load_for_inference(workdir, checkpoint, read=read), programs
 
 
 def place(restored: Restored, *, dtype: str | None = "auto", devices=None) -> Loaded:

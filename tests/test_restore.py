@@ -223,3 +223,51 @@ def test_parameters_restore_from_the_shapes_meta_recorded(uninterrupted, tmp_pat
   (older / "meta" / "metadata").write_text(json.dumps(dict(meta, **{ckpt.PARAM_SHAPES: wrong})))
   with pytest.raises(OSError, match="do not have the shapes meta recorded"):
     restore_params(older)
+
+
+def test_parameter_copies_restore_as_orbax_and_are_renewed_when_the_checkpoint_is(
+  uninterrupted, tmp_path, monkeypatch, caplog
+):
+  """inference/params_copy.py: the first restore writes a copy, the next reads it (the same
+  params and meta as `restore_params`) in a process that never imports Orbax; a damaged copy is
+  restored again with a warning; a checkpoint written again gets a new copy; only KEEP stay."""
+  from inference import params_copy
+  from inference.params_copy import ParamsCopies
+
+  _, full = uninterrupted
+  work = tmp_path / "w"
+  shutil.copytree(full, work, ignore=shutil.ignore_patterns("averaged"))
+  folder = ckpt.checkpoint_dir(work) / "12"
+  want_params, want_meta = restore_params(folder)
+  copies = ParamsCopies(tmp_path / "copies")
+  for read in (0, 1):
+    params, meta = copies.restore(folder)
+    assert_trees_equal(params, want_params)
+    assert meta == want_meta and (copies.read, copies.written) == (read, 1)
+  (copy,) = (tmp_path / "copies").glob("*.npz")
+
+  read = f"ParamsCopies({str(tmp_path / 'copies')!r}).restore"
+  report = (
+    "import sys; from inference.params_copy import ParamsCopies; "
+    "from inference.restore import load_for_inference; "
+    f"r = load_for_inference({str(work)!r}, read={read}); "
+    "print(r.step, sorted(m for m in sys.modules if m.startswith('orbax.checkpoint.'))[:3])"
+  )
+  out = run_py("-c", report)
+  assert out.returncode == 0 and out.stdout.split("\n")[-2] == "12 []", out.stderr[-2000:]
+
+  copy.write_bytes(copy.read_bytes()[:1000])  # cut short
+  with caplog.at_level(logging.WARNING):
+    params, _ = ParamsCopies(tmp_path / "copies").restore(folder)
+  assert_trees_equal(params, want_params)
+  assert "could not be read" in caplog.text and copy.stat().st_size > 1000
+
+  shutil.rmtree(folder)  # the step saved anew: same folder, new files
+  shutil.copytree(ckpt.checkpoint_dir(full) / "8", folder)
+  monkeypatch.setattr(params_copy, "KEEP", 1)
+  copies = ParamsCopies(tmp_path / "copies")
+  params, meta = copies.restore(folder)
+  assert_trees_equal(params, saved_params(full, 8))
+  assert meta["step"] == 8 and (copies.read, copies.written) == (0, 1)
+  assert [p.name for p in (tmp_path / "copies").glob("*.npz")] != [copy.name]
+  assert len(list((tmp_path / "copies").glob("*.npz"))) == 1

@@ -15,9 +15,9 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from absl import logging
 
+from core import lazy_import
 from core.errors import ArgumentError
 from training.checkpoint import (
   available_steps,
@@ -27,6 +27,8 @@ from training.checkpoint import (
   with_param_shapes,
 )
 from training.compatibility import config_from_meta
+
+ocp = lazy_import.module("orbax.checkpoint")  # imported on first use: see training/checkpoint.py
 
 AVERAGE_DIR = "averaged"
 

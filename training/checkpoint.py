@@ -37,15 +37,18 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from absl import logging
-from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from cluster import orbax_private
+from core import lazy_import
 from core.errors import RunError, UsageError, first_line
 
 CHECKPOINT_DIR = "checkpoints"
 UNREADABLE_MARK = ".unreadable-"  # <step>.unreadable-<n>: set aside by a resume (_set_aside)
+
+# Imported on first use: decoding from a kept copy of the parameters needs no Orbax
+# (core/lazy_import.py).
+ocp = lazy_import.module("orbax.checkpoint")
 
 
 def checkpoint_dir(workdir) -> pathlib.Path:
@@ -82,6 +85,7 @@ class Checkpointer:
 
   def __init__(self, workdir, *, keep: int = 5, keep_best: int = 0, async_save: bool = True):
     self.root = checkpoint_dir(workdir)
+    pp = ocp.checkpoint_managers.preservation_policy
     policies = [pp.LatestN(n=max(int(keep), 1))]
     best = {}
     if keep_best:

@@ -1,0 +1,32 @@
+"""Modules imported on first use rather than with the module that names them, for the libraries
+a command line may never need: decoding from a kept copy of the parameters
+(inference/params_copy.py) reads no Orbax checkpoint, and importing Orbax takes a decode.py run
+0.17 s (docs/experiments.md).
+
+    ocp = lazy_import.module("orbax.checkpoint")   # nothing imported yet
+    ocp.Checkpointer(...)                          # imported here, once
+
+Python's `importlib.util.LazyLoader`: the module object is in `sys.modules` at once and runs its
+code at its first attribute access, so `import` statements elsewhere get the same module.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+
+
+def module(name: str) -> types.ModuleType:
+  """`name` (a dotted module path), imported when an attribute of it is first used; the module
+  itself when it is imported already. ModuleNotFoundError at once when it is not installed."""
+  if name in sys.modules:
+    return sys.modules[name]
+  spec = importlib.util.find_spec(name)
+  if spec is None:
+    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+  spec.loader = importlib.util.LazyLoader(spec.loader)
+  found = importlib.util.module_from_spec(spec)
+  sys.modules[name] = found
+  spec.loader.exec_module(found)
+  return found
