@@ -237,8 +237,8 @@ class Generator:
       place: applied to each batch's [rows, length] ids before decoding (e.g. `jax.device_put`
         with a sharding); None leaves them as numpy.
       on_batch: called after each batch with the number of sentences done so far.
-      rng: default `jax.random.key(0)`, folded with the batch's number, so batches of the same
-        shape sample independently.
+      rng: default `jax.random.key(0)`, folded with the batch's number when sampling, so batches
+        of the same shape sample independently.
 
       scores, token_scores: return each sentence's `NBest` (the search's scores, and its
         tokens' log-probabilities), from the same search.
@@ -274,7 +274,7 @@ class Generator:
         params,
         put(batches[n].inputs),
         settings,
-        rng=jax.random.fold_in(rng, n),
+        rng=jax.random.fold_in(rng, n) if settings.sampling else rng,  # searches draw nothing
         scores=scores,
         token_scores=token_scores,
         prefix=batches[n].prefixes,
