@@ -7,7 +7,9 @@ a command line may never need: decoding from a kept copy of the parameters
     ocp.Checkpointer(...)                          # imported here, once
 
 Python's `importlib.util.LazyLoader`: the module object is in `sys.modules` at once and runs its
-code at its first attribute access, so `import` statements elsewhere get the same module.
+code at its first attribute access, so `import` statements elsewhere get the same module. Touch
+it first from one thread (Python 3.11's LazyLoader is not thread-safe): here the main thread's
+checkpoint reads and writes do, before any thread of Orbax's exists.
 """
 
 from __future__ import annotations
