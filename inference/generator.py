@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from model import distribution
 from model.decoder_state import DECODE_SEGMENT
@@ -82,6 +83,9 @@ class Generator:
     self._lower = jax.jit(self._kept_search, static_argnums=(4, 5, 6)).lower
     self._programs = programs
     self._compiled: dict[tuple, Callable | None] = {}  # by arguments' shapes and shardings
+    # The last translate_all's (rows x steps searched, rows x steps its sentences needed: each
+    # sentence's rows times the steps it searched before it was done); (0, 0) for Marian's.
+    self.rows_searched = (0, 0)
 
   def __call__(
     self,
@@ -115,6 +119,15 @@ class Generator:
       with `token_scores` a third array shaped as ids, float32: each token's log-probability
       (a forced EOS 0; 0 after EOS).
     """
+    return self._counted(
+      params, inputs, settings, rng, max_decode_len, scores, token_scores, prefix
+    )[0]
+
+  def _counted(
+    self, params, inputs, settings, rng, max_decode_len, scores, token_scores, prefix
+  ) -> tuple:
+    """(`__call__`'s result, [batch] int32 the steps each row searched before it was done, or
+    None for Marian's search)."""
     if not isinstance(settings, SearchSettings):
       raise ValueError(f"settings={settings!r}: expected a SearchSettings")
     if getattr(inputs, "ndim", None) != 2:
@@ -209,6 +222,7 @@ class Generator:
       use_cache=self.use_cache,
       segment=self.segment,
       prefix=prefix,
+      count_steps=True,
     )
 
   def translate_all(
@@ -270,32 +284,49 @@ class Generator:
       self._prepare(params, shapes, settings, rng, want)
 
     def search(n: int):
-      found = self(
+      found, steps = self._counted(
         params,
         put(batches[n].inputs),
         settings,
-        rng=jax.random.fold_in(rng, n) if settings.sampling else rng,  # searches draw nothing
-        scores=scores,
-        token_scores=token_scores,
-        prefix=batches[n].prefixes,
+        jax.random.fold_in(rng, n) if settings.sampling else rng,  # searches draw nothing
+        None,
+        scores,
+        token_scores,
+        batches[n].prefixes,
       )
-      return np.asarray(found) if want == "ids" else [np.asarray(x) for x in found]
+      found = np.asarray(found) if want == "ids" else [np.asarray(x) for x in found]
+      return found, None if steps is None else np.asarray(steps)
 
     if parallel_batches == 1:
       searched = map(search, range(len(batches)))
     else:
       pool = concurrent.futures.ThreadPoolExecutor(parallel_batches)
       searched = pool.map(search, range(len(batches)))
+    rows = settings.beam_size if not settings.sampling else 1  # a sentence's rows in a step
+    computed = needed = 0
     try:
-      for batch, found in zip(batches, searched):
+      for batch, (found, steps) in zip(batches, searched):
         for row, i in enumerate(batch.indices):
           outputs[i] = _sentence(found, row, want)
         done += len(batch.indices)
+        if steps is not None:
+          computed += rows * len(steps) * int(steps.max())
+          needed += rows * int(steps[: len(batch.indices)].sum())
         if on_batch is not None:
           on_batch(done)
     finally:
       if parallel_batches > 1:
         pool.shutdown(cancel_futures=True)
+    self.rows_searched = (computed, needed)
+    if needed:
+      logging.vlog(
+        1,
+        "Searched %s rows x steps where the sentences needed %s (%.2fx): a batch steps until "
+        "its last sentence is done",
+        f"{computed:,}",
+        f"{needed:,}",
+        computed / needed,
+      )
     return outputs
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax.numpy as jnp
 import numpy as np
 
 from model import marian_beam, search
@@ -63,6 +64,7 @@ def generate(
   use_cache: bool = True,
   segment: int | None = DECODE_SEGMENT,
   prefix=None,
+  count_steps: bool = False,
 ):
   """The search (traceable; `settings`, `max_decode_len`, `outputs` and the keywords static).
 
@@ -83,6 +85,8 @@ def generate(
     prefix: None, or [batch, P] int32 target prefixes: each row's tokens (ids above EOS, below
       `num_ids`), then PAD, P > the longest (a row of PAD: no prefix). Every output of a row
       starts with its prefix; the search goes on from there.
+    count_steps: return (the outputs below, [batch] int32 the steps each row searched before it
+      was done; the loop ran the largest of them), or (outputs, None) for Marian's search.
 
   Returns:
     ids [batch, max_decode_len] int32 (tokens up to EOS, then PAD), or with
@@ -109,12 +113,19 @@ def generate(
     prefix_rule=settings.prefix_rule,
   )
   step = only_ids_below(state.step, num_ids)
-  return _search(step, state.cache, rng, settings, inputs.shape[0], max_decode_len, outputs, loop)
+  batch = inputs.shape[0]
+  found, steps = _search(
+    step, state.cache, rng, settings, batch, max_decode_len, outputs, loop, count_steps
+  )
+  return (found, steps) if count_steps else found
 
 
-def _search(step, cache, rng, settings: SearchSettings, batch, max_decode_len, outputs, loop):
-  """`generate`'s search of `settings` over the step function and cache; `loop`: the keywords
-  every search of model/search.py takes alike."""
+def _search(
+  step, cache, rng, settings: SearchSettings, batch, max_decode_len, outputs, loop, count: bool
+):
+  """(`generate`'s search of `settings` over the step function and cache, with `count` the steps
+  each row searched, else None); `loop`: the keywords every search of model/search.py takes
+  alike."""
   want = OUTPUTS.index(outputs) + 1  # how many of ids, scores, token scores
   if settings.length_penalty == MARIAN:  # Marian's search rule: model/marian_beam.py
     marian = {k: v for k, v in loop.items() if k != "prefix_rule"}
@@ -128,7 +139,7 @@ def _search(step, cache, rng, settings: SearchSettings, batch, max_decode_len, o
       token_scores=want > 2,
       **marian,
     )
-    return _best(found, want, settings.num_hypotheses)
+    return _best(found, want, settings.num_hypotheses), None
   if settings.sampling or settings.beam_size == 1:
     if settings.sampling:
       found = search.sample(
@@ -144,7 +155,9 @@ def _search(step, cache, rng, settings: SearchSettings, batch, max_decode_len, o
       )
     else:
       found = search.greedy_search(step, cache, batch, max_decode_len, scores=want > 1, **loop)
-    return found if want == 1 else found[:want]
+    ids = found if want == 1 else found[0]
+    steps = jnp.sum(ids != PAD_ID, axis=-1, dtype=jnp.int32) if count else None  # a token a step
+    return (found if want == 1 else found[:want]), steps
   found = search.beam_search(
     step,
     cache,
@@ -155,9 +168,11 @@ def _search(step, cache, rng, settings: SearchSettings, batch, max_decode_len, o
     penalty=settings.length_penalty,
     stopping=settings.stopping,
     token_scores=want > 2,
+    count_steps=count,
     **loop,
   )
-  return _best(found, want, settings.num_hypotheses)
+  steps = found[-1] if count else None
+  return _best(found[: len(found) - count], want, settings.num_hypotheses), steps
 
 
 def _best(found, want: int, n: int):

@@ -344,6 +344,8 @@ class _BeamState(NamedTuple):
   # With token scores only (None otherwise): each hypothesis' per-step log-probabilities.
   live_tokp: jax.Array | None = None  # [batch, beam, max_len] float32, 0 after the last token
   fin_tokp: jax.Array | None = None  # [batch, beam, max_len]
+  # With count_steps only (None otherwise): the steps each entry searched before it was done.
+  searched: jax.Array | None = None  # [batch] int32
 
 
 def _per_entry(x):
@@ -352,10 +354,16 @@ def _per_entry(x):
 
 
 def beam_start(
-  batch_size: int, beam_size: int, max_len: int, cache=None, token_scores: bool = False
+  batch_size: int,
+  beam_size: int,
+  max_len: int,
+  cache=None,
+  token_scores: bool = False,
+  count_steps: bool = False,
 ) -> _BeamState:
   """The beam search state before its first step (``cache`` as given: expand it first); with
-  ``token_scores`` it tracks each hypothesis' per-token log-probabilities too."""
+  ``token_scores`` it tracks each hypothesis' per-token log-probabilities too, with
+  ``count_steps`` the steps each entry searches before it is done."""
   b, k = batch_size, beam_size
   seqs0 = jnp.full((b, k, max_len), PAD_ID, jnp.int32)
   tokp0 = jnp.zeros((b, k, max_len), jnp.float32) if token_scores else None
@@ -372,6 +380,7 @@ def beam_start(
     done=jnp.zeros((b,), bool),
     live_tokp=tokp0,
     fin_tokp=tokp0,
+    searched=jnp.zeros((b,), jnp.int32) if count_steps else None,
   )
 
 
@@ -486,6 +495,8 @@ def beam_advance(
   tracked = {}
   if c.tokp is not None:
     tracked = dict(live_tokp=_take_beams(c.tokp, pick), fin_tokp=fin_tokp)
+  if s.searched is not None:
+    tracked["searched"] = s.searched + (~s.done).astype(jnp.int32)
   lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
   rule = stopping_rule(penalty, stopping)
   stop = _stops(live_logp, fin_scores, fin_flags, t, lmax, alpha, penalty, rule)
@@ -543,6 +554,7 @@ def beam_search(
   token_scores: bool = False,
   prefix=None,
   prefix_rule: str = "forced",
+  count_steps: bool = False,
 ):
   """Beam search with the GNMT length penalty (Wu et al. 2016; Vaswani et al. 2017), or with
   fairseq's and CTranslate2's (``penalty='fairseq'``): how it scores, steps and stops is the
@@ -561,6 +573,8 @@ def beam_search(
     prefix: optional ``[batch, P]`` target prefixes (module doc): every hypothesis of a sentence
       starts with its prefix, whose log-probability its score counts ('forced' ``prefix_rule``)
       or not ('ctranslate2').
+    count_steps: also return, last, ``[batch]`` int32: the steps each entry searched before it
+      was done (the loop runs ``max`` of them for the whole batch).
   Returns:
     ids ``[batch, beam, max_len]`` int32 (PAD after EOS) and scores ``[batch, beam]``
     float32, sorted best first. Slots with no hypothesis at all (only possible when
@@ -593,6 +607,7 @@ def beam_search(
   def cond(s: _BeamState):
     return (s.t < max_len) & ~jnp.all(s.done)
 
-  s = beam_start(b, k, max_len, expand_to_beams(cache, k), token_scores)
+  s = beam_start(b, k, max_len, expand_to_beams(cache, k), token_scores, count_steps)
   s = segmented_loop(cond, body, s, max_len, segment, grow)
-  return beam_best(s, alpha, penalty)
+  best = beam_best(s, alpha, penalty)
+  return (*best, s.searched) if count_steps else best

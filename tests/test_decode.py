@@ -284,6 +284,7 @@ def test_default_verbosity_shows_no_library_chatter(workdir, piped):
   assert len(lines) <= 8, detail[-2000:]
   assert re.search(r"Read \d+ parameter arrays of .*/checkpoints/4 \(.*no optimizer state", detail)
   assert re.search(r"Program for int32\[\d+,\d+\] (read back|compiled) in", detail), detail
+  assert re.search(r"Searched [\d,]+ rows x steps where the sentences needed [\d,]+ \(", detail)
   # Each phase's seconds (inference/phases.py), at --verbosity=1 only.
   phases = re.search(
     r"Time by phase: start-up [\d.]+ s, restore [\d.]+ s, (.*)$", detail, re.MULTILINE

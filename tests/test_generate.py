@@ -276,6 +276,25 @@ def test_a_file_compiles_one_program_per_length_bucket(tiny):
     assert outputs[i].tolist() == generate.strip(alone[0]).tolist(), i
 
 
+def test_translate_all_counts_the_rows_searched_against_those_needed(tiny):
+  """`Generator.rows_searched` (`--verbosity=1` logs it): a sentence's rows times the steps
+  it searched before it was done are what it needs, the same in a batch as alone; a batch
+  searches its rows for as many steps as its longest search (issue 54)."""
+  model, params = tiny
+  lists = [SOURCES[0], SOURCES[1], SOURCES[2]]
+  how = dict(beam_size=2, max_extra_len=EXTRA + 1, tokens_per_batch=512)
+  generator = kept._generator(model, {})
+  alone = []
+  for sentence in lists:  # batches of one row: what is searched is what is needed
+    kept.translate_all(model, params, [sentence], **how)
+    computed, needed = generator.rows_searched
+    assert computed == needed > 0 and needed % 2 == 0
+    alone.append(needed // 2)  # the sentence's steps
+  assert len(set(alone)) > 1  # sentences that stop at different steps
+  kept.translate_all(model, params, lists, **how)  # one batch of 3
+  assert generator.rows_searched == (3 * 2 * max(alone), 2 * sum(alone))
+
+
 def test_translate_all_restores_input_order(tiny, reference):
   model, params = tiny
   # One batch [3, 32] (tokens_per_batch 96).
