@@ -17,15 +17,17 @@ copies are kept (each is the size of the parameters); deleting the folder at any
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import pathlib
-import tempfile
 
 import numpy as np
 from absl import logging
+from flax import traverse_util
 
+from inference.program_store import KeptFolder
 from training.checkpoint import restore_params
 
 KEEP = 4  # copies kept, the most recently used
@@ -43,34 +45,17 @@ def _fingerprint(folder: pathlib.Path) -> str:
   return digest.hexdigest()
 
 
-def _flat(tree, prefix: str = "") -> dict[str, np.ndarray] | None:
-  """{'a/b/c': array} of a tree of nested dicts with string keys; None for any other tree."""
-  out = {}
-  for key, value in tree.items():
-    if not isinstance(key, str) or "/" in key or key.startswith("__"):
-      return None
-    if isinstance(value, dict):
-      inner = _flat(value, f"{prefix}{key}/")
-      if inner is None:
-        return None
-      out.update(inner)
-    elif isinstance(value, np.ndarray):
-      out[prefix + key] = value
-    else:
-      return None
-  return out
-
-
-def _nested(flat: dict[str, np.ndarray]) -> dict:
-  """The nested dicts `_flat` flattened."""
-  tree: dict = {}
-  for path, value in flat.items():
-    *parents, leaf = path.split("/")
-    node = tree
-    for name in parents:
-      node = node.setdefault(name, {})
-    node[leaf] = value
-  return tree
+def _flat(params) -> dict[str, np.ndarray] | None:
+  """{'a/b/c': array} of nested dicts of numpy arrays with plain names; None for any other tree
+  (not copied)."""
+  if not isinstance(params, dict):
+    return None
+  flat = traverse_util.flatten_dict(params)
+  names = [name for path in flat for name in path]
+  plain = all(isinstance(n, str) and "/" not in n and not n.startswith("__") for n in names)
+  if not plain or not all(isinstance(v, np.ndarray) for v in flat.values()):
+    return None
+  return {"/".join(path): value for path, value in flat.items()}
 
 
 class ParamsCopies:
@@ -82,7 +67,7 @@ class ParamsCopies:
     self.folder = pathlib.Path(folder)
     self.read = 0
     self.written = 0
-    self._writable = True
+    self._kept = KeptFolder(folder, "Parameter copies", "the next run restores them again")
 
   def restore(self, checkpoint) -> tuple[dict, dict]:
     """(params, meta) of the checkpoint folder `checkpoint` (a training step's or an average's),
@@ -99,35 +84,27 @@ class ParamsCopies:
           "Parameter copy %s could not be read (%s); restoring %s", path, e, checkpoint
         )
       else:
-        os.utime(path)  # recently used: kept
+        with contextlib.suppress(OSError):  # a read-only folder: the copy still serves
+          os.utime(path)  # recently used: kept
         self.read += 1
         logging.vlog(1, "Parameters of %s read from their copy %s", checkpoint, path)
-        return _nested(flat), meta
+        return traverse_util.unflatten_dict(flat, sep="/"), meta
     params, meta = restore_params(checkpoint)
     self._write(path, params, meta)
     return params, meta
 
   def _write(self, path: pathlib.Path, params, meta: dict) -> None:
-    """Writes the copy atomically (a reader sees the whole file or none), then drops all but the
-    `KEEP` most recently used; a failure warns once per folder and decoding goes on."""
+    """Writes the copy (`KeptFolder.write`), then drops all but the `KEEP` most recently used."""
     flat = _flat(params)
-    if flat is None or not self._writable:
+    if flat is None:
       return
-    tmp = None
+    fill = lambda f: np.savez(f, **flat, **{_META: np.array(json.dumps(meta))})
+    if not self._kept.write(path, fill):  # meta that is not JSON fails here too, with a warning
+      return
+    self.written += 1
     try:
-      self.folder.mkdir(parents=True, exist_ok=True)
-      fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
-      with os.fdopen(fd, "wb") as f:
-        np.savez(f, **flat, **{_META: np.array(json.dumps(meta))})
-      os.replace(tmp, path)
-      self.written += 1
       copies = sorted(self.folder.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime_ns)
       for old in copies[:-KEEP]:
         old.unlink(missing_ok=True)
-    except (OSError, TypeError, ValueError) as e:  # an unwritable folder, meta not JSON
-      self._writable = False
-      logging.warning(
-        "Parameters are not copied to %s (%s): the next run restores them again", self.folder, e
-      )
-      if tmp is not None and os.path.exists(tmp):
-        os.unlink(tmp)
+    except OSError as e:  # another process evicting at the same time: the next run tries again
+      logging.warning("Old parameter copies in %s not removed (%s)", self.folder, e)

@@ -146,6 +146,37 @@ def _inputs(compiled: jax.stages.Compiled) -> str:
   return ", ".join(shapes) or "scalar arguments"
 
 
+class KeptFolder:
+  """A folder of files kept between runs (this store's programs, inference/params_copy.py's
+  parameter copies): `write(path, fill)` writes a file whole or not at all; a failure warns once
+  (`what` the files are, `lost`: what the next run does without them) and decoding goes on."""
+
+  def __init__(self, folder, what: str, lost: str):
+    self.folder = pathlib.Path(folder)
+    self.what, self.lost = what, lost
+    self.writable = True
+
+  def write(self, path: pathlib.Path, fill: Callable) -> bool:
+    """`fill(file)` writes the content into a temporary file of the folder, renamed to `path`
+    when whole (a reader sees the whole file or none); whether it was written."""
+    if not self.writable:
+      return False
+    tmp = None
+    try:
+      self.folder.mkdir(parents=True, exist_ok=True)
+      fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
+      with os.fdopen(fd, "wb") as f:
+        fill(f)
+      os.replace(tmp, path)
+      return True
+    except Exception as e:  # an unwritable folder, or content that cannot be serialized
+      self.writable = False
+      logging.warning("%s are not kept in %s (%s): %s", self.what, self.folder, e, self.lost)
+      if tmp is not None and os.path.exists(tmp):
+        os.unlink(tmp)
+      return False
+
+
 class ProgramStore:
   """A folder of compiled programs: `store(signature, lower)` returns the program of `signature`,
   read from the folder when there, else `lower().compile()`, written to the folder for the next
@@ -155,7 +186,7 @@ class ProgramStore:
     self.folder = pathlib.Path(folder)
     self.loaded = 0
     self.compiled = 0
-    self._writable = True
+    self._kept = KeptFolder(folder, "Compiled programs", "the next run compiles them again")
 
   def path(self, signature: str) -> pathlib.Path:
     """The file of the program with `signature` in this environment."""
@@ -200,24 +231,5 @@ class ProgramStore:
     return compiled
 
   def _write(self, path: pathlib.Path, compiled: jax.stages.Compiled) -> None:
-    """Writes `compiled` to `path` atomically (a reader sees the whole file or none); a failure
-    warns once per store and decoding goes on."""
-    if not self._writable:
-      return
-    tmp = None
-    try:
-      data = pickle.dumps(serialize_executable.serialize(compiled))
-      self.folder.mkdir(parents=True, exist_ok=True)
-      fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
-      with os.fdopen(fd, "wb") as f:
-        f.write(data)
-      os.replace(tmp, path)
-    except Exception as e:  # an unwritable folder, or a program JAX cannot serialize
-      self._writable = False
-      logging.warning(
-        "Compiled programs are not kept in %s (%s): the next run compiles them again",
-        self.folder,
-        e,
-      )
-      if tmp is not None and os.path.exists(tmp):
-        os.unlink(tmp)
+    """Writes `compiled` to `path` (`KeptFolder.write`)."""
+    self._kept.write(path, lambda f: pickle.dump(serialize_executable.serialize(compiled), f))

@@ -171,8 +171,8 @@ def _search(
     count_steps=count,
     **loop,
   )
-  steps = found[-1] if count else None
-  return _best(found[: len(found) - count], want, settings.num_hypotheses), steps
+  found, steps = (found[:-1], found[-1]) if count else (found, None)
+  return _best(found, want, settings.num_hypotheses), steps
 
 
 def _best(found, want: int, n: int):
