@@ -172,8 +172,8 @@ def run(
 
   `skip_teardown`: once `main()` has returned, flush the logs, stdout and stderr and end the
   process with status 0 at once (cli/exit.py), skipping Python's shutdown, whose teardown of
-  JAX's objects takes a decode.py run about 0.3 s (docs/experiments.md). `main` must have closed
-  every file it wrote; an error still ends the process as without."""
+  JAX's objects is a noticeable part of a short decode.py run (docs/experiments.md). `main`
+  must have closed every file it wrote; an error still ends the process as without."""
 
   def body(argv: list[str]) -> None:
     if len(argv) > 1:

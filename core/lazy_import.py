@@ -1,7 +1,7 @@
 """Modules imported on first use rather than with the module that names them, for the libraries
 a command line may never need: decoding from a kept copy of the parameters
-(inference/params_copy.py) reads no Orbax checkpoint, and importing Orbax takes a decode.py run
-0.17 s (docs/experiments.md).
+(inference/params_copy.py) reads no Orbax checkpoint, so it need not pay for importing Orbax
+(docs/experiments.md).
 
     ocp = lazy_import.module("orbax.checkpoint")   # nothing imported yet
     ocp.Checkpointer(...)                          # imported here, once
