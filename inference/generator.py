@@ -15,6 +15,7 @@ repeated calls should hold a `Generator` instead.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 from collections.abc import Callable, Sequence
 
@@ -23,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from model import distribution
+from inference.merged_search import MIN_BATCHES, merged_translate
+from model import beam_pieces, distribution, search
 from model.decoder_state import DECODE_SEGMENT
 from model.generate import OUTPUTS, generate, nbest, strip
 from model.length_buckets import checked_prefixes, length_batches
@@ -35,8 +37,10 @@ class Generator:
   `translate_all` decodes any number of sentences in length batches.
 
   One program is compiled per distinct (settings.program(), input shape, max_decode_len, and
-  whether scores are returned) and kept as long as the generator lives (its `jax.jit`'s cache),
-  parameters being an argument, never constants baked in. `inference.Translator` owns one;
+  whether scores are returned), and `translate_all`'s merged beam search one per piece of each
+  batch shape's search (`beam_pieces`: begin, and on from each pause), all kept as long as the
+  generator lives (its `jax.jit`'s cache), parameters being an argument, never constants baked
+  in. `inference.Translator` owns one;
   `translate` below makes one per call.
 
   Args:
@@ -54,8 +58,12 @@ class Generator:
       `inference.program_store.ProgramStore`, which keeps them on disk between runs): called as
       `programs(signature, lower, device)` with a string naming everything the program depends on
       in this model and call, a function returning its `jax.stages.Lowered`, and the one device
-      it runs on; returns the compiled program, called with (params, inputs, rng). Arguments
-      spread over several devices are decoded by the `jax.jit` as without.
+      it runs on (and, for a piece of a merged search, `what=` naming it for logs); returns the
+      compiled program, called with (params, inputs, rng) (a piece's: (params, inputs or
+      piece)). Arguments spread over several devices are decoded by the `jax.jit` as without.
+    merge: `translate_all` merges the sentences still searching across batches where it can
+      (inference/merged_search.py: beam search of one model on one device, no prefix); the same
+      outputs, fewer rows searched for sentences already done. False: each batch on its own.
   """
 
   def __init__(
@@ -67,6 +75,7 @@ class Generator:
     use_cache: bool = True,
     segment: int | None = DECODE_SEGMENT,
     programs: Callable | None = None,
+    merge: bool = True,
   ):
     num_ids = distribution.useful_num_ids(num_ids, model.config.vocab_size)
     if segment is not None and segment < 1:
@@ -79,8 +88,11 @@ class Generator:
     self.model = model
     self.num_ids = num_ids
     self.ensemble, self.use_cache, self.segment = ensemble, use_cache, segment
+    self.merge = merge
     self._run = jax.jit(self._search, static_argnums=(4, 5, 6))
     self._lower = jax.jit(self._kept_search, static_argnums=(4, 5, 6)).lower
+    self._run_piece = jax.jit(self._piece, static_argnums=(2, 3, 4, 5, 6))
+    self._lower_piece = jax.jit(self._kept_piece, static_argnums=(2, 3, 4, 5, 6)).lower
     self._programs = programs
     self._compiled: dict[tuple, Callable | None] = {}  # by arguments' shapes and shardings
     # The last translate_all's (rows x steps searched, rows x steps its sentences needed: each
@@ -166,39 +178,45 @@ class Generator:
       for done in [pool.submit(self._program, *call) for call in calls]:
         done.result()
 
-  def _program(self, args, static) -> Callable | None:
+  def _program(self, args, static, lower=None, describe=None, what=None) -> Callable | None:
     """The compiled search for these arguments from `programs` (asked once per signature), or
     None: no `programs`, or arguments on several devices (the `jax.jit` decodes them). Per call
     only a lookup by the arguments' shapes, dtypes and shardings; the signature string is made
-    once."""
+    once. `lower` (default: the whole search's) returns the program's `Lowered`; `describe`:
+    the arguments the signature and lookup name instead of `args` (a piece's are named by its
+    batch's inputs: beam_pieces' state follows from them); `what`: `programs`' name for it."""
     if self._programs is None:
       return None
-    leaves, tree = jax.tree_util.tree_flatten(args)
+    leaves, tree = jax.tree_util.tree_flatten(args if describe is None else describe)
     key = (static, tree, tuple((x.shape, x.dtype, getattr(x, "sharding", None)) for x in leaves))
     if key not in self._compiled:
-      devices = set().union(*(x.devices() for x in leaves if isinstance(x, jax.Array)))
-      if len(devices) > 1:
-        self._compiled[key] = None
-        return None
-      described = [
-        (tuple(x.shape), str(x.dtype), repr(getattr(x, "sharding", None))) for x in leaves
-      ]
-      signature = "\n".join(
-        map(
-          str,
-          (
-            type(self.model).__qualname__,
-            self.model.config,
-            (self.num_ids, self.ensemble, self.use_cache, self.segment),
-            static,
-            tree,
-            described,
-          ),
-        )
-      )
-      device = devices.pop() if devices else jax.devices()[0]
-      self._compiled[key] = self._programs(signature, lambda: self._lower(*args, *static), device)
+      self._compiled[key] = self._fetch(args, static, lower, tree, leaves, what)
     return self._compiled[key]
+
+  def _fetch(self, args, static, lower, tree, leaves, what) -> Callable | None:
+    """`_program`'s program, from `programs` (None: arguments on several devices)."""
+    devices = set().union(*(x.devices() for x in leaves if isinstance(x, jax.Array)))
+    if len(devices) > 1:
+      return None
+    described = [(tuple(x.shape), str(x.dtype), repr(getattr(x, "sharding", None))) for x in leaves]
+    signature = "\n".join(
+      map(
+        str,
+        (
+          type(self.model).__qualname__,
+          self.model.config,
+          (self.num_ids, self.ensemble, self.use_cache, self.segment),
+          static,
+          tree,
+          described,
+        ),
+      )
+    )
+    device = devices.pop() if devices else jax.devices()[0]
+    lower = lower or (lambda: self._lower(*args, *static))
+    if what is None:
+      return self._programs(signature, lower, device)
+    return self._programs(signature, lower, device, what=what)
 
   def _kept_search(self, *args):
     """`_search` under another name, for `programs`: its programs' keys in JAX's persistent
@@ -223,6 +241,92 @@ class Generator:
       segment=self.segment,
       prefix=prefix,
       count_steps=True,
+    )
+
+  def _piece(self, params, x, settings, max_len: int, outputs: str, start: int, until: int):
+    """`beam_pieces.begin` of inputs `x` (`start` 0) or `resume` of piece `x` paused at
+    `start`, to step `until`, with this generator's options (traced)."""
+    keywords = dict(outputs=outputs, num_ids=self.num_ids, segment=self.segment)
+    if not start:
+      return beam_pieces.begin(self.model, params, x, settings, max_len, until, **keywords)
+    return beam_pieces.resume(self.model, params, x, settings, max_len, start, until, **keywords)
+
+  def _kept_piece(self, *args):
+    """`_piece` under another name, for `programs` (as `_kept_search`)."""
+    return self._piece(*args)
+
+  def _stops(self, max_len: int, batches: int) -> list[int]:
+    """Where the pieces of a search of output width `max_len` pause, then `max_len`, for a shape
+    of `batches` batches (`MIN_BATCHES`)."""
+    if batches < MIN_BATCHES:
+      return [max_len]
+    return search.pause_steps(max_len, self.segment) + [max_len]
+
+  def _piece_program(self, params, shape, static) -> Callable | None:
+    """`_program` of `_piece(params, x, *static)` for a batch of `shape` (x its inputs, or a
+    piece of its entries); named by the batch's inputs, so that a run that reads the program
+    back traces nothing (the piece's shapes follow from them)."""
+    settings, max_len, outputs, start, _ = static
+
+    def lower():
+      x = jax.ShapeDtypeStruct(shape, jnp.int32)
+      if start:
+        x = beam_pieces.paused_shape(
+          self.model, params, x, settings, max_len, start, outputs=outputs, segment=self.segment
+        )
+      return self._lower_piece(params, x, *static)
+
+    named = (params, np.zeros(shape, np.int32))
+    what = f"int32[{shape[0]},{shape[1]}], steps {start}-{static[4]}"
+    return self._program(None, ("beam piece", *static), lower, named, what)
+
+  def _merging(self, settings: SearchSettings, prefixes, params) -> bool:
+    """Whether `translate_all` searches in merged pieces (`merge`, a search `beam_pieces`
+    runs, parameters on one device)."""
+    if not self.merge or self.segment is None:
+      return False
+    if not beam_pieces.supported(
+      settings, ensemble=self.ensemble, use_cache=self.use_cache, prefix=prefixes
+    ):
+      return False
+    leaves = jax.tree_util.tree_leaves(params)
+    devices = set().union(*(x.devices() for x in leaves if isinstance(x, jax.Array)))
+    return len(devices) <= 1
+
+  def _merged(self, params, batches, settings, want, parallel_batches, finish) -> tuple:
+    """`translate_all`'s search of `batches` in merged pieces (inference/merged_search.py):
+    (rows x steps searched, rows x steps needed)."""
+    program = settings.program()
+
+    leaves = jax.tree_util.tree_leaves(params)
+    device = next(iter(leaves[0].devices())) if isinstance(leaves[0], jax.Array) else None
+
+    def run(shape, x, start, until):
+      static = (program, shape[1] + settings.max_extra_len, want, start, until)
+      if start:  # a piece of waiting entries comes as numpy
+        x = jax.device_put(x, device)
+      compiled = self._piece_program(params, shape, static)
+      call = (lambda *a: self._run_piece(*a, *static)) if compiled is None else compiled
+      piece, found = call(params, x)
+      found = np.asarray(found) if want == "ids" else [np.asarray(f) for f in found]
+      s = piece.state
+      return piece, found, np.asarray(s.done), int(s.t), np.asarray(s.searched)
+
+    counts = collections.Counter(b.inputs.shape for b in batches)
+    stops = {
+      shape: self._stops(shape[1] + settings.max_extra_len, n) for shape, n in counts.items()
+    }
+    if self._programs is not None and batches:  # every shape's piece programs fetched at once
+      calls = []
+      for shape, ends in stops.items():
+        max_len = shape[1] + settings.max_extra_len
+        ends = [0] + ends
+        calls += [(shape, (program, max_len, want, a, b)) for a, b in zip(ends, ends[1:])]
+      with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+        for done in [pool.submit(self._piece_program, params, *call) for call in calls]:
+          done.result()
+    return merged_translate(
+      run, batches, stops.__getitem__, settings.beam_size, parallel_batches, finish
     )
 
   def translate_all(
@@ -250,7 +354,8 @@ class Generator:
         over).
       place: applied to each batch's [rows, length] ids before decoding (e.g. `jax.device_put`
         with a sharding); None leaves them as numpy.
-      on_batch: called after each batch with the number of sentences done so far.
+      on_batch: called with the number of sentences done so far, after each batch (each
+        sentence, in a merged search: see `merge`).
       rng: default `jax.random.key(0)`, folded with the batch's number when sampling, so batches
         of the same shape sample independently.
 
@@ -258,10 +363,10 @@ class Generator:
         tokens' log-probabilities), from the same search.
       prefixes: a target prefix per sentence (ids, no EOS; empty: none): its outputs start with
         it. All empty (or None): decoded exactly as without.
-      parallel_batches: how many batches are decoded at once, each by its own thread running its
-        program to the end (on a CPU, each search's small operations leave cores idle that
-        another batch's fill). Every batch's outputs are the same whatever this is; `on_batch`
-        is still called in batch order.
+      parallel_batches: how many batches (or pieces of merged searches) are decoded at once,
+        each by its own thread running its program to the end (on a CPU, each search's small
+        operations leave cores idle that another batch's fill). Every sentence's outputs are the
+        same whatever this is.
 
     Returns:
       per sentence, in input order: its translation's ids [tokens] (no EOS, no PAD); with
@@ -278,6 +383,19 @@ class Generator:
     batches = length_batches(token_lists, tokens_per_batch, batch_multiple, prefixes)
     put = (lambda x: x) if place is None else place
     want = OUTPUTS[2 if token_scores else 1 if scores else 0]
+    if self._merging(settings, prefixes, params):
+      placed = [b._replace(inputs=put(b.inputs)) for b in batches]
+
+      def finish(i: int, found, row: int):
+        nonlocal done
+        outputs[i] = _sentence(found, row, want)
+        done += 1
+        if on_batch is not None:
+          on_batch(done)
+
+      rows = self._merged(params, placed, settings, want, parallel_batches, finish)
+      self._report(*rows)
+      return outputs
     if self._programs is not None:  # one batch of each shape: their programs fetched at once
       first = {b.inputs.shape: b for b in reversed(batches)}.values()
       shapes = [(put(b.inputs), b.prefixes) for b in first]
@@ -317,17 +435,20 @@ class Generator:
     finally:
       if parallel_batches > 1:
         pool.shutdown(cancel_futures=True)
+    self._report(computed, needed)
+    return outputs
+
+  def _report(self, computed: int, needed: int) -> None:
+    """Keeps and logs (verbosity 1) the rows x steps a `translate_all` searched and needed."""
     self.rows_searched = (computed, needed)
     if needed:
       logging.vlog(
         1,
-        "Searched %s rows x steps where the sentences needed %s (%.2fx): a batch steps until "
-        "its last sentence is done",
+        "Searched %s rows x steps where the sentences needed %s (%.2fx)",
         f"{computed:,}",
         f"{needed:,}",
         computed / needed,
       )
-    return outputs
 
 
 def _sentence(found, row: int, want: str):

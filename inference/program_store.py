@@ -194,10 +194,11 @@ class ProgramStore:
     return self.folder / f"{key[:40]}{SUFFIX}"
 
   def __call__(
-    self, signature: str, lower: Callable[[], jax.stages.Lowered], device=None
+    self, signature: str, lower: Callable[[], jax.stages.Lowered], device=None, what=None
   ) -> jax.stages.Compiled:
     """The compiled program of `signature`. `lower` makes its `jax.stages.Lowered` when it is not
-    in the folder; `device`: the one device it runs on (default: JAX's first)."""
+    in the folder; `device`: the one device it runs on (default: JAX's first); `what`: the
+    program for the log (default: its integer arguments' shapes)."""
     device = device or jax.devices()[0]
     path = self.path(f"{signature}\n{device.platform} {device.device_kind}")
     if path.exists():
@@ -214,7 +215,7 @@ class ProgramStore:
         seconds = time.perf_counter() - begin
         jax.monitoring.record_event_duration_secs(LOAD_EVENT, seconds)
         self.loaded += 1
-        logging.vlog(1, "Program for %s read back in %.2f s", _inputs(compiled), seconds)
+        logging.vlog(1, "Program for %s read back in %.2f s", what or _inputs(compiled), seconds)
         return compiled
     begin = time.perf_counter()
     compiled, from_jax_cache = _compile(lower)
@@ -222,7 +223,7 @@ class ProgramStore:
     logging.vlog(
       1,
       "Program for %s compiled in %.2f s%s",
-      _inputs(compiled),
+      what or _inputs(compiled),
       time.perf_counter() - begin,
       " (from JAX's persistent cache)" if from_jax_cache else f", kept in {self.folder}",
     )

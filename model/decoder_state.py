@@ -72,7 +72,7 @@ class DecoderState(NamedTuple):
   segment: int | None = None
 
 
-def _grow(carried, extra: int):
+def grow_target(carried, extra: int):
   """The carried cache with `extra` more (zero) positions in every `TARGET` buffer (axis -2)."""
   pad = lambda v: jnp.pad(v, [(0, 0)] * (v.ndim - 2) + [(0, extra), (0, 0)])
   return {**carried, cache_kinds.TARGET: jax.tree_util.tree_map(pad, carried[cache_kinds.TARGET])}
@@ -91,7 +91,7 @@ def initial_cache(model, params, inputs, length: int) -> dict:
   return {kind: state.get(kind, {}) for kind in cache_kinds.COLLECTIONS}
 
 
-def _first_cache(init: Callable[[int], dict], max_decode_len: int, segment: int | None):
+def first_cache(init: Callable[[int], dict], max_decode_len: int, segment: int | None):
   """(the initial cache `init(length)`, its length when its `TARGET` buffers grow, else None):
   `segment` positions when the cache has buffers to grow, else `max_decode_len` (recurrent
   state). A cache with nothing to grow is made again at full length, so the common case traces
@@ -129,13 +129,13 @@ def decoder_state(
     }
     return DecoderState(_uncached_step(model, params), state)
   params = matrices_for_decoding(model, params)
-  initial, length = _first_cache(
+  initial, length = first_cache(
     lambda n: initial_cache(model, params, inputs, n), max_decode_len, segment
   )
   return DecoderState(
     cached_step(model, params, initial[cache_kinds.SOURCE]),
     {kind: initial[kind] for kind in cache_kinds.CARRIED},
-    None if length is None else _grow,
+    None if length is None else grow_target,
     length,
   )
 
@@ -155,7 +155,7 @@ def ensemble_decoder_state(
   """
   params = matrices_for_decoding(model, params, leading=1)
   members = lambda n: jax.vmap(lambda p: initial_cache(model, p, inputs, n))(params)
-  initial, length = _first_cache(members, max_decode_len, segment)  # [members, ...]
+  initial, length = first_cache(members, max_decode_len, segment)  # [members, ...]
   source = initial[cache_kinds.SOURCE]
   stacked = {kind: initial[kind] for kind in cache_kinds.CARRIED}
   carried = jax.tree_util.tree_map(
@@ -163,7 +163,7 @@ def ensemble_decoder_state(
   )
   axes = jax.tree_util.tree_map(lambda v: None if v.ndim == 1 else 1, stacked)
   step = ensemble_step(model, params, source, axes)
-  return DecoderState(step, carried, None if length is None else _grow, length)
+  return DecoderState(step, carried, None if length is None else grow_target, length)
 
 
 def ensemble_step(model, params, source, axes):

@@ -139,7 +139,7 @@ def _search(
       token_scores=want > 2,
       **marian,
     )
-    return _best(found, want, settings.num_hypotheses), None
+    return best_outputs(found, want, settings.num_hypotheses), None
   if settings.sampling or settings.beam_size == 1:
     if settings.sampling:
       found = search.sample(
@@ -172,10 +172,10 @@ def _search(
     **loop,
   )
   found, steps = (found[:-1], found[-1]) if count else (found, None)
-  return _best(found, want, settings.num_hypotheses), steps
+  return best_outputs(found, want, settings.num_hypotheses), steps
 
 
-def _best(found, want: int, n: int):
+def best_outputs(found, want: int, n: int):
   """A beam search's first `want` outputs, each cut to its `n` best ([batch, ...] for n = 1)."""
   found = tuple(x[:, 0] if n == 1 else x[:, :n] for x in found[:want])
   return found[0] if want == 1 else found

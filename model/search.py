@@ -119,6 +119,8 @@ __all__ = [
   "beam_start",
   "beam_advance",
   "beam_best",
+  "beam_resume",
+  "pause_steps",
 ]
 
 NEG_INF = float("-inf")
@@ -211,16 +213,33 @@ def _segment_ends(max_len: int, segment: int | None, grow) -> list[int]:
   return ends + [max_len]
 
 
-def segmented_loop(cond, body, state, max_len, segment, grow):
+def segmented_loop(cond, body, state, max_len, segment, grow, start: int = 0, until=None):
   """``lax.while_loop(cond, body, state)`` run as one loop per segment of steps, growing
   ``state.cache`` by each segment's length in between (see module doc); ``state.t`` counts the
-  steps."""
+  steps. ``start``, ``until`` (static): only the segments after step ``start`` up to step
+  ``until`` (segment ends, or 0 and ``max_len``; any steps without ``grow``; None: ``max_len``),
+  for a search run in pieces (``beam_resume``): the cache then holds ``start`` positions (all
+  ``max_len`` without ``grow``)."""
   ends = _segment_ends(max_len, segment, grow)
+  until = max_len if until is None else until
+  if grow is None and (start, until) != (0, max_len):  # nothing to grow: pause anywhere
+    return lax.while_loop(lambda s: cond(s) & (s.t < until), body, state)
+  if until not in ends or (start and start not in ends):
+    raise ValueError(f"search: steps {start}..{until} do not fall on the segment ends {ends}")
   for i, end in enumerate(ends):
+    if end <= start or end > until:
+      continue
     if i:
       state = state._replace(cache=grow(state.cache, end - ends[i - 1]))
     state = lax.while_loop(lambda s, end=end: cond(s) & (s.t < end), body, state)
   return state
+
+
+def pause_steps(max_len: int, segment: int | None) -> list[int]:
+  """The segment ends before ``max_len`` (``_segment_ends`` of a growing cache): where a search
+  run in pieces (``beam_resume``) may pause without a loop more than one search in one piece
+  compiles."""
+  return _segment_ends(max_len, segment, True)[:-1]
 
 
 def _decode(
@@ -586,28 +605,52 @@ def beam_search(
   b, k = batch_size, beam_size
   if penalty not in PENALTIES:
     raise ValueError(f"beam_search: penalty={penalty!r} is not one of {PENALTIES}")
-  stopping = stopping_rule(penalty, stopping)
+  rules = dict(alpha=alpha, penalty=penalty, stopping=stopping, eos_id=eos_id, max_lens=max_lens)
+  body, cond = _beam_loop(step_fn, b, k, max_len, prefix=prefix, prefix_rule=prefix_rule, **rules)
+  s = beam_start(b, k, max_len, expand_to_beams(cache, k), token_scores, count_steps)
+  s = segmented_loop(cond, body, s, max_len, segment, grow)
+  best = beam_best(s, alpha, penalty)
+  return (*best, s.searched) if count_steps else best
+
+
+def _beam_loop(step_fn: StepFn, b: int, k: int, max_len: int, **rules):
+  """(body, cond) of beam search's step loop over ``b`` entries of ``k`` beams; ``rules``:
+  ``beam_advance``'s keywords."""
+  rules = dict(rules, stopping=stopping_rule(rules["penalty"], rules.get("stopping")))
 
   def body(s: _BeamState) -> _BeamState:
     logits, cache = step_fn(s.tok.reshape(b * k, 1), s.cache)
-    s, parents = beam_advance(
-      s,
-      logits,
-      alpha=alpha,
-      penalty=penalty,
-      stopping=stopping,
-      eos_id=eos_id,
-      max_lens=max_lens,
-      max_len=max_len,
-      prefix=prefix,
-      prefix_rule=prefix_rule,
-    )
+    s, parents = beam_advance(s, logits, max_len=max_len, **rules)
     return s._replace(cache=gather_beams(cache, parents, b, k))
 
   def cond(s: _BeamState):
     return (s.t < max_len) & ~jnp.all(s.done)
 
-  s = beam_start(b, k, max_len, expand_to_beams(cache, k), token_scores, count_steps)
-  s = segmented_loop(cond, body, s, max_len, segment, grow)
-  best = beam_best(s, alpha, penalty)
-  return (*best, s.searched) if count_steps else best
+  return body, cond
+
+
+def beam_resume(
+  step_fn: StepFn,
+  s: _BeamState,
+  max_len: int,
+  *,
+  start: int,
+  until: int,
+  grow=None,
+  segment=None,
+  alpha=0.6,
+  penalty: str = "gnmt",
+  stopping: str | None = None,
+  eos_id: int = EOS_ID,
+  max_lens=None,
+):
+  """``beam_search``'s steps from state ``s`` at step ``start`` (``beam_start``'s state, its
+  cache expanded, at 0) until step ``until`` (static, both segment ends or 0 and ``max_len``:
+  ``segmented_loop``), every entry is done, or ``max_len``; the other arguments as
+  ``beam_search``'s (no prefix). Searching 0 -> a -> b -> ``max_len`` in such pieces takes the
+  same steps, over the same rows, as one ``beam_search``; ``beam_best`` of the last state is its
+  result."""
+  b, k = s.tok.shape
+  rules = dict(alpha=alpha, penalty=penalty, stopping=stopping, eos_id=eos_id, max_lens=max_lens)
+  body, cond = _beam_loop(step_fn, b, k, max_len, **rules)
+  return segmented_loop(cond, body, s, max_len, segment, grow, start, until)

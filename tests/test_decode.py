@@ -283,7 +283,9 @@ def test_default_verbosity_shows_no_library_chatter(workdir, piped):
   assert all(where) and {m.group(1) for m in where} <= own, detail[-2000:]
   assert len(lines) <= 8, detail[-2000:]
   assert re.search(r"Read \d+ parameter arrays of .*/checkpoints/4 \(.*no optimizer state", detail)
-  assert re.search(r"Program for int32\[\d+,\d+\] (read back|compiled) in", detail), detail
+  assert re.search(
+    r"Program for int32\[\d+,\d+\](, steps \d+-\d+)? (read back|compiled) in", detail
+  )
   assert re.search(r"Searched [\d,]+ rows x steps where the sentences needed [\d,]+ \(", detail)
   # Each phase's seconds (inference/phases.py), at --verbosity=1 only.
   phases = re.search(
@@ -319,7 +321,9 @@ def test_a_second_run_compiles_nothing(workdir, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     err = proc.stderr.decode()
-    searches.append(err.count("Finished tracing _kept_search"))
+    searches.append(
+      err.count("Finished tracing _kept_search") + err.count("Finished tracing _kept_piece")
+    )
     return proc.stdout, err.count("Finished XLA compilation of"), err.count("cache hit for")
 
   searches = []

@@ -253,8 +253,9 @@ def test_length_batches_cover_every_sentence_once():
 @pytest.mark.slow
 def test_a_file_compiles_one_program_per_length_bucket(tiny):
   """A file-like mix (300 sentences of 3..40 tokens, Multi30k's spread): two length buckets,
-  several batches each, one compilation per bucket, the translations of each sentence decoded
-  alone."""
+  one compilation per piece of a bucket's search (inference/merged_search.py: the 32 bucket's
+  many batches pause at step 16, the 64 bucket's one batch is searched whole), batches decoded
+  at once the same, and each sentence's translation the one it gets alone."""
   model, params = tiny
   rng = np.random.default_rng(0)
   lengths = np.clip(rng.normal(15, 6, 300).round().astype(int), 3, 40)
@@ -262,10 +263,10 @@ def test_a_file_compiles_one_program_per_length_bucket(tiny):
   batches = length_buckets.length_batches(lists, tokens_per_batch=512)
   assert len(batches) > 5 and len({b.inputs.shape for b in batches}) == 2
   how = dict(beam_size=2, max_extra_len=EXTRA + 1)  # settings no other test compiles
-  with Compilations("jit(_search)") as compiled:
+  with Compilations("jit(_piece)") as compiled:
     outputs = kept.translate_all(model, params, lists, tokens_per_batch=512, **how)
-  assert compiled.count == 2
-  with Compilations("jit(_search)") as again:  # batches decoded at once: the same, in order
+  assert compiled.count == 3
+  with Compilations("jit(_piece)") as again:  # batches decoded at once: the same, in order
     parallel = kept.translate_all(
       model, params, lists, tokens_per_batch=512, parallel_batches=3, **how
     )

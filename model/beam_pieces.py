@@ -1,0 +1,201 @@
+"""`generate`'s beam search of one model run in pieces: a batch searched to a pause step, then on
+from there, so that the sentences still searching in several paused batches can be gathered into
+full batches and go on (inference/merged_search.py does), instead of each batch stepping all its
+rows until its last sentence is done.
+
+    piece, found = begin(model, params, inputs, settings, max_decode_len, until=16)
+    # ... the entries still searching of several pieces at step 16 into one: `entry`, `join`
+    piece, found = resume(model, params, piece, settings, max_decode_len, start=16, until=32)
+
+The pauses are the cache's segment ends (`search.pause_steps`), so a search in pieces compiles
+as many step loops as one `generate` (`begin`: encode and the first loop; `resume`: grow the
+self-attention buffers and the loop up to the next pause). Every step runs over the
+piece's rows (`batch x beam`), as the batch's own search would: a sentence's search, its
+outputs and their last bits are the ones `generate` gives it in any batch of that shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from model import cache_kinds, search
+from model.decoder_state import (
+  DECODE_SEGMENT,
+  cached_step,
+  first_cache,
+  grow_target,
+  initial_cache,
+  matrices_for_decoding,
+  only_ids_below,
+)
+from model.generate import OUTPUTS, best_outputs
+from model.search_settings import MARIAN, SearchSettings
+from model.token_step import output_limits
+
+
+class BeamPiece(NamedTuple):
+  """A beam search between two pieces: its state (the carried cache inside, leaves
+  [batch * beam, ...]), the `SOURCE` cache entries its steps read ([batch, ...]) and each
+  entry's output limit [batch]. Every leaf but the state's step counter has the entries first."""
+
+  state: Any
+  source: Any
+  max_lens: Any
+
+
+def supported(settings: SearchSettings, *, ensemble: bool, use_cache: bool, prefix) -> bool:
+  """Whether `begin` and `resume` run this search: beam search (GNMT or fairseq penalty) of one
+  model with its cache, no target prefix."""
+  return (
+    settings.beam_size > 1
+    and not settings.sampling
+    and settings.length_penalty != MARIAN
+    and not ensemble
+    and use_cache
+    and prefix is None
+  )
+
+
+def _rules(settings: SearchSettings, max_lens) -> dict:
+  """`search.beam_resume`'s keywords for `settings`."""
+  return dict(
+    alpha=settings.alpha,
+    penalty=settings.length_penalty,
+    stopping=settings.stopping,
+    max_lens=max_lens,
+  )
+
+
+def _outputs(piece: BeamPiece, settings: SearchSettings, outputs: str):
+  """`generate`'s outputs of every entry of `piece`, as if its search ended there."""
+  found = search.beam_best(piece.state, settings.alpha, settings.length_penalty)
+  return best_outputs(found, OUTPUTS.index(outputs) + 1, settings.num_hypotheses)
+
+
+def _initial(model, params, inputs, settings, max_decode_len, outputs, segment):
+  """(the piece of `inputs` before its first step, its cache's first length: None when nothing
+  grows); `params` as `matrices_for_decoding` gives them."""
+  initial, length = first_cache(
+    lambda n: initial_cache(model, params, inputs, n), max_decode_len, segment
+  )
+  carried = {kind: initial[kind] for kind in cache_kinds.CARRIED}
+  b, k = inputs.shape[0], settings.beam_size
+  state = search.beam_start(
+    b, k, max_decode_len, search.expand_to_beams(carried, k), outputs == OUTPUTS[2], True
+  )
+  limits = output_limits(inputs, None, settings.max_extra_len)
+  return BeamPiece(state, initial[cache_kinds.SOURCE], limits), length
+
+
+def begin(
+  model,
+  params,
+  inputs,
+  settings: SearchSettings,
+  max_decode_len: int,
+  until: int,
+  *,
+  outputs: str = "ids",
+  num_ids: int | None = None,
+  segment: int | None = DECODE_SEGMENT,
+):
+  """Encodes `inputs` [batch, src_len] and beam-searches until step `until` (a pause step, see
+  module doc, or `max_decode_len`) or every entry is done: (the `BeamPiece`, `generate`'s
+  outputs of every entry as if its search ended there, `outputs` as `generate`'s). The state
+  counts each entry's steps (`state.searched`)."""
+  params = matrices_for_decoding(model, params)
+  piece, first = _initial(model, params, inputs, settings, max_decode_len, outputs, segment)
+  return _run(model, params, piece, settings, max_decode_len, 0, until, outputs, num_ids, first)
+
+
+def paused_shape(
+  model,
+  params,
+  inputs,
+  settings: SearchSettings,
+  max_decode_len: int,
+  start: int,
+  *,
+  outputs: str = "ids",
+  segment: int | None = DECODE_SEGMENT,
+) -> BeamPiece:
+  """The shapes and dtypes (`jax.ShapeDtypeStruct`s) of the piece `resume` takes at pause step
+  `start` for inputs shaped as `inputs`, found without tracing a search step: the piece before
+  its first step, its self-attention buffers (when they grow) `start` positions long."""
+
+  def initial(params, inputs):
+    params = matrices_for_decoding(model, params)
+    return _initial(model, params, inputs, settings, max_decode_len, outputs, segment)[0]
+
+  piece = jax.eval_shape(initial, params, inputs)
+  grows = segment and segment < max_decode_len
+  at = lambda x: jax.ShapeDtypeStruct(x.shape[:-2] + (start,) + x.shape[-1:], x.dtype)
+  cache = dict(piece.state.cache)
+  if grows:
+    cache[cache_kinds.TARGET] = jax.tree_util.tree_map(at, cache[cache_kinds.TARGET])
+  return piece._replace(state=piece.state._replace(cache=cache))
+
+
+def resume(
+  model,
+  params,
+  piece: BeamPiece,
+  settings: SearchSettings,
+  max_decode_len: int,
+  start: int,
+  until: int,
+  *,
+  outputs: str = "ids",
+  num_ids: int | None = None,
+  segment: int | None = DECODE_SEGMENT,
+):
+  """`begin`'s pair for `piece`, paused at step `start`, searched on to step `until` (a later
+  pause step, or `max_decode_len`: to the end)."""
+  params = matrices_for_decoding(model, params)
+  grows = bool(jax.tree_util.tree_leaves(piece.state.cache[cache_kinds.TARGET]))
+  first = segment if grows and segment and segment < max_decode_len else None
+  return _run(model, params, piece, settings, max_decode_len, start, until, outputs, num_ids, first)
+
+
+def _run(model, params, piece, settings, max_decode_len, start, until, outputs, num_ids, first):
+  """The piece searched from step `start` to `until` over a cache whose buffers grew from
+  `first` positions (None: nothing grows), and its outputs."""
+  step = only_ids_below(cached_step(model, params, piece.source), num_ids)
+  state = search.beam_resume(
+    step,
+    piece.state,
+    max_decode_len,
+    start=start,
+    until=until,
+    grow=None if first is None else grow_target,
+    segment=first,
+    **_rules(settings, piece.max_lens),
+  )
+  piece = piece._replace(state=state)
+  return piece, _outputs(piece, settings, outputs)
+
+
+def entry(piece: BeamPiece, row: int) -> BeamPiece:
+  """Entry `row` of `piece` (numpy leaves) as a piece of one entry, its leaves copied (so the
+  piece's other rows can go): per-entry leaves [1, ...], the cache's [beam, ...]."""
+  rows, beams = piece.state.tok.shape
+
+  def one(x):
+    if np.ndim(x) == 0:
+      return x
+    if x.shape[0] == rows * beams:
+      return np.array(x[row * beams : (row + 1) * beams])
+    return np.array(x[row : row + 1])
+
+  return jax.tree_util.tree_map(one, piece)
+
+
+def join(entries: list) -> BeamPiece:
+  """One piece of the one-entry pieces `entries` (`entry`'s), all paused at the same step and
+  from batches of one shape, in that order."""
+  return jax.tree_util.tree_map(
+    lambda *xs: xs[0] if np.ndim(xs[0]) == 0 else np.concatenate(xs), *entries
+  )

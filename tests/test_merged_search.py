@@ -1,0 +1,214 @@
+"""Beam search in pieces (model/beam_pieces.py) and translate_all's sentences merged across
+batches (inference/merged_search.py): the same outputs, to the last bit, as each batch's own
+search, with fewer rows searched. A random tiny Transformer (tests/test_generate.py's), cache
+segments of 4 positions so that its short outputs pause twice."""
+
+import jax
+import numpy as np
+import pytest
+
+from inference import merged_search
+from inference.generator import Generator
+from inference.program_store import ProgramStore
+from model import beam_pieces, search
+from model.build import abstract_params, build_model
+from model.generate import generate
+from model.search_settings import SearchSettings
+from tests.helpers import Compilations
+from tests.test_generate import EOS, EXTRA, SOURCES, padded, random_model
+
+SEGMENT = 4
+WIDTH = 12
+MAX_LEN = WIDTH + EXTRA  # 16: segment ends 4, 8, 16
+SETTINGS = {
+  "gnmt-exact": (SearchSettings(beam_size=3, alpha=0.6, max_extra_len=EXTRA), "token_scores"),
+  "fairseq-2best": (
+    SearchSettings(
+      beam_size=4, alpha=1.0, length_penalty="fairseq", num_hypotheses=2, max_extra_len=EXTRA
+    ),
+    "scores",
+  ),
+  "gnmt-finished": (
+    SearchSettings(beam_size=2, alpha=1.5, stopping="finished", max_extra_len=EXTRA),
+    "ids",
+  ),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  return random_model(num_layers=1, seed=2, eos_bias=3.4)
+
+
+def _pieces(model, settings, outputs, segment=SEGMENT):
+  """Jitted begin and resume of `beam_pieces`, and the pause steps for MAX_LEN."""
+  keywords = dict(outputs=outputs, segment=segment)
+  begin = jax.jit(
+    lambda p, x, until: beam_pieces.begin(model, p, x, settings, MAX_LEN, until, **keywords),
+    static_argnums=2,
+  )
+  resume = jax.jit(
+    lambda p, x, a, b: beam_pieces.resume(model, p, x, settings, MAX_LEN, a, b, **keywords),
+    static_argnums=(2, 3),
+  )
+  return begin, resume, search.pause_steps(MAX_LEN, segment)
+
+
+def _arrays(found) -> list:
+  """A search's outputs (ids, or a tuple of ids, scores...) as a list of numpy arrays."""
+  return [np.asarray(x) for x in (found if isinstance(found, (tuple, list)) else [found])]
+
+
+def _equal(a, b) -> bool:
+  a, b = _arrays(a), _arrays(b)
+  return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_a_search_in_pieces_is_generates_search_to_the_last_bit(tiny, name):
+  """begin -> resume -> resume at the segment ends gives `generate`'s outputs and step counts;
+  an entry done at a pause already has its final outputs; entries of two batches joined into
+  one piece at a pause go on to their own batch's outputs."""
+  model, params = tiny
+  settings, outputs = SETTINGS[name]
+  begin, resume, pauses = _pieces(model, settings, outputs)
+  assert pauses == [4, 8]
+  whole = jax.jit(
+    lambda p, x: generate(
+      model, p, x, None, settings, MAX_LEN, outputs, segment=SEGMENT, count_steps=True
+    )
+  )
+  halves = [padded(SOURCES[:4]), padded(SOURCES[4:])]
+  expected = [whole(params, x) for x in halves]
+  paused, done_at_8 = [], []
+  for x, (found, steps) in zip(halves, expected):
+    piece, _ = begin(params, x, 4)
+    piece, at_8 = resume(params, piece, 4, 8)
+    paused.append(piece)
+    done = np.asarray(piece.state.done)
+    done_at_8 += list(done)
+    assert _equal([x[done] for x in _arrays(at_8)], [x[done] for x in _arrays(found)])
+    piece, last = resume(params, piece, 8, MAX_LEN)
+    assert _equal(last, found)
+    np.testing.assert_array_equal(piece.state.searched, steps)
+  assert any(done_at_8) and not all(done_at_8)
+
+  host = [jax.tree_util.tree_map(np.asarray, p) for p in paused]
+  picks = [(1, 3), (0, 1), (1, 0), (0, 2)]  # entries of both batches, out of order
+  joined = beam_pieces.join([beam_pieces.entry(host[b], r) for b, r in picks])
+  _, last = resume(params, jax.device_put(joined), 8, MAX_LEN)
+  for row, (b, r) in enumerate(picks):
+    assert _equal([x[row] for x in _arrays(last)], [x[r] for x in _arrays(expected[b][0])])
+
+
+def test_a_recurrent_model_pauses_without_growing(tiny):
+  """A model whose cache has no buffers to grow (recurrent state) pauses at the same steps."""
+  from configs.common import base_config
+
+  cfg = base_config().model
+  cfg.update(dict(type="rnn", vocab_size=24, d_model=16, num_layers=1))
+  model = build_model(cfg)
+  shapes = abstract_params(cfg)
+  rng = np.random.default_rng(0)
+  params = jax.tree_util.tree_map(
+    lambda s: (0.5 * rng.standard_normal(s.shape)).astype(np.float32), shapes
+  )
+  settings, outputs = SETTINGS["gnmt-exact"]
+  begin, resume, _ = _pieces(model, settings, outputs)
+  x = padded(SOURCES[:4])
+  found = generate(model, params, x, None, settings, MAX_LEN, outputs, segment=SEGMENT)
+  piece, _ = begin(params, x, 4)
+  piece, _ = resume(params, piece, 4, 8)
+  _, last = resume(params, piece, 8, MAX_LEN)
+  assert _equal(last, found)
+
+
+def _sentences(count: int, seed: int = 0) -> list:
+  """`count` distinct sentences of 3-11 tokens (EOS included): one length bucket."""
+  rng = np.random.default_rng(seed)
+  return [list(rng.integers(3, 24, int(n) - 1)) + [EOS] for n in rng.integers(3, 12, count)]
+
+
+def _nested(outputs) -> list:
+  """translate_all's outputs (ids arrays, lists of them, or NBest) as nested lists."""
+  flat = []
+  for out in outputs:
+    if hasattr(out, "scores"):
+      tokens = [] if out.token_scores is None else [t.tolist() for t in out.token_scores]
+      flat.append(([i.tolist() for i in out.ids], out.scores.tolist(), tokens))
+    elif isinstance(out, list):
+      flat.append([i.tolist() for i in out])
+    else:
+      flat.append(out.tolist())
+  return flat
+
+
+@pytest.mark.parametrize(
+  "name, parallel, how",
+  [
+    ("gnmt-exact", 1, dict(token_scores=True)),
+    ("fairseq-2best", 3, {}),
+    ("gnmt-finished", 2, dict(scores=True)),
+  ],
+)
+def test_translate_all_merges_sentences_still_searching_across_batches(tiny, name, parallel, how):
+  """translate_all with `merge` (the default) returns every sentence's outputs exactly as each
+  batch on its own does, whatever `parallel_batches`, and searches fewer rows x steps for the
+  same rows x steps needed; progress is reported up to every sentence."""
+  model, params = tiny
+  settings, _ = SETTINGS[name]
+  sentences = _sentences(60)
+  options = dict(tokens_per_batch=4 * 32, parallel_batches=parallel, **how)  # 15 batches of 4
+  alone = Generator(model, segment=SEGMENT, merge=False)
+  expected = alone.translate_all(params, sentences, settings, **options)
+  progress = []
+  merged = Generator(model, segment=SEGMENT)
+  found = merged.translate_all(params, sentences, settings, on_batch=progress.append, **options)
+  assert _nested(found) == _nested(expected)
+  computed, needed = merged.rows_searched
+  assert needed == alone.rows_searched[1] and computed < alone.rows_searched[0]
+  assert progress == sorted(progress) and progress[-1] == len(sentences)
+
+
+def test_few_batches_of_a_shape_are_searched_whole(tiny):
+  """A shape with fewer than MIN_BATCHES batches is searched in one piece: nothing waits, one
+  program."""
+  model, params = tiny
+  settings, _ = SETTINGS["gnmt-finished"]
+  sentences = _sentences(4 * (merged_search.MIN_BATCHES - 1), seed=1)
+  generator = Generator(model, segment=SEGMENT)
+  with Compilations("jit(_piece)") as compiled:
+    found = generator.translate_all(params, sentences, settings, tokens_per_batch=4 * 32)
+  expected = Generator(model, segment=SEGMENT, merge=False).translate_all(
+    params, sentences, settings, tokens_per_batch=4 * 32
+  )
+  assert _nested(found) == _nested(expected) and compiled.count == 1
+  computed, needed = generator.rows_searched
+  assert computed > needed  # batch by batch
+
+
+def test_merged_pieces_are_kept_on_disk_and_read_back_untraced(tiny, tmp_path):
+  """With a program store, a file's piece programs (begin and each resume) are compiled once,
+  kept, and read back by a later generator without tracing; the outputs are the same."""
+  model, params = tiny
+  settings, _ = SETTINGS["gnmt-finished"]
+  sentences = _sentences(40, seed=2)
+  options = dict(tokens_per_batch=4 * 32, parallel_batches=2)
+  expected = Generator(model, segment=SEGMENT, merge=False).translate_all(
+    params, sentences, settings, **options
+  )
+  store = ProgramStore(tmp_path)
+  found = Generator(model, segment=SEGMENT, programs=store).translate_all(
+    params, sentences, settings, **options
+  )
+  pieces = len(search.pause_steps(32 + EXTRA, SEGMENT)) + 1  # 0-4, 4-8, 8-16, 16-32, 32-36
+  assert _nested(found) == _nested(expected) and store.compiled == pieces == 5
+  assert Generator(model, programs=store).translate_all(params, [], settings) == []
+  again = ProgramStore(tmp_path)
+  traced = Compilations("_kept_piece", Compilations.TRACED)
+  with traced:
+    found = Generator(model, segment=SEGMENT, programs=again).translate_all(
+      params, sentences, settings, **options
+    )
+  assert _nested(found) == _nested(expected)
+  assert (traced.count, again.loaded, again.compiled) == (0, pieces, 0)
