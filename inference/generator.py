@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import threading
 from collections.abc import Callable, Sequence
 
 import jax
@@ -95,6 +96,8 @@ class Generator:
     self._lower_piece = jax.jit(self._kept_piece, static_argnums=(2, 3, 4, 5, 6)).lower
     self._programs = programs
     self._compiled: dict[tuple, Callable | None] = {}  # by arguments' shapes and shardings
+    self._initial_shapes: dict[tuple, object] = {}  # a merged search's piece before its start
+    self._shapes_lock = threading.Lock()
     # The last translate_all's (rows x steps searched, rows x steps its sentences needed: each
     # sentence's rows times the steps it searched before it was done); (0, 0) for Marian's.
     self.rows_searched = (0, 0)
@@ -271,9 +274,13 @@ class Generator:
     def lower():
       x = jax.ShapeDtypeStruct(shape, jnp.int32)
       if start:
-        x = beam_pieces.paused_shape(
-          self.model, params, x, settings, max_len, start, outputs=outputs, segment=self.segment
-        )
+        with self._shapes_lock:  # one trace of the encoder for all of a shape's pieces
+          key = (shape, settings, max_len, outputs, jax.tree_util.tree_structure(params))
+          if key not in self._initial_shapes:
+            self._initial_shapes[key] = beam_pieces.initial_shape(
+              self.model, params, x, settings, max_len, outputs=outputs, segment=self.segment
+            )
+        x = beam_pieces.paused_shape(self._initial_shapes[key], start, max_len, self.segment)
       return self._lower_piece(params, x, *static)
 
     named = (params, np.zeros(shape, np.int32))

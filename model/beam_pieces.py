@@ -111,32 +111,37 @@ def begin(
   return _run(model, params, piece, settings, max_decode_len, 0, until, outputs, num_ids, first)
 
 
-def paused_shape(
+def initial_shape(
   model,
   params,
   inputs,
   settings: SearchSettings,
   max_decode_len: int,
-  start: int,
   *,
   outputs: str = "ids",
   segment: int | None = DECODE_SEGMENT,
 ) -> BeamPiece:
-  """The shapes and dtypes (`jax.ShapeDtypeStruct`s) of the piece `resume` takes at pause step
-  `start` for inputs shaped as `inputs`, found without tracing a search step: the piece before
-  its first step, its self-attention buffers (when they grow) `start` positions long."""
+  """The shapes and dtypes (`jax.ShapeDtypeStruct`s) of the piece `begin` starts from, for
+  inputs shaped as `inputs` (traces the encoder and the cache, not a search step)."""
 
   def initial(params, inputs):
     params = matrices_for_decoding(model, params)
     return _initial(model, params, inputs, settings, max_decode_len, outputs, segment)[0]
 
-  piece = jax.eval_shape(initial, params, inputs)
-  grows = segment and segment < max_decode_len
+  return jax.eval_shape(initial, params, inputs)
+
+
+def paused_shape(
+  initial: BeamPiece, start: int, max_decode_len: int, segment: int | None = DECODE_SEGMENT
+) -> BeamPiece:
+  """The shapes of the piece `resume` takes at pause step `start`, from `initial_shape`'s: its
+  self-attention buffers (when they grow) `start` positions long."""
+  if not (segment and segment < max_decode_len):
+    return initial
   at = lambda x: jax.ShapeDtypeStruct(x.shape[:-2] + (start,) + x.shape[-1:], x.dtype)
-  cache = dict(piece.state.cache)
-  if grows:
-    cache[cache_kinds.TARGET] = jax.tree_util.tree_map(at, cache[cache_kinds.TARGET])
-  return piece._replace(state=piece.state._replace(cache=cache))
+  cache = dict(initial.state.cache)
+  cache[cache_kinds.TARGET] = jax.tree_util.tree_map(at, cache[cache_kinds.TARGET])
+  return initial._replace(state=initial.state._replace(cache=cache))
 
 
 def resume(

@@ -64,6 +64,15 @@ def _equal(a, b) -> bool:
   return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
+def test_pauses_are_the_cache_segment_ends():
+  """A search pauses where its cache grows (no loop more than one search in one piece compiles);
+  a cache that never grows, or a pause off the segment ends, is refused by the loop."""
+  assert search.pause_steps(82, 16) == [16, 32, 64] and search.pause_steps(36, 16) == [16]
+  assert search.pause_steps(16, 16) == [] and search.pause_steps(16, None) == []
+  with pytest.raises(ValueError, match=r"steps 16\.\.24 do not fall on the segment ends"):
+    search.segmented_loop(None, None, None, 82, 16, lambda c, n: c, start=16, until=24)
+
+
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_a_search_in_pieces_is_generates_search_to_the_last_bit(tiny, name):
   """begin -> resume -> resume at the segment ends gives `generate`'s outputs and step counts;
