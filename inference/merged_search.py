@@ -56,11 +56,8 @@ def merged_translate(
   computed = needed = 0
   pool = concurrent.futures.ThreadPoolExecutor(parallel_batches)
 
-  def begun(shape) -> bool:
-    return not any(batches[n].inputs.shape == shape for n in todo)
-
-  def can_grow(shape, stage) -> bool:
-    return not begun(shape) or any(s == shape and g < stage for s, g, _ in inflight.values())
+  def can_grow(shape, stage) -> bool:  # once every batch has begun
+    return any(s == shape and g < stage for s, g, _ in inflight.values())
 
   def submit(x, shape, stage, owners):
     stops = stops_of(shape)
@@ -77,7 +74,7 @@ def merged_translate(
       owners = list(batches[n].indices) + [None] * (rows - len(batches[n].indices))
       submit(batches[n].inputs, batches[n].inputs.shape, 0, owners)
       return True
-    else:
+    else:  # every batch begun: a group none in flight can add to goes on as it is
       ready = [k for k, v in waiting.items() if v and not can_grow(*k)]
       if not ready:
         return False
