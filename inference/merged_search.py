@@ -7,11 +7,12 @@ last sentence is done: the rows a finished sentence would fill are searched for 
 step still runs over a batch's full rows, so each sentence's outputs are, to the last bit, those
 of its own batch's search.
 
-Streaming, not batch by batch: `parallel_batches` pieces are in flight at any time; a freed
-place goes to a full group of waiting entries (the latest pause first), else to the next
-batch; a group that can get no more entries (no batch of its shape left to start, none in flight
-before its pause) goes on as it is, its spare rows repeating its last entry. A waiting entry is
-a host copy of its own rows only; at most a batch's rows less one wait per shape and pause.
+Streaming, not batch by batch: `parallel_batches` pieces run at any time and one more waits for
+the first thread to be free (each piece ends in host work before the next is chosen); a freed
+place goes to a full group of waiting entries (the latest pause first), else to the next batch;
+once every batch has begun, a group that no piece in flight can add to goes on as it is, its
+spare rows repeating its last entry. A waiting entry is a host copy of its own rows only; at
+most a batch's rows less one wait per shape and pause.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def merged_translate(
   inflight: dict[concurrent.futures.Future, tuple] = {}  # -> (shape, stage, owners)
   computed = needed = 0
   pool = concurrent.futures.ThreadPoolExecutor(parallel_batches)
+  queued = parallel_batches + 1  # a thread done with a piece finds the next one waiting
 
   def can_grow(shape, stage) -> bool:  # once every batch has begun
     return any(s == shape and g < stage for s, g, _ in inflight.values())
@@ -87,7 +89,7 @@ def merged_translate(
 
   try:
     while todo or inflight or any(waiting.values()):
-      while len(inflight) < parallel_batches and next_work():
+      while len(inflight) < queued and next_work():
         pass
       done_now, _ = concurrent.futures.wait(inflight, return_when="FIRST_COMPLETED")
       for future in done_now:
