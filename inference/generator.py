@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from inference.merged_search import MIN_BATCHES, merged_translate
-from model import beam_pieces, distribution, search
+from inference.merged_search import merged_translate, piece_stops
+from model import beam_pieces, distribution
 from model.decoder_state import DECODE_SEGMENT
 from model.generate import OUTPUTS, generate, nbest, strip
 from model.length_buckets import checked_prefixes, length_batches
@@ -174,12 +174,7 @@ class Generator:
       )
       for x, prefix in batches
     ]
-    if len(calls) == 1:
-      self._program(*calls[0])
-      return
-    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
-      for done in [pool.submit(self._program, *call) for call in calls]:
-        done.result()
+    _at_once(self._program, calls)
 
   def _program(self, args, static, lower=None, describe=None, what=None) -> Callable | None:
     """The compiled search for these arguments from `programs` (asked once per signature), or
@@ -198,7 +193,7 @@ class Generator:
 
   def _fetch(self, args, static, lower, tree, leaves, what) -> Callable | None:
     """`_program`'s program, from `programs` (None: arguments on several devices)."""
-    devices = set().union(*(x.devices() for x in leaves if isinstance(x, jax.Array)))
+    devices = _devices(leaves)
     if len(devices) > 1:
       return None
     described = [(tuple(x.shape), str(x.dtype), repr(getattr(x, "sharding", None))) for x in leaves]
@@ -258,18 +253,11 @@ class Generator:
     """`_piece` under another name, for `programs` (as `_kept_search`)."""
     return self._piece(*args)
 
-  def _stops(self, max_len: int, batches: int) -> list[int]:
-    """Where the pieces of a search of output width `max_len` pause, then `max_len`, for a shape
-    of `batches` batches (`MIN_BATCHES`)."""
-    if batches < MIN_BATCHES:
-      return [max_len]
-    return search.pause_steps(max_len, self.segment) + [max_len]
-
   def _piece_program(self, params, shape, static) -> Callable | None:
     """`_program` of `_piece(params, x, *static)` for a batch of `shape` (x its inputs, or a
     piece of its entries); named by the batch's inputs, so that a run that reads the program
     back traces nothing (the piece's shapes follow from them)."""
-    settings, max_len, outputs, start, _ = static
+    settings, max_len, outputs, start, until = static
 
     def lower():
       x = jax.ShapeDtypeStruct(shape, jnp.int32)
@@ -284,7 +272,7 @@ class Generator:
       return self._lower_piece(params, x, *static)
 
     named = (params, np.zeros(shape, np.int32))
-    what = f"int32[{shape[0]},{shape[1]}], steps {start}-{static[4]}"
+    what = f"int32[{shape[0]},{shape[1]}], steps {start}-{until}"
     return self._program(None, ("beam piece", *static), lower, named, what)
 
   def _merging(self, settings: SearchSettings, prefixes, params) -> bool:
@@ -296,17 +284,13 @@ class Generator:
       settings, ensemble=self.ensemble, use_cache=self.use_cache, prefix=prefixes
     ):
       return False
-    leaves = jax.tree_util.tree_leaves(params)
-    devices = set().union(*(x.devices() for x in leaves if isinstance(x, jax.Array)))
-    return len(devices) <= 1
+    return len(_devices(params)) <= 1
 
   def _merged(self, params, batches, settings, want, parallel_batches, finish) -> tuple:
     """`translate_all`'s search of `batches` in merged pieces (inference/merged_search.py):
     (rows x steps searched, rows x steps needed)."""
     program = settings.program()
-
-    leaves = jax.tree_util.tree_leaves(params)
-    device = next(iter(leaves[0].devices())) if isinstance(leaves[0], jax.Array) else None
+    device = next(iter(_devices(params)), None)
 
     def run(shape, x, start, until):
       static = (program, shape[1] + settings.max_extra_len, want, start, until)
@@ -321,17 +305,16 @@ class Generator:
 
     counts = collections.Counter(b.inputs.shape for b in batches)
     stops = {
-      shape: self._stops(shape[1] + settings.max_extra_len, n) for shape, n in counts.items()
+      shape: piece_stops(shape[1] + settings.max_extra_len, self.segment, n)
+      for shape, n in counts.items()
     }
     if self._programs is not None and batches:  # every shape's piece programs fetched at once
       calls = []
       for shape, ends in stops.items():
         max_len = shape[1] + settings.max_extra_len
         ends = [0] + ends
-        calls += [(shape, (program, max_len, want, a, b)) for a, b in zip(ends, ends[1:])]
-      with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
-        for done in [pool.submit(self._piece_program, params, *call) for call in calls]:
-          done.result()
+        calls += [(params, shape, (program, max_len, want, a, b)) for a, b in zip(ends, ends[1:])]
+      _at_once(self._piece_program, calls)
     return merged_translate(
       run, batches, stops.__getitem__, settings.beam_size, parallel_batches, finish
     )
@@ -456,6 +439,22 @@ class Generator:
         f"{needed:,}",
         computed / needed,
       )
+
+
+def _devices(tree) -> set:
+  """The devices the `jax.Array` leaves of `tree` are on (none for numpy leaves)."""
+  leaves = jax.tree_util.tree_leaves(tree)
+  return set().union(*(x.devices() for x in leaves if isinstance(x, jax.Array)))
+
+
+def _at_once(fetch: Callable, calls: list) -> None:
+  """`fetch(*call)` for every call, each in its own thread (one: in this one)."""
+  if len(calls) == 1:
+    fetch(*calls[0])
+    return
+  with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+    for done in [pool.submit(fetch, *call) for call in calls]:
+      done.result()
 
 
 def _sentence(found, row: int, want: str):

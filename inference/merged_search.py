@@ -23,17 +23,25 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from model import beam_pieces
+from model import beam_pieces, search
 
 # A shape with fewer batches is searched whole: merging its few batches would save less than its
 # pieces' programs cost to compile and read back (docs/experiments.md).
 MIN_BATCHES = 4
 
 
+def piece_stops(max_len: int, segment: int | None, batches: int) -> list[int]:
+  """Where the pieces of a search of output width `max_len` (a cache growing from `segment`
+  positions) pause, then `max_len`; a shape of fewer than `MIN_BATCHES` batches in one piece."""
+  if batches < MIN_BATCHES:
+    return [max_len]
+  return search.pause_steps(max_len, segment) + [max_len]
+
+
 def merged_translate(
   run: Callable,
   batches: list,
-  stops_of: Callable[[int], list[int]],
+  stops_of: Callable[[tuple], list[int]],
   beam: int,
   parallel_batches: int,
   finish: Callable[[int, object, int], None],
@@ -99,11 +107,15 @@ def merged_translate(
         start = 0 if stage == 0 else stops[stage - 1]
         computed += beam * shape[0] * (int(t) - start)
         last = stops[stage] == stops[-1]
-        live = [r for r, i in enumerate(owners) if i is not None and not (done[r] or last)]
+        live = []
         for r, i in enumerate(owners):
-          if i is not None and r not in live:
+          if i is None:
+            continue
+          if done[r] or last:
             finish(i, outputs, r)
             needed += beam * int(searched[r])
+          else:
+            live.append(r)
         if len(live) == shape[0]:  # every row a sentence still searching: on as it is
           submit(piece, shape, stage + 1, owners)
         elif live:

@@ -59,16 +59,6 @@ def supported(settings: SearchSettings, *, ensemble: bool, use_cache: bool, pref
   )
 
 
-def _rules(settings: SearchSettings, max_lens) -> dict:
-  """`search.beam_resume`'s keywords for `settings`."""
-  return dict(
-    alpha=settings.alpha,
-    penalty=settings.length_penalty,
-    stopping=settings.stopping,
-    max_lens=max_lens,
-  )
-
-
 def _outputs(piece: BeamPiece, settings: SearchSettings, outputs: str):
   """`generate`'s outputs of every entry of `piece`, as if its search ended there."""
   found = search.beam_best(piece.state, settings.alpha, settings.length_penalty)
@@ -177,7 +167,10 @@ def _run(model, params, piece, settings, max_decode_len, start, until, outputs, 
     until=until,
     grow=None if first is None else grow_target,
     segment=first,
-    **_rules(settings, piece.max_lens),
+    alpha=settings.alpha,
+    penalty=settings.length_penalty,
+    stopping=settings.stopping,
+    max_lens=piece.max_lens,
   )
   piece = piece._replace(state=state)
   return piece, _outputs(piece, settings, outputs)
