@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from model import cache_kinds, search
+from model import ancestry, cache_kinds, search
 from model.decoder_state import (
   DECODE_SEGMENT,
   cached_step,
@@ -72,6 +72,8 @@ def _initial(model, params, inputs, settings, max_decode_len, outputs, segment):
     lambda n: initial_cache(model, params, inputs, n), max_decode_len, segment
   )
   carried = {kind: initial[kind] for kind in cache_kinds.CARRIED}
+  if ancestry.applies(carried):  # the self-attention buffers kept in place (model/ancestry.py)
+    carried = ancestry.with_table(carried)
   b, k = inputs.shape[0], settings.beam_size
   state = search.beam_start(
     b, k, max_decode_len, search.expand_to_beams(carried, k), outputs == OUTPUTS[2], True
@@ -158,9 +160,12 @@ def resume(
 def _run(model, params, piece, settings, max_decode_len, start, until, outputs, num_ids, first):
   """The piece searched from step `start` to `until` over a cache whose buffers grew from
   `first` positions (None: nothing grows), and its outputs."""
-  step = only_ids_below(cached_step(model, params, piece.source), num_ids)
+  step = cached_step(model, params, piece.source)
+  reorder = None
+  if ancestry.kept_in_place(piece.state.cache):
+    step, reorder = ancestry.in_place_step(step), ancestry.reorder
   state = search.beam_resume(
-    step,
+    only_ids_below(step, num_ids),
     piece.state,
     max_decode_len,
     start=start,
@@ -171,6 +176,7 @@ def _run(model, params, piece, settings, max_decode_len, start, until, outputs, 
     penalty=settings.length_penalty,
     stopping=settings.stopping,
     max_lens=piece.max_lens,
+    reorder=reorder,
   )
   piece = piece._replace(state=state)
   return piece, _outputs(piece, settings, outputs)

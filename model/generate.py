@@ -24,7 +24,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from model import marian_beam, search
+from model import ancestry, marian_beam, search
 from model.decoder_state import (
   DECODE_SEGMENT,
   decoder_state,
@@ -112,20 +112,37 @@ def generate(
     prefix=prefix,
     prefix_rule=settings.prefix_rule,
   )
+  reorder = None
+  if _beam_search(settings) and ancestry.applies(state.cache):  # buffers kept in place
+    state, reorder = ancestry.keep_in_place(state), ancestry.reorder
   step = only_ids_below(state.step, num_ids)
   batch = inputs.shape[0]
   found, steps = _search(
-    step, state.cache, rng, settings, batch, max_decode_len, outputs, loop, count_steps
+    step, state.cache, rng, settings, batch, max_decode_len, outputs, loop, count_steps, reorder
   )
   return (found, steps) if count_steps else found
 
 
+def _beam_search(settings: SearchSettings) -> bool:
+  """Whether `settings` search with model/search.py's `beam_search`."""
+  return settings.length_penalty != MARIAN and not settings.sampling and settings.beam_size > 1
+
+
 def _search(
-  step, cache, rng, settings: SearchSettings, batch, max_decode_len, outputs, loop, count: bool
+  step,
+  cache,
+  rng,
+  settings: SearchSettings,
+  batch,
+  max_decode_len,
+  outputs,
+  loop,
+  count: bool,
+  reorder=None,
 ):
   """(`generate`'s search of `settings` over the step function and cache, with `count` the steps
   each row searched, else None); `loop`: the keywords every search of model/search.py takes
-  alike."""
+  alike; `reorder`: beam search's (None: `search.gather_beams`)."""
   want = OUTPUTS.index(outputs) + 1  # how many of ids, scores, token scores
   if settings.length_penalty == MARIAN:  # Marian's search rule: model/marian_beam.py
     marian = {k: v for k, v in loop.items() if k != "prefix_rule"}
@@ -169,6 +186,7 @@ def _search(
     stopping=settings.stopping,
     token_scores=want > 2,
     count_steps=count,
+    reorder=reorder,
     **loop,
   )
   found, steps = (found[:-1], found[-1]) if count else (found, None)

@@ -574,6 +574,7 @@ def beam_search(
   prefix=None,
   prefix_rule: str = "forced",
   count_steps: bool = False,
+  reorder=None,
 ):
   """Beam search with the GNMT length penalty (Wu et al. 2016; Vaswani et al. 2017), or with
   fairseq's and CTranslate2's (``penalty='fairseq'``): how it scores, steps and stops is the
@@ -594,6 +595,8 @@ def beam_search(
       or not ('ctranslate2').
     count_steps: also return, last, ``[batch]`` int32: the steps each entry searched before it
       was done (the loop runs ``max`` of them for the whole batch).
+    reorder: how the cache's beams are reordered each step (``gather_beams``'s signature; None:
+      ``gather_beams``), e.g. model/ancestry.py's for a cache kept in place.
   Returns:
     ids ``[batch, beam, max_len]`` int32 (PAD after EOS) and scores ``[batch, beam]``
     float32, sorted best first. Slots with no hypothesis at all (only possible when
@@ -606,22 +609,25 @@ def beam_search(
   if penalty not in PENALTIES:
     raise ValueError(f"beam_search: penalty={penalty!r} is not one of {PENALTIES}")
   rules = dict(alpha=alpha, penalty=penalty, stopping=stopping, eos_id=eos_id, max_lens=max_lens)
-  body, cond = _beam_loop(step_fn, b, k, max_len, prefix=prefix, prefix_rule=prefix_rule, **rules)
+  body, cond = _beam_loop(
+    step_fn, b, k, max_len, reorder, prefix=prefix, prefix_rule=prefix_rule, **rules
+  )
   s = beam_start(b, k, max_len, expand_to_beams(cache, k), token_scores, count_steps)
   s = segmented_loop(cond, body, s, max_len, segment, grow)
   best = beam_best(s, alpha, penalty)
   return (*best, s.searched) if count_steps else best
 
 
-def _beam_loop(step_fn: StepFn, b: int, k: int, max_len: int, **rules):
-  """(body, cond) of beam search's step loop over ``b`` entries of ``k`` beams; ``rules``:
-  ``beam_advance``'s keywords."""
+def _beam_loop(step_fn: StepFn, b: int, k: int, max_len: int, reorder=None, **rules):
+  """(body, cond) of beam search's step loop over ``b`` entries of ``k`` beams, the cache
+  reordered by ``reorder`` (None: ``gather_beams``); ``rules``: ``beam_advance``'s keywords."""
+  reorder = reorder or gather_beams
   rules = dict(rules, stopping=stopping_rule(rules["penalty"], rules.get("stopping")))
 
   def body(s: _BeamState) -> _BeamState:
     logits, cache = step_fn(s.tok.reshape(b * k, 1), s.cache)
     s, parents = beam_advance(s, logits, max_len=max_len, **rules)
-    return s._replace(cache=gather_beams(cache, parents, b, k))
+    return s._replace(cache=reorder(cache, parents, b, k))
 
   def cond(s: _BeamState):
     return (s.t < max_len) & ~jnp.all(s.done)
@@ -643,6 +649,7 @@ def beam_resume(
   stopping: str | None = None,
   eos_id: int = EOS_ID,
   max_lens=None,
+  reorder=None,
 ):
   """``beam_search``'s steps from state ``s`` at step ``start`` (``beam_start``'s state, its
   cache expanded, at 0) until step ``until`` (static, both segment ends or 0 and ``max_len``:
@@ -652,5 +659,5 @@ def beam_resume(
   result."""
   b, k = s.tok.shape
   rules = dict(alpha=alpha, penalty=penalty, stopping=stopping, eos_id=eos_id, max_lens=max_lens)
-  body, cond = _beam_loop(step_fn, b, k, max_len, **rules)
+  body, cond = _beam_loop(step_fn, b, k, max_len, reorder, **rules)
   return segmented_loop(cond, body, s, max_len, segment, grow, start, until)

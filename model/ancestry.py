@@ -1,0 +1,104 @@
+"""Beam search without moving the self-attention buffers: each row's keys and values stay where
+that row wrote them, and a step reads them through an ancestry table.
+
+Beam search reorders its carried cache every step (each new beam takes its parent's rows). For
+the `TARGET` buffers (model/cache_kinds.py: one slot per position, grown segment by segment)
+that is the biggest copy of a step, and XLA:CPU makes it twice: a gather into a new buffer, then
+a copy into the loop's own (docs/experiments.md measures it). Here the buffers are never
+reordered. The table says, for each row and position, which row wrote that position of the row's
+hypothesis (as an offset from the row: `row + table[row, position]`); a step gathers the buffers
+through it (each row's history as the reordered buffers would hold it, the same values, read
+once), runs the decoder on that, and writes only the new position back, in place; the reorder
+moves the table's rows alone.
+
+    state = ancestry.keep_in_place(decoder_state(...))    # when ancestry.applies(state.cache)
+    search.beam_search(state.step, state.cache, ..., grow=state.grow, reorder=ancestry.reorder)
+
+It applies to a cache whose `STATE` entries are all counters shared by every row (rank 0: the
+Transformer's decode index and position), so that a step writes one position, the same in every
+row, at that counter; a table entry is kept in the `TARGET` tree under `TABLE` ([rows, positions,
+1], grown with the buffers), and offsets stay right when whole sentences' rows move together
+(model/beam_pieces.py's entries).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from model import cache_kinds
+from model.decoder_state import DecoderState
+from model.search import gather_beams
+
+TABLE = "ancestry"  # the table's key in the carried cache's `TARGET` tree
+
+
+def applies(carried) -> bool:
+  """Whether the carried cache ({kind: tree}) can be kept in place: `TARGET` buffers, and every
+  `STATE` entry a counter shared by all rows."""
+  target = jax.tree_util.tree_leaves(carried.get(cache_kinds.TARGET, {}))
+  state = jax.tree_util.tree_leaves(carried.get(cache_kinds.STATE, {}))
+  return bool(target) and bool(state) and all(jnp.ndim(x) == 0 for x in state)
+
+
+def keep_in_place(state: DecoderState) -> DecoderState:
+  """`state` (`applies` to its cache) with its `TARGET` buffers kept in place: the step reads
+  them through the table, the cache carries the table (`with_table`). Search with `reorder` as
+  the beam reorder."""
+  return state._replace(step=in_place_step(state.step), cache=with_table(state.cache))
+
+
+def with_table(carried):
+  """The carried cache with the table of a search whose rows have not moved (all offsets 0;
+  `grow_target` grows it with the buffers)."""
+  target = carried[cache_kinds.TARGET]
+  leaf = jax.tree_util.tree_leaves(target)[0]
+  table = jnp.zeros((leaf.shape[0], leaf.shape[-2], 1), jnp.int32)
+  return {**carried, cache_kinds.TARGET: {**target, TABLE: table}}
+
+
+def kept_in_place(carried) -> bool:
+  """Whether the carried cache has the table (`with_table`)."""
+  return TABLE in carried.get(cache_kinds.TARGET, {})
+
+
+def in_place_step(step):
+  """`step` (over a cache without the table) run on the buffers as the reordered ones would be,
+  writing the new position back into the buffers kept in place."""
+
+  def stepped(ids, carried):
+    target = dict(carried[cache_kinds.TARGET])
+    table = target.pop(TABLE)
+    column = jax.tree_util.tree_leaves(carried[cache_kinds.STATE])[0]  # where this step writes
+    rows = jnp.arange(table.shape[0], dtype=jnp.int32)[:, None] + table[..., 0]  # [n, positions]
+    positions = jnp.arange(table.shape[1])[None, :]
+    histories = jax.tree_util.tree_map(lambda x: _through(x, rows, positions), target)
+    logits, out = step(ids, {**carried, cache_kinds.TARGET: histories})
+    new = lambda x, h: lax.dynamic_update_slice_in_dim(
+      x, lax.dynamic_slice_in_dim(h, column, 1, axis=-2), column, axis=-2
+    )
+    written = jax.tree_util.tree_map(new, target, out[cache_kinds.TARGET])
+    own = jnp.zeros((table.shape[0], 1, 1), jnp.int32)  # each row wrote its own new position
+    table = lax.dynamic_update_slice_in_dim(table, own, column, axis=1)
+    return logits, {**out, cache_kinds.TARGET: {**written, TABLE: table}}
+
+  return stepped
+
+
+def reorder(carried, indices, batch: int, beam: int):
+  """`search.gather_beams` for a cache kept in place: every entry but the `TARGET` buffers
+  reordered, the table's rows taken from their parents (offsets from the new rows)."""
+  target = dict(carried[cache_kinds.TARGET])
+  table = target.pop(TABLE)
+  rest = gather_beams({k: v for k, v in carried.items() if k != cache_kinds.TARGET}, indices, batch, beam)
+  parents = (indices + jnp.arange(batch, dtype=indices.dtype)[:, None] * beam).reshape(-1)
+  moved = parents - jnp.arange(batch * beam, dtype=parents.dtype)
+  table = table[parents] + moved.astype(jnp.int32)[:, None, None]
+  return {**rest, cache_kinds.TARGET: {**target, TABLE: table}}
+
+
+def _through(x, rows, positions):
+  """Buffer `x` [n, ..., positions, d] as row r's hypothesis holds it: position p from row
+  rows[r, p]."""
+  return jnp.moveaxis(x[rows, ..., positions, :], 1, -2)

@@ -1,0 +1,110 @@
+"""Beam search with the self-attention buffers kept in place (model/ancestry.py): every step reads
+each row's history as reordered buffers would hold it, so the search is beam search with
+`gather_beams` to the last bit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.common import base_config
+from model import ancestry, cache_kinds, search
+from model.build import abstract_params, build_model
+from model.decoder_state import decoder_state
+from model.token_step import output_limits
+from tests.test_generate import EXTRA, SOURCES, padded, random_model
+
+SEGMENT = 4  # buffers grow 4 -> 8 -> 16 within these short outputs
+MAX_LEN = 12 + EXTRA
+
+
+def test_the_table_reads_each_row_its_reordered_history():
+  """A toy cache (one buffer, a shared counter) whose step writes each row's own mark and returns
+  every position it can see: through the table it sees what reordered buffers hold, step after
+  step of random reorders, while the buffer itself never moves a row."""
+  batch, beam, length = 2, 3, 6
+  rows = batch * beam
+
+  def step(ids, carried):
+    i = carried[cache_kinds.STATE]["i"]
+    buf = carried[cache_kinds.TARGET]["k"]
+    mark = (ids[:, :1] * 100 + jnp.arange(rows)[:, None]).astype(jnp.float32)[:, None, :, None]
+    buf = jax.lax.dynamic_update_slice_in_dim(buf, mark, i, axis=-2)
+    seen = jnp.where(jnp.arange(length) <= i, buf[:, 0, :, 0], -1.0)
+    out = {cache_kinds.STATE: {"i": i + 1}, cache_kinds.TARGET: {"k": buf}}
+    return seen, out
+
+  carried = {
+    cache_kinds.STATE: {"i": jnp.int32(0)},
+    cache_kinds.TARGET: {"k": jnp.zeros((rows, 1, length, 1), jnp.float32)},
+  }
+  assert ancestry.applies(carried)
+  moved, kept = carried, ancestry.with_table(carried)
+  in_place = ancestry.in_place_step(step)
+  rng = np.random.default_rng(0)
+  for t in range(length):
+    ids = jnp.asarray(rng.integers(1, 9, (rows, 1)), jnp.int32)
+    want, moved = step(ids, moved)
+    got, kept = in_place(ids, kept)
+    np.testing.assert_array_equal(got, want)
+    parents = jnp.asarray(rng.integers(0, beam, (batch, beam)), jnp.int32)
+    moved = search.gather_beams(moved, parents, batch, beam)
+    kept = ancestry.reorder(kept, parents, batch, beam)
+    # Position t of the kept buffer holds what row r itself wrote there.
+    written = np.asarray(kept[cache_kinds.TARGET]["k"])[:, 0, t, 0] % 100
+    np.testing.assert_array_equal(written, np.arange(rows))
+
+
+SETTINGS = {
+  "gnmt-exact": dict(beam_size=3, alpha=0.6, penalty="gnmt", stopping="exact"),
+  "fairseq-finished": dict(beam_size=4, alpha=1.0, penalty="fairseq", stopping="finished"),
+}
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+@pytest.mark.parametrize("prefixed", [False, True])
+def test_beam_search_in_place_is_beam_search_to_the_last_bit(name, prefixed):
+  """A random Transformer's beam search, buffers grown segment by segment: ids, scores, token
+  scores and steps equal to the last bit with the buffers reordered every step."""
+  model, params = random_model(num_layers=2, seed=3, eos_bias=2.5)
+  inputs = padded(SOURCES)
+  prefix = padded([[7, 5], [9], [], [4, 4, 4], [], [11], [6, 8], []], 3) if prefixed else None
+  limits = output_limits(inputs, prefix, EXTRA)
+  state = decoder_state(model, params, inputs, MAX_LEN, segment=SEGMENT)
+  assert ancestry.applies(state.cache)
+
+  def run(state, reorder):
+    return search.beam_search(
+      state.step,
+      state.cache,
+      inputs.shape[0],
+      MAX_LEN,
+      **SETTINGS[name],
+      max_lens=limits,
+      grow=state.grow,
+      segment=state.segment,
+      token_scores=True,
+      count_steps=True,
+      prefix=None if prefix is None else jnp.asarray(prefix),
+      reorder=reorder,
+    )
+
+  want = jax.jit(lambda: run(state, None))()
+  got = jax.jit(lambda: run(ancestry.keep_in_place(state), ancestry.reorder))()
+  assert len(got) == len(want) == 4
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("kind", ["rnn", "decoder_only"])
+def test_only_caches_written_at_one_shared_position_are_kept_in_place(kind):
+  """A recurrent state has no buffers to keep; a decoder-only model's rows write at their own
+  positions (per-row counters): both are reordered as before."""
+  cfg = base_config().model
+  cfg.update(dict(type=kind, vocab_size=24, d_model=16, d_ff=32, num_heads=2, num_layers=1))
+  model = build_model(cfg)
+  params = jax.tree_util.tree_map(
+    lambda s: jnp.full(s.shape, 0.01, s.dtype), abstract_params(cfg)
+  )
+  state = decoder_state(model, params, padded(SOURCES[:2]), MAX_LEN, segment=SEGMENT)
+  assert not ancestry.applies(state.cache)
