@@ -15,11 +15,10 @@ moves the table's rows alone.
     search.beam_search(state.step, state.cache, ..., grow=state.grow, reorder=ancestry.reorder)
 
 It applies to a cache whose `STATE` entries are all counters shared by every row (rank 0: the
-Transformer's decode index and position), so that a step writes one position, the same in every
-row, at that counter; a table entry is kept in the `TARGET` tree under `TABLE` ([rows, positions,
-1], grown with the buffers), and offsets stay right when whole sentences' rows move together
-(model/beam_pieces.py's entries).
-"""
+Transformer's decode index and position, an ensemble's too), so that a step writes one position,
+the same in every row, at that counter. The table is kept in the `TARGET` tree under `TABLE`
+([rows, positions, 1]: grown, paused and joined with the buffers); its offsets stay right when
+whole sentences' rows move together (model/beam_pieces.py's entries)."""
 
 from __future__ import annotations
 
@@ -91,7 +90,9 @@ def reorder(carried, indices, batch: int, beam: int):
   reordered, the table's rows taken from their parents (offsets from the new rows)."""
   target = dict(carried[cache_kinds.TARGET])
   table = target.pop(TABLE)
-  rest = gather_beams({k: v for k, v in carried.items() if k != cache_kinds.TARGET}, indices, batch, beam)
+  rest = gather_beams(
+    {k: v for k, v in carried.items() if k != cache_kinds.TARGET}, indices, batch, beam
+  )
   parents = (indices + jnp.arange(batch, dtype=indices.dtype)[:, None] * beam).reshape(-1)
   moved = parents - jnp.arange(batch * beam, dtype=parents.dtype)
   table = table[parents] + moved.astype(jnp.int32)[:, None, None]

@@ -8,8 +8,10 @@ entry by its collection alone, never by its name:
   recurrent state, a row's own copy of what it attends to). Beam search copies it for each beam
   and reorders it with them.
 * `TARGET` ("target_cache"): buffers with one slot per target position on axis -2
-  ([..., positions, depth], e.g. self-attention keys/values). Carried and reordered as `STATE`;
-  they start short and search grows them, segment by segment, as the output gets longer.
+  ([..., positions, depth], e.g. self-attention keys/values). Carried and reordered as `STATE`
+  (beam search keeps them in place and reorders an ancestry table instead when every `STATE`
+  entry is a counter shared by all rows: model/ancestry.py); they start short and search grows
+  them, segment by segment, as the output gets longer.
 * `SOURCE` ("source_cache"): entries that are the same for every beam of a sentence, one row
   per sentence (e.g. the projected source keys/values of encoder-decoder attention). Kept once
   per sentence: never copied per beam, reordered or grown; a step reading one with n = sentences

@@ -10,7 +10,7 @@ import pytest
 from configs.common import base_config
 from model import ancestry, cache_kinds, search
 from model.build import abstract_params, build_model
-from model.decoder_state import decoder_state
+from model.decoder_state import decoder_state, ensemble_decoder_state
 from model.token_step import output_limits
 from tests.test_generate import EXTRA, SOURCES, padded, random_model
 
@@ -62,15 +62,22 @@ SETTINGS = {
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
-@pytest.mark.parametrize("prefixed", [False, True])
-def test_beam_search_in_place_is_beam_search_to_the_last_bit(name, prefixed):
-  """A random Transformer's beam search, buffers grown segment by segment: ids, scores, token
-  scores and steps equal to the last bit with the buffers reordered every step."""
+@pytest.mark.parametrize("how", ["plain", "prefixed", "ensemble"])
+def test_beam_search_in_place_is_beam_search_to_the_last_bit(name, how):
+  """A random Transformer's beam search (or an ensemble of two), buffers grown segment by
+  segment: ids, scores, token scores and steps equal to the last bit with the buffers reordered
+  every step."""
   model, params = random_model(num_layers=2, seed=3, eos_bias=2.5)
   inputs = padded(SOURCES)
+  prefixed = how == "prefixed"
   prefix = padded([[7, 5], [9], [], [4, 4, 4], [], [11], [6, 8], []], 3) if prefixed else None
   limits = output_limits(inputs, prefix, EXTRA)
-  state = decoder_state(model, params, inputs, MAX_LEN, segment=SEGMENT)
+  if how == "ensemble":
+    other = random_model(num_layers=2, seed=4, eos_bias=2.5)[1]
+    both = jax.tree_util.tree_map(lambda a, b: np.stack([a, b]), params, other)
+    state = ensemble_decoder_state(model, both, inputs, MAX_LEN, SEGMENT)
+  else:
+    state = decoder_state(model, params, inputs, MAX_LEN, segment=SEGMENT)
   assert ancestry.applies(state.cache)
 
   def run(state, reorder):
@@ -103,8 +110,6 @@ def test_only_caches_written_at_one_shared_position_are_kept_in_place(kind):
   cfg = base_config().model
   cfg.update(dict(type=kind, vocab_size=24, d_model=16, d_ff=32, num_heads=2, num_layers=1))
   model = build_model(cfg)
-  params = jax.tree_util.tree_map(
-    lambda s: jnp.full(s.shape, 0.01, s.dtype), abstract_params(cfg)
-  )
+  params = jax.tree_util.tree_map(lambda s: jnp.full(s.shape, 0.01, s.dtype), abstract_params(cfg))
   state = decoder_state(model, params, padded(SOURCES[:2]), MAX_LEN, segment=SEGMENT)
   assert not ancestry.applies(state.cache)
