@@ -61,8 +61,15 @@ SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("name", list(SETTINGS))
-@pytest.mark.parametrize("how", ["plain", "prefixed", "ensemble"])
+@pytest.mark.parametrize(
+  "name, how",
+  [
+    ("gnmt-exact", "plain"),
+    ("gnmt-exact", "prefixed"),
+    ("fairseq-finished", "plain"),
+    ("fairseq-finished", "ensemble"),
+  ],
+)
 def test_beam_search_in_place_is_beam_search_to_the_last_bit(name, how):
   """A random Transformer's beam search (or an ensemble of two), buffers grown segment by
   segment: ids, scores, token scores and steps equal to the last bit with the buffers reordered
