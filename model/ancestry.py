@@ -11,8 +11,9 @@ through it (each row's history as the reordered buffers would hold it, the same 
 once), runs the decoder on that, and writes only the new position back, in place; the reorder
 moves the table's rows alone.
 
-    state = ancestry.keep_in_place(decoder_state(...))    # when ancestry.applies(state.cache)
-    search.beam_search(state.step, state.cache, ..., grow=state.grow, reorder=ancestry.reorder)
+    if ancestry.applies(cache):   # a carried cache {kind: tree}, e.g. decoder_state's
+      step, cache = ancestry.in_place_step(step), ancestry.with_table(cache)
+      search.beam_search(step, cache, ..., grow=grow_target, reorder=ancestry.reorder)
 
 It applies to a cache whose `STATE` entries are all counters shared by every row (rank 0: the
 Transformer's decode index and position, an ensemble's too), so that a step writes one position,
@@ -27,8 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from model import cache_kinds
-from model.decoder_state import DecoderState
-from model.search import gather_beams
+from model.search import beam_rows, gather_beams
 
 TABLE = "ancestry"  # the table's key in the carried cache's `TARGET` tree
 
@@ -39,13 +39,6 @@ def applies(carried) -> bool:
   target = jax.tree_util.tree_leaves(carried.get(cache_kinds.TARGET, {}))
   state = jax.tree_util.tree_leaves(carried.get(cache_kinds.STATE, {}))
   return bool(target) and bool(state) and all(jnp.ndim(x) == 0 for x in state)
-
-
-def keep_in_place(state: DecoderState) -> DecoderState:
-  """`state` (`applies` to its cache) with its `TARGET` buffers kept in place: the step reads
-  them through the table, the cache carries the table (`with_table`). Search with `reorder` as
-  the beam reorder."""
-  return state._replace(step=in_place_step(state.step), cache=with_table(state.cache))
 
 
 def with_table(carried):
@@ -93,8 +86,8 @@ def reorder(carried, indices, batch: int, beam: int):
   rest = gather_beams(
     {k: v for k, v in carried.items() if k != cache_kinds.TARGET}, indices, batch, beam
   )
-  parents = (indices + jnp.arange(batch, dtype=indices.dtype)[:, None] * beam).reshape(-1)
-  moved = parents - jnp.arange(batch * beam, dtype=parents.dtype)
+  parents = beam_rows(indices, batch, beam)
+  moved = parents - jnp.arange(parents.shape[0], dtype=parents.dtype)
   table = table[parents] + moved.astype(jnp.int32)[:, None, None]
   return {**rest, cache_kinds.TARGET: {**target, TABLE: table}}
 

@@ -112,37 +112,20 @@ def generate(
     prefix=prefix,
     prefix_rule=settings.prefix_rule,
   )
-  reorder = None
-  if _beam_search(settings) and ancestry.applies(state.cache):  # buffers kept in place
-    state, reorder = ancestry.keep_in_place(state), ancestry.reorder
   step = only_ids_below(state.step, num_ids)
   batch = inputs.shape[0]
   found, steps = _search(
-    step, state.cache, rng, settings, batch, max_decode_len, outputs, loop, count_steps, reorder
+    step, state.cache, rng, settings, batch, max_decode_len, outputs, loop, count_steps
   )
   return (found, steps) if count_steps else found
 
 
-def _beam_search(settings: SearchSettings) -> bool:
-  """Whether `settings` search with model/search.py's `beam_search`."""
-  return settings.length_penalty != MARIAN and not settings.sampling and settings.beam_size > 1
-
-
 def _search(
-  step,
-  cache,
-  rng,
-  settings: SearchSettings,
-  batch,
-  max_decode_len,
-  outputs,
-  loop,
-  count: bool,
-  reorder=None,
+  step, cache, rng, settings: SearchSettings, batch, max_decode_len, outputs, loop, count: bool
 ):
   """(`generate`'s search of `settings` over the step function and cache, with `count` the steps
   each row searched, else None); `loop`: the keywords every search of model/search.py takes
-  alike; `reorder`: beam search's (None: `search.gather_beams`)."""
+  alike."""
   want = OUTPUTS.index(outputs) + 1  # how many of ids, scores, token scores
   if settings.length_penalty == MARIAN:  # Marian's search rule: model/marian_beam.py
     marian = {k: v for k, v in loop.items() if k != "prefix_rule"}
@@ -175,6 +158,13 @@ def _search(
     ids = found if want == 1 else found[0]
     steps = jnp.sum(ids != PAD_ID, axis=-1, dtype=jnp.int32) if count else None  # a token a step
     return (found if want == 1 else found[:want]), steps
+  reorder = None
+  if ancestry.applies(cache):  # the self-attention buffers kept in place (model/ancestry.py)
+    step, cache, reorder = (
+      ancestry.in_place_step(step),
+      ancestry.with_table(cache),
+      ancestry.reorder,
+    )
   found = search.beam_search(
     step,
     cache,

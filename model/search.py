@@ -113,6 +113,7 @@ __all__ = [
   "length_penalty",
   "expand_to_beams",
   "gather_beams",
+  "beam_rows",
   "greedy_search",
   "sample",
   "beam_search",
@@ -178,8 +179,14 @@ def gather_beams(tree, indices, batch: int, beam: int):
     the tree with leaves ``[batch*new_beam, ...]``; new row ``b*new_beam + j`` is
     old row ``b*beam + indices[b, j]``.
   """
-  flat = (indices + jnp.arange(batch, dtype=indices.dtype)[:, None] * beam).reshape(-1)
+  flat = beam_rows(indices, batch, beam)
   return _map_batched(lambda x: x[flat], tree)
+
+
+def beam_rows(indices, batch: int, beam: int):
+  """``gather_beams``'s source rows: ``[batch*new_beam]``, new row ``b*new_beam + j`` from old
+  row ``b*beam + indices[b, j]``."""
+  return (indices + jnp.arange(batch, dtype=indices.dtype)[:, None] * beam).reshape(-1)
 
 
 def _take_beams(x, indices):

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from configs.common import base_config
-from model import ancestry, cache_kinds, search
+from model import ancestry, beam_pieces, cache_kinds, search
 from model.build import abstract_params, build_model
 from model.decoder_state import decoder_state, ensemble_decoder_state
+from model.generate import generate
+from model.search_settings import SearchSettings
 from model.token_step import output_limits
 from tests.test_generate import EXTRA, SOURCES, padded, random_model
 
@@ -104,7 +106,10 @@ def test_beam_search_in_place_is_beam_search_to_the_last_bit(name, how):
     )
 
   want = jax.jit(lambda: run(state, None))()
-  got = jax.jit(lambda: run(ancestry.keep_in_place(state), ancestry.reorder))()
+  kept = state._replace(
+    step=ancestry.in_place_step(state.step), cache=ancestry.with_table(state.cache)
+  )
+  got = jax.jit(lambda: run(kept, ancestry.reorder))()
   assert len(got) == len(want) == 4
   for a, b in zip(got, want):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -120,3 +125,22 @@ def test_only_caches_written_at_one_shared_position_are_kept_in_place(kind):
   params = jax.tree_util.tree_map(lambda s: jnp.full(s.shape, 0.01, s.dtype), abstract_params(cfg))
   state = decoder_state(model, params, padded(SOURCES[:2]), MAX_LEN, segment=SEGMENT)
   assert not ancestry.applies(state.cache)
+
+
+@pytest.mark.parametrize("beam_size, kept", [(3, True), (1, False)])
+def test_generate_and_the_pieces_keep_a_transformers_buffers_in_place(monkeypatch, beam_size, kept):
+  """`generate`'s beam search reads through the table (greedy search has nothing to reorder), and
+  a piece of the merged search carries it from its start (traced only)."""
+  model, params = random_model(num_layers=1, seed=2, eos_bias=3.4)
+  inputs = padded(SOURCES[:2])
+  settings = SearchSettings(beam_size=beam_size, max_extra_len=EXTRA)
+  wrapped = []
+  real = ancestry.in_place_step
+  monkeypatch.setattr(ancestry, "in_place_step", lambda step: wrapped.append(1) or real(step))
+  jax.eval_shape(lambda p: generate(model, p, inputs, None, settings, MAX_LEN), params)
+  assert bool(wrapped) == kept
+  if kept:
+    piece, _ = jax.eval_shape(
+      lambda p: beam_pieces.begin(model, p, inputs, settings, MAX_LEN, 4, segment=SEGMENT), params
+    )
+    assert ancestry.kept_in_place(piece.state.cache)
