@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from inference.merged_search import merged_translate, piece_stops
+from inference.merged_search import later_shape, merged_translate, piece_stops
 from model import beam_pieces, distribution
 from model.decoder_state import DECODE_SEGMENT
 from model.generate import OUTPUTS, generate, nbest, strip
@@ -309,12 +309,14 @@ class Generator:
       for shape, n in counts.items()
     }
     if self._programs is not None and batches:  # every shape's piece programs fetched at once
-      calls = []
+      calls = {}
       for shape, ends in stops.items():
         max_len = shape[1] + settings.max_extra_len
         ends = [0] + ends
-        calls += [(params, shape, (program, max_len, want, a, b)) for a, b in zip(ends, ends[1:])]
-      _at_once(self._piece_program, calls)
+        for a, b in zip(ends, ends[1:]):
+          at = shape if a == 0 else later_shape(shape)
+          calls[at, a, b] = (params, at, (program, max_len, want, a, b))
+      _at_once(self._piece_program, list(calls.values()))
     return merged_translate(
       run, batches, stops.__getitem__, settings.beam_size, parallel_batches, finish
     )

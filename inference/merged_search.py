@@ -3,9 +3,15 @@ batches: each length batch is searched in pieces (model/beam_pieces.py) paused a
 segment ends (steps 16, 32, 64, ... by default); at a pause its finished sentences are taken,
 and the entries still searching in batches that have finished ones wait until a whole batch of
 them (same shape, same step) can go on together. A batch no longer steps all its rows until its
-last sentence is done: the rows a finished sentence would fill are searched for another. Every
-step still runs over a batch's full rows, so each sentence's outputs are, to the last bit, those
-of its own batch's search.
+last sentence is done: the rows a finished sentence would fill are searched for another.
+
+After its first pause a batch's entries go on in batches of at most `LATER_BATCH` sentences and
+`LATER_TOKENS` source tokens, whatever the batch they began in: a bigger batch steps more rows
+for its last straggler, and long sentences' caches outgrow the CPU's caches, so a big first batch
+(the rows its products want) does not make the later stages slower. Every step runs over a
+piece's full rows, so a sentence of a batch no bigger than that gets, to the last bit, its own
+batch's outputs; a bigger batch's later steps run over fewer rows, which XLA:CPU's products may
+round differently in the last bits (docs/experiments.md).
 
 Streaming, not batch by batch: `parallel_batches` pieces run at any time and one more waits for
 the first thread to be free (each piece ends in host work before the next is chosen); a freed
@@ -28,6 +34,10 @@ from model import beam_pieces, search
 # A shape with fewer batches is searched whole: merging its few batches would save less than its
 # pieces' programs cost to compile and read back (docs/experiments.md).
 MIN_BATCHES = 4
+# What a piece after the first pause holds at most: sentences, and source tokens (padded) in all
+# (docs/experiments.md, "Later stages in smaller batches").
+LATER_BATCH = 16
+LATER_TOKENS = 512
 
 
 def piece_stops(max_len: int, segment: int | None, batches: int) -> list[int]:
@@ -36,6 +46,13 @@ def piece_stops(max_len: int, segment: int | None, batches: int) -> list[int]:
   if batches < MIN_BATCHES:
     return [max_len]
   return search.pause_steps(max_len, segment) + [max_len]
+
+
+def later_shape(shape: tuple) -> tuple:
+  """The inputs' shape [sentences, src_len] of the pieces a batch of `shape` goes on in after
+  its first pause: at most `LATER_BATCH` sentences and `LATER_TOKENS` source tokens (at least
+  one sentence)."""
+  return (max(1, min(shape[0], LATER_BATCH, LATER_TOKENS // shape[1])), shape[1])
 
 
 def merged_translate(
@@ -50,9 +67,11 @@ def merged_translate(
 
   Args:
     run: `run(shape, x, start, until)` -> (piece, outputs, done [rows] bool, t, searched
-      [rows]) as numpy (the piece as the program returned it): `x` a batch of this shape's
-      inputs (start 0) or a piece of its entries paused at `start`, searched to `until`.
-    stops_of: a batch shape's pause steps, then its output width (where every search ends).
+      [rows]) as numpy (the piece as the program returned it): `x` a batch of inputs of
+      `shape` (start 0) or a piece of `shape[0]` entries paused at `start` (shape
+      `later_shape` of their batch's), searched to `until`.
+    stops_of: a batch shape's pause steps, then its output width (where every search ends);
+      its entries keep them in the later pieces.
     beam: rows per sentence.
     finish: `finish(sentence, outputs, row)` for each sentence once done (any order).
 
@@ -60,39 +79,41 @@ def merged_translate(
     (rows x steps searched, rows x steps the sentences needed).
   """
   todo = list(range(len(batches)))[::-1]  # batches not begun, next last
-  waiting: dict[tuple, list] = {}  # (shape, stage) -> [(one-entry piece, sentence)]
-  inflight: dict[concurrent.futures.Future, tuple] = {}  # -> (shape, stage, owners)
+  waiting: dict[tuple, list] = {}  # (shape, stops, stage) -> [(one-entry piece, sentence)]
+  inflight: dict[concurrent.futures.Future, tuple] = {}  # -> (shape, stops, stage, owners)
   computed = needed = 0
   pool = concurrent.futures.ThreadPoolExecutor(parallel_batches)
   queued = parallel_batches + 1  # a thread done with a piece finds the next one waiting
 
-  def can_grow(shape, stage) -> bool:  # once every batch has begun
-    return any(s == shape and g < stage for s, g, _ in inflight.values())
+  def can_grow(shape, stops, stage) -> bool:  # once every batch has begun
+    return any(
+      later_shape(s) == shape and e == stops and g < stage for s, e, g, _ in inflight.values()
+    )
 
-  def submit(x, shape, stage, owners):
-    stops = stops_of(shape)
+  def submit(x, shape, stops, stage, owners):
     start = 0 if stage == 0 else stops[stage - 1]
-    inflight[pool.submit(run, shape, x, start, stops[stage])] = (shape, stage, owners)
+    inflight[pool.submit(run, shape, x, start, stops[stage])] = (shape, stops, stage, owners)
 
   def next_work() -> bool:
     full = [k for k, v in waiting.items() if len(v) >= k[0][0]]
     if full:
-      key = max(full, key=lambda k: k[1])
+      key = max(full, key=lambda k: k[2])
     elif todo:
       n = todo.pop()
-      rows = batches[n].inputs.shape[0]
-      owners = list(batches[n].indices) + [None] * (rows - len(batches[n].indices))
-      submit(batches[n].inputs, batches[n].inputs.shape, 0, owners)
+      shape = batches[n].inputs.shape
+      owners = list(batches[n].indices) + [None] * (shape[0] - len(batches[n].indices))
+      submit(batches[n].inputs, shape, tuple(stops_of(shape)), 0, owners)
       return True
     else:  # every batch begun: a group none in flight can add to goes on as it is
       ready = [k for k, v in waiting.items() if v and not can_grow(*k)]
       if not ready:
         return False
-      key = max(ready, key=lambda k: k[1])
-    group, waiting[key] = waiting[key][: key[0][0]], waiting[key][key[0][0] :]
-    group += [group[-1]] * (key[0][0] - len(group))
+      key = max(ready, key=lambda k: k[2])
+    size = key[0][0]
+    group, waiting[key] = waiting[key][:size], waiting[key][size:]
+    group += [group[-1]] * (size - len(group))
     picked = beam_pieces.join([one for one, _ in group])
-    submit(picked, key[0], key[1], _owners(group))
+    submit(picked, *key, _owners(group))
     return True
 
   try:
@@ -101,9 +122,8 @@ def merged_translate(
         pass
       done_now, _ = concurrent.futures.wait(inflight, return_when="FIRST_COMPLETED")
       for future in done_now:
-        shape, stage, owners = inflight.pop(future)
+        shape, stops, stage, owners = inflight.pop(future)
         piece, outputs, done, t, searched = future.result()
-        stops = stops_of(shape)
         start = 0 if stage == 0 else stops[stage - 1]
         computed += beam * shape[0] * (int(t) - start)
         last = stops[stage] == stops[-1]
@@ -116,11 +136,11 @@ def merged_translate(
             needed += beam * int(searched[r])
           else:
             live.append(r)
-        if len(live) == shape[0]:  # every row a sentence still searching: on as it is
-          submit(piece, shape, stage + 1, owners)
+        if len(live) == shape[0] and later_shape(shape) == shape:  # on as it is
+          submit(piece, shape, stops, stage + 1, owners)
         elif live:
           host = jax.tree_util.tree_map(np.asarray, piece)
-          waiting.setdefault((shape, stage + 1), []).extend(
+          waiting.setdefault((later_shape(shape), stops, stage + 1), []).extend(
             (beam_pieces.entry(host, r), owners[r]) for r in live
           )
   finally:

@@ -221,3 +221,40 @@ def test_merged_pieces_are_kept_on_disk_and_read_back_untraced(tiny, tmp_path):
     )
   assert _nested(found) == _nested(expected)
   assert (traced.count, again.loaded, again.compiled) == (0, pieces, 0)
+
+
+def test_later_stages_go_on_in_smaller_batches(tiny, monkeypatch):
+  """After the first pause, entries of batches of 8 go on in pieces of at most LATER_BATCH
+  sentences and LATER_TOKENS source tokens (their first piece at the batch's own shape); every
+  sentence gets its batch's outputs, and smaller later pieces search fewer rows x steps."""
+  from inference import generator as generator_module
+
+  model, params = tiny
+  settings, _ = SETTINGS["gnmt-exact"]
+  sentences = _sentences(64, seed=3)
+  options = dict(tokens_per_batch=8 * 32, token_scores=True)  # 8 batches of 8, one at a time
+  alone = Generator(model, segment=SEGMENT, merge=False)
+  expected = alone.translate_all(params, sentences, settings, **options)
+  shapes = []
+
+  def recording(run, *args):
+    def run_and_record(shape, x, start, until):
+      shapes.append((shape, start))
+      return run(shape, x, start, until)
+
+    return merged_search.merged_translate(run_and_record, *args)
+
+  monkeypatch.setattr(generator_module, "merged_translate", recording)
+  rows = []
+  for later_batch, later_tokens, later in [(8, 512, 8), (2, 512, 2), (8, 64, 2)]:
+    monkeypatch.setattr(merged_search, "LATER_BATCH", later_batch)
+    monkeypatch.setattr(merged_search, "LATER_TOKENS", later_tokens)
+    shapes.clear()
+    generator = Generator(model, segment=SEGMENT)
+    found = generator.translate_all(params, sentences, settings, **options)
+    assert _nested(found) == _nested(expected)
+    assert {s for s, start in shapes if start == 0} == {(8, 32)}
+    assert {s for s, start in shapes if start > 0} == {(later, 32)}
+    rows.append(generator.rows_searched)
+  assert {needed for _, needed in rows} == {alone.rows_searched[1]}
+  assert rows[0][0] > rows[1][0] == rows[2][0]
