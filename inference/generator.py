@@ -305,7 +305,7 @@ class Generator:
 
     counts = collections.Counter(b.inputs.shape for b in batches)
     stops = {
-      shape: piece_stops(shape[1] + settings.max_extra_len, self.segment, n)
+      shape: piece_stops(shape, shape[1] + settings.max_extra_len, self.segment, n)
       for shape, n in counts.items()
     }
     if self._programs is not None and batches:  # every shape's piece programs fetched at once

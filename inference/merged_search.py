@@ -31,8 +31,9 @@ import numpy as np
 
 from model import beam_pieces, search
 
-# A shape with fewer batches is searched whole: merging its few batches would save less than its
-# pieces' programs cost to compile and read back (docs/experiments.md).
+# A shape whose batches hold fewer later pieces' worth of sentences (`later_shape`) is searched
+# whole: merging so few would save less than its pieces' programs cost to compile and read back
+# (docs/experiments.md).
 MIN_BATCHES = 4
 # What a piece after the first pause holds at most: sentences, and source tokens (padded) in all
 # (docs/experiments.md, "Later stages in smaller batches").
@@ -40,10 +41,11 @@ LATER_BATCH = 16
 LATER_TOKENS = 512
 
 
-def piece_stops(max_len: int, segment: int | None, batches: int) -> list[int]:
-  """Where the pieces of a search of output width `max_len` (a cache growing from `segment`
-  positions) pause, then `max_len`; a shape of fewer than `MIN_BATCHES` batches in one piece."""
-  if batches < MIN_BATCHES:
+def piece_stops(shape: tuple, max_len: int, segment: int | None, batches: int) -> list[int]:
+  """Where the pieces of `batches` batches of `shape` (inputs [sentences, src_len]) searched to
+  output width `max_len` (a cache growing from `segment` positions) pause, then `max_len`; in
+  one piece when they hold fewer than `MIN_BATCHES` later pieces' worth of sentences."""
+  if batches * -(-shape[0] // later_shape(shape)[0]) < MIN_BATCHES:
     return [max_len]
   return search.pause_steps(max_len, segment) + [max_len]
 

@@ -180,8 +180,12 @@ def test_translate_all_merges_sentences_still_searching_across_batches(tiny, nam
 
 
 def test_few_batches_of_a_shape_are_searched_whole(tiny):
-  """A shape with fewer than MIN_BATCHES batches is searched in one piece: nothing waits, one
-  program."""
+  """A shape whose batches hold fewer than MIN_BATCHES later pieces' worth of sentences is
+  searched in one piece: nothing waits, one program."""
+  stops = merged_search.piece_stops
+  assert stops((16, 32), 82, 16, merged_search.MIN_BATCHES - 1) == [82]
+  assert stops((16, 32), 82, 16, merged_search.MIN_BATCHES) == [16, 32, 64, 82]
+  assert stops((4 * merged_search.LATER_BATCH, 8), 58, 16, 1) == [16, 32, 58]
   model, params = tiny
   settings, _ = SETTINGS["gnmt-finished"]
   sentences = _sentences(4 * (merged_search.MIN_BATCHES - 1), seed=1)
