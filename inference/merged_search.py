@@ -1,7 +1,7 @@
 """`Generator.translate_all`'s beam search with the sentences still searching merged across
 batches: each length batch is searched in pieces (model/beam_pieces.py) paused at the cache's
 segment ends (steps 16, 32, 64, ... by default); at a pause its finished sentences are taken,
-and the entries still searching in batches that have finished ones wait until a whole batch of
+and the entries still searching in batches that have finished ones wait until a whole piece of
 them (same shape, same step) can go on together. A batch no longer steps all its rows until its
 last sentence is done: the rows a finished sentence would fill are searched for another.
 
@@ -17,8 +17,7 @@ Streaming, not batch by batch: `parallel_batches` pieces run at any time and one
 the first thread to be free (each piece ends in host work before the next is chosen); a freed
 place goes to a full group of waiting entries (the latest pause first), else to the next batch;
 once every batch has begun, a group that no piece in flight can add to goes on as it is, its
-spare rows repeating its last entry. A waiting entry is a host copy of its own rows only; at
-most a batch's rows less one wait per shape and pause.
+spare rows repeating its last entry. A waiting entry is a host copy of its own rows only.
 """
 
 from __future__ import annotations
