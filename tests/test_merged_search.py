@@ -200,13 +200,15 @@ def test_few_batches_of_a_shape_are_searched_whole(tiny):
   assert computed > needed  # batch by batch
 
 
-def test_merged_pieces_are_kept_on_disk_and_read_back_untraced(tiny, tmp_path):
-  """With a program store, a file's piece programs (begin and each resume) are compiled once,
-  kept, and read back by a later generator without tracing; the outputs are the same."""
+def test_merged_pieces_are_kept_on_disk_and_read_back_untraced(tiny, tmp_path, monkeypatch):
+  """With a program store, a file's piece programs (begin at the batches' shape, each resume at
+  the later pieces', here smaller) are compiled once, kept, and read back by a later generator
+  without tracing; the outputs are the same."""
   model, params = tiny
   settings, _ = SETTINGS["gnmt-finished"]
   sentences = _sentences(40, seed=2)
-  options = dict(tokens_per_batch=4 * 32, parallel_batches=2)
+  monkeypatch.setattr(merged_search, "LATER_BATCH", 4)
+  options = dict(tokens_per_batch=8 * 32, parallel_batches=2)  # 5 batches of 8, later pieces of 4
   expected = Generator(model, segment=SEGMENT, merge=False).translate_all(
     params, sentences, settings, **options
   )
