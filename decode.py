@@ -22,9 +22,12 @@ import time
 _STARTED = time.perf_counter()  # the run's start-up: imports until the main begins
 
 if __name__ == "__main__":  # first, before JAX starts its threads: see cli/host_memory.py
+  import gc
+
   from cli.host_memory import keep_freed_memory_on_cpu
 
   keep_freed_memory_on_cpu(single_arena=False)  # compiles in parallel: see its docstring
+  gc.disable()  # no collections while importing: turned on again below, the imports frozen
 
 from absl import flags  # noqa: E402
 
@@ -41,4 +44,6 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 if __name__ == "__main__":
   define_flags()
+  gc.freeze()  # what the imports made: never scanned by a collection again (nor collected)
+  gc.enable()
   app.run(lambda: main(_STARTED), prog="decode.py", flag_names=FLAG_NAMES, skip_teardown=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import io
 import json
 import logging
@@ -239,9 +240,10 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
   a `-m` module such as cli.average) runs its `__main__` block, so its own flags and the
   command-line runner (cli/app.py: parsing, one-line errors, exit status), without a new
   interpreter's seconds of imports. For the checks made before any work; the real command lines
-  are run end to end in subprocesses too. Leaves the flags, the logging setup, absl's verbosity
-  and JAX's cache settings as they were, and the process's malloc settings alone; a command line
-  that would end its process once done (`skip_teardown`) returns here instead."""
+  are run end to end in subprocesses too. Leaves the flags, the logging setup, absl's verbosity,
+  JAX's cache settings and the garbage collector (decode.py freezes what its imports made) as
+  they were, and the process's malloc settings alone; a command line that would end its process
+  once done (`skip_teardown`) returns here instead."""
   from cli import app as cli_app
   from cli import host_memory
 
@@ -266,6 +268,7 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
   saved_keep, saved_exit = host_memory.keep_freed_memory_on_cpu, cli_app.exit_now
   saved_rename = command_name.make_process_name_useful
   saved_argv, saved_stdin = sys.argv, sys.stdin
+  collecting = gc.isenabled()
   out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)  # with .buffer
   err = io.StringIO()
   status = 0
@@ -288,6 +291,8 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
   except SystemExit as e:
     status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
   finally:
+    gc.unfreeze()
+    (gc.enable if collecting else gc.disable)()
     host_memory.keep_freed_memory_on_cpu, cli_app.exit_now = saved_keep, saved_exit
     absl_app._run_init.done = absl_app._register_and_parse_flags_with_usage.done = True
     command_name.make_process_name_useful = saved_rename
