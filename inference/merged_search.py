@@ -23,6 +23,7 @@ spare rows repeating its last entry. A waiting entry is a host copy of its own r
 from __future__ import annotations
 
 import concurrent.futures
+import math
 from collections.abc import Callable
 
 import jax
@@ -44,7 +45,7 @@ def piece_stops(shape: tuple, max_len: int, segment: int | None, batches: int) -
   """Where the pieces of `batches` batches of `shape` (inputs [sentences, src_len]) searched to
   output width `max_len` (a cache growing from `segment` positions) pause, then `max_len`; in
   one piece when they hold fewer than `MIN_BATCHES` later pieces' worth of sentences."""
-  if batches * -(-shape[0] // later_shape(shape)[0]) < MIN_BATCHES:
+  if batches * math.ceil(shape[0] / later_shape(shape)[0]) < MIN_BATCHES:
     return [max_len]
   return search.pause_steps(max_len, segment) + [max_len]
 
