@@ -17,7 +17,9 @@ Streaming, not batch by batch: `parallel_batches` pieces run at any time and one
 the first thread to be free (each piece ends in host work before the next is chosen); a freed
 place goes to a full group of waiting entries (the latest pause first), else to the next batch;
 once every batch has begun, a group that no piece in flight can add to goes on as it is, its
-spare rows repeating its last entry. A waiting entry is a host copy of its own rows only.
+spare rows repeating its last entry. A waiting entry is a host copy of its own rows only. One
+piece at a time (`parallel_batches` 1), the pieces are taken in the order they began, so every
+run groups the same entries (the rows searched are the same); with more, in the order they end.
 """
 
 from __future__ import annotations
@@ -122,7 +124,10 @@ def merged_translate(
     while todo or inflight or any(waiting.values()):
       while len(inflight) < queued and next_work():
         pass
-      done_now, _ = concurrent.futures.wait(inflight, return_when="FIRST_COMPLETED")
+      if parallel_batches == 1:  # the pieces in the order they began: the same on every run
+        done_now = [next(iter(inflight))]
+      else:
+        done_now, _ = concurrent.futures.wait(inflight, return_when="FIRST_COMPLETED")
       for future in done_now:
         shape, stops, stage, owners = inflight.pop(future)
         piece, outputs, done, t, searched = future.result()
