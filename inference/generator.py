@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from inference.merged_search import later_shape, merged_translate, piece_stops
+from inference.merged_search import merged_translate, piece_programs, piece_stops
 from model import beam_pieces, distribution
 from model.decoder_state import DECODE_SEGMENT
 from model.generate import OUTPUTS, generate, nbest, strip
@@ -312,9 +312,7 @@ class Generator:
       calls = {}
       for shape, ends in stops.items():
         max_len = shape[1] + settings.max_extra_len
-        ends = [0] + ends
-        for a, b in zip(ends, ends[1:]):
-          at = shape if a == 0 else later_shape(shape)
+        for at, a, b in piece_programs(shape, ends):
           calls[at, a, b] = (params, at, (program, max_len, want, a, b))
       _at_once(self._piece_program, list(calls.values()))
     return merged_translate(

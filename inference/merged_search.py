@@ -59,6 +59,13 @@ def later_shape(shape: tuple) -> tuple:
   return (max(1, min(shape[0], LATER_BATCH, LATER_TOKENS // shape[1])), shape[1])
 
 
+def piece_programs(shape: tuple, stops: list[int]) -> list[tuple]:
+  """(inputs' shape, start, until) of each piece a batch of `shape` paused at `stops` is searched
+  in: the first at the batch's own shape, the later ones at `later_shape`'s."""
+  ends = [0, *stops]
+  return [(shape if a == 0 else later_shape(shape), a, b) for a, b in zip(ends, ends[1:])]
+
+
 def merged_translate(
   run: Callable,
   batches: list,
