@@ -294,14 +294,17 @@ class Generator:
 
     def run(shape, x, start, until):
       static = (program, shape[1] + settings.max_extra_len, want, start, until)
+      before = 0
       if start:  # a piece of waiting entries comes as numpy
+        before = int(np.sum(x.state.computed))
         x = jax.device_put(x, device)
       compiled = self._piece_program(params, shape, static)
       call = (lambda *a: self._run_piece(*a, *static)) if compiled is None else compiled
       piece, found = call(params, x)
       found = np.asarray(found) if want == "ids" else [np.asarray(f) for f in found]
       s = piece.state
-      return piece, found, np.asarray(s.done), int(s.t), np.asarray(s.searched)
+      computed = int(np.sum(s.computed)) - before
+      return piece, found, np.asarray(s.done), computed, np.asarray(s.searched)
 
     counts = collections.Counter(b.inputs.shape for b in batches)
     stops = {

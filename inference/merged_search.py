@@ -8,10 +8,11 @@ last sentence is done: the rows a finished sentence would fill are searched for 
 After its first pause a batch's entries go on in batches of at most `LATER_BATCH` sentences and
 `LATER_TOKENS` source tokens, whatever the batch they began in: a bigger batch steps more rows
 for its last straggler, and long sentences' caches outgrow the CPU's caches, so a big first batch
-(the rows its products want) does not make the later stages slower. Every step runs over a
-piece's full rows, so a sentence of a batch no bigger than that gets, to the last bit, its own
-batch's outputs; a bigger batch's later steps run over fewer rows, which XLA:CPU's products may
-round differently in the last bits (docs/experiments.md).
+(the rows its products want) does not make the later stages slower. Within a piece, the steps
+run over the chunks of sentences still searching (model/live_chunks.py), so a straggler no
+longer steps its whole piece's rows either. A sentence gets its own batch's search; where its
+steps ran over fewer rows than its batch's (a chunk, a smaller later piece), XLA:CPU's products
+may round its scores differently in the last bits (docs/experiments.md).
 
 Streaming, not batch by batch: `parallel_batches` pieces run at any time and one more waits for
 the first thread to be free (each piece ends in host work before the next is chosen); a freed
@@ -77,10 +78,11 @@ def merged_translate(
   """Searches `batches` (`LengthBatch`es, inputs as the programs take them) in pieces.
 
   Args:
-    run: `run(shape, x, start, until)` -> (piece, outputs, done [rows] bool, t, searched
-      [rows]) as numpy (the piece as the program returned it): `x` a batch of inputs of
-      `shape` (start 0) or a piece of `shape[0]` entries paused at `start` (shape
-      `later_shape` of their batch's), searched to `until`.
+    run: `run(shape, x, start, until)` -> (piece, outputs, done [rows] bool, computed,
+      searched [rows]) as numpy (the piece as the program returned it; `computed` the steps
+      its entries were computed, summed): `x` a batch of inputs of `shape` (start 0) or a
+      piece of `shape[0]` entries paused at `start` (shape `later_shape` of their batch's),
+      searched to `until`.
     stops_of: a batch shape's pause steps, then its output width (where every search ends);
       its entries keep them in the later pieces.
     beam: rows per sentence.
@@ -137,9 +139,8 @@ def merged_translate(
         done_now, _ = concurrent.futures.wait(inflight, return_when="FIRST_COMPLETED")
       for future in done_now:
         shape, stops, stage, owners = inflight.pop(future)
-        piece, outputs, done, t, searched = future.result()
-        start = 0 if stage == 0 else stops[stage - 1]
-        computed += beam * shape[0] * (int(t) - start)
+        piece, outputs, done, stepped, searched = future.result()
+        computed += beam * stepped
         last = stops[stage] == stops[-1]
         live = []
         for r, i in enumerate(owners):

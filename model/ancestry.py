@@ -78,6 +78,35 @@ def in_place_step(step):
   return stepped
 
 
+def step_rows(step, ids, carried, rows):
+  """`in_place_step(step)` over the rows `rows` [m] of the carried cache only: `step` runs on
+  their histories (`ids` [m, 1]) and their new position is written back; every other row is left
+  as it was. Returns (logits [m, ...], carried). The rows need not be contiguous (each whole
+  sentence's beams: model/live_chunks.py)."""
+  target = dict(carried[cache_kinds.TARGET])
+  table = target.pop(TABLE)
+  column = jax.tree_util.tree_leaves(carried[cache_kinds.STATE])[0]
+  sources = rows[:, None] + table[rows][..., 0]  # [m, positions]
+  positions = jnp.arange(table.shape[1])[None, :]
+  histories = jax.tree_util.tree_map(lambda x: _through(x, sources, positions), target)
+  logits, out = step(ids, {**carried, cache_kinds.TARGET: histories})
+  new = lambda x, h: x.at[rows, ..., column, :].set(h[..., column, :])
+  written = jax.tree_util.tree_map(new, target, out[cache_kinds.TARGET])
+  table = table.at[rows, column].set(0)
+  return logits, {**out, cache_kinds.TARGET: {**written, TABLE: table}}
+
+
+def reorder_rows(carried, rows, parents):
+  """`reorder` of the rows `rows` [m] only: row rows[i] goes on from the hypothesis of row
+  parents[i] (a row of the same sentence). The cache's other entries are shared counters
+  (`applies`), which no reorder moves."""
+  target = dict(carried[cache_kinds.TARGET])
+  table = target[TABLE]
+  moved = (parents - rows).astype(jnp.int32)[:, None, None]
+  target[TABLE] = table.at[rows].set(table[parents] + moved)
+  return {**carried, cache_kinds.TARGET: target}
+
+
 def reorder(carried, indices, batch: int, beam: int):
   """`search.gather_beams` for a cache kept in place: every entry but the `TARGET` buffers
   reordered, the table's rows taken from their parents (offsets from the new rows)."""

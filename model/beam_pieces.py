@@ -9,9 +9,11 @@ rows until its last sentence is done.
 
 The pauses are the cache's segment ends (`search.pause_steps`), so a search in pieces compiles
 as many step loops as one `generate` (`begin`: encode and the first loop; `resume`: grow the
-self-attention buffers and the loop up to the next pause). Every step runs over the
-piece's rows (`batch x beam`), as the batch's own search would: a sentence's search, its
-outputs and their last bits are the ones `generate` gives it in any batch of that shape.
+self-attention buffers and the loop up to the next pause). A piece's steps run over the chunks of
+its sentences still searching (model/live_chunks.py) when its cache is kept in place and its batch
+splits into chunks (`live_chunks.chunk_size`), else over all its rows (`batch x beam`), as the
+batch's own search would: a sentence's search is the one `generate` gives it, its outputs to the
+last bit when no chunk splits the batch (a chunk's products may round otherwise).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from model import ancestry, cache_kinds, search
+from model import ancestry, cache_kinds, live_chunks, search
 from model.decoder_state import (
   DECODE_SEGMENT,
   cached_step,
@@ -160,24 +162,36 @@ def resume(
 def _run(model, params, piece, settings, max_decode_len, start, until, outputs, num_ids, first):
   """The piece searched from step `start` to `until` over a cache whose buffers grew from
   `first` positions (None: nothing grows), and its outputs."""
-  step = cached_step(model, params, piece.source)
-  reorder = None
-  if ancestry.kept_in_place(piece.state.cache):
-    step, reorder = ancestry.in_place_step(step), ancestry.reorder
-  state = search.beam_resume(
-    only_ids_below(step, num_ids),
-    piece.state,
-    max_decode_len,
-    start=start,
-    until=until,
-    grow=None if first is None else grow_target,
-    segment=first,
-    alpha=settings.alpha,
-    penalty=settings.length_penalty,
-    stopping=settings.stopping,
-    max_lens=piece.max_lens,
-    reorder=reorder,
-  )
+  rules = dict(alpha=settings.alpha, penalty=settings.length_penalty, stopping=settings.stopping)
+  grow = None if first is None else grow_target
+  kept = ancestry.kept_in_place(piece.state.cache)
+  shape = piece.state.tok.shape
+  chunk = live_chunks.chunk_size(*shape) if kept else None
+  if chunk:  # only the chunks of sentences still searching (model/live_chunks.py)
+    source = lambda idx: jax.tree_util.tree_map(lambda x: x[idx], piece.source)
+    step_for = lambda idx: only_ids_below(cached_step(model, params, source(idx)), num_ids)
+    body, cond = live_chunks.beam_loop(
+      step_for, *shape, max_decode_len, chunk, max_lens=piece.max_lens, **rules
+    )
+    state = search.segmented_loop(
+      cond, body, piece.state, max_decode_len, first, grow, start, until
+    )
+  else:
+    step, reorder = cached_step(model, params, piece.source), None
+    if kept:
+      step, reorder = ancestry.in_place_step(step), ancestry.reorder
+    state = search.beam_resume(
+      only_ids_below(step, num_ids),
+      piece.state,
+      max_decode_len,
+      start=start,
+      until=until,
+      grow=grow,
+      segment=first,
+      max_lens=piece.max_lens,
+      reorder=reorder,
+      **rules,
+    )
   piece = piece._replace(state=state)
   return piece, _outputs(piece, settings, outputs)
 

@@ -370,8 +370,10 @@ class _BeamState(NamedTuple):
   # With token scores only (None otherwise): each hypothesis' per-step log-probabilities.
   live_tokp: jax.Array | None = None  # [batch, beam, max_len] float32, 0 after the last token
   fin_tokp: jax.Array | None = None  # [batch, beam, max_len]
-  # With count_steps only (None otherwise): the steps each entry searched before it was done.
+  # With count_steps only (None otherwise): the steps each entry searched before it was done,
+  # and the steps its rows were computed (all of its loop's, unless model/live_chunks.py skips it).
   searched: jax.Array | None = None  # [batch] int32
+  computed: jax.Array | None = None  # [batch] int32
 
 
 def _per_entry(x):
@@ -389,7 +391,7 @@ def beam_start(
 ) -> _BeamState:
   """The beam search state before its first step (``cache`` as given: expand it first); with
   ``token_scores`` it tracks each hypothesis' per-token log-probabilities too, with
-  ``count_steps`` the steps each entry searches before it is done."""
+  ``count_steps`` the steps each entry searches before it is done and those it is computed."""
   b, k = batch_size, beam_size
   seqs0 = jnp.full((b, k, max_len), PAD_ID, jnp.int32)
   tokp0 = jnp.zeros((b, k, max_len), jnp.float32) if token_scores else None
@@ -407,6 +409,7 @@ def beam_start(
     live_tokp=tokp0,
     fin_tokp=tokp0,
     searched=jnp.zeros((b,), jnp.int32) if count_steps else None,
+    computed=jnp.zeros((b,), jnp.int32) if count_steps else None,
   )
 
 
@@ -523,6 +526,8 @@ def beam_advance(
     tracked = dict(live_tokp=_take_beams(c.tokp, pick), fin_tokp=fin_tokp)
   if s.searched is not None:
     tracked["searched"] = s.searched + (~s.done).astype(jnp.int32)
+  if s.computed is not None:
+    tracked["computed"] = s.computed + 1
   lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
   rule = stopping_rule(penalty, stopping)
   stop = _stops(live_logp, fin_scores, fin_flags, t, lmax, alpha, penalty, rule)

@@ -1,0 +1,99 @@
+"""Beam search steps over the chunks of sentences still searching (model/live_chunks.py): the same
+search as stepping the whole batch, with fewer rows computed. A random tiny Transformer
+(tests/test_generate.py's), cache segments of 4 positions; chunks made small (CHUNK_ROWS) so
+that its short batches are split. A chunk's products run over fewer rows than the batch's, which
+XLA:CPU may round differently: ids are compared exactly, scores to a few units in the last
+place."""
+
+import jax
+import numpy as np
+import pytest
+
+from inference.generator import Generator
+from model import live_chunks
+from model.generate import generate
+from tests.test_generate import SOURCES, padded
+from tests.test_merged_search import (
+  MAX_LEN,
+  SEGMENT,
+  SETTINGS,
+  _arrays,
+  _nested,
+  _pieces,
+  _sentences,
+)
+
+
+def _same_search(found: list, expected: list):
+  """Equal ids (the first array), scores and token scores within 1e-6."""
+  np.testing.assert_array_equal(found[0], expected[0])
+  assert len(found) == len(expected)
+  for got, want in zip(found[1:], expected[1:]):
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  from tests.test_generate import random_model
+
+  return random_model(num_layers=1, seed=2, eos_bias=3.4)
+
+
+def test_a_chunk_is_a_divisor_of_the_batch_with_rows_enough(monkeypatch):
+  """The largest divisor of the batch below it with at most CHUNK_ROWS rows, at least half as
+  many; None when there is none (the batch is stepped whole)."""
+  size = live_chunks.chunk_size
+  assert live_chunks.CHUNK_ROWS == 40
+  assert [size(16, 5), size(64, 5), size(8, 5), size(16, 4), size(8, 8)] == [8, 8, 4, 8, 4]
+  assert [size(6, 5), size(4, 5), size(9, 5), size(16, 1), size(1, 5)] == [None] * 5
+  monkeypatch.setattr(live_chunks, "CHUNK_ROWS", 8)
+  assert [size(8, 3), size(8, 4), size(8, 2), size(7, 2)] == [2, 2, 4, None]
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_chunks_give_the_whole_batchs_search_with_fewer_rows(tiny, name, monkeypatch):
+  """A batch searched in chunks of 2 sentences (begin -> resume at the segment ends) gives
+  `generate`'s outputs and step counts, and computes fewer rows x steps than the whole batch's
+  loop, sentences done being left out."""
+  model, params = tiny
+  settings, outputs = SETTINGS[name]
+  monkeypatch.setattr(live_chunks, "CHUNK_ROWS", 2 * settings.beam_size)
+  x = padded(SOURCES)  # 8 sentences: 4 chunks of 2
+  assert live_chunks.chunk_size(len(SOURCES), settings.beam_size) == 2
+  found, steps = jax.jit(
+    lambda p, x: generate(
+      model, p, x, None, settings, MAX_LEN, outputs, segment=SEGMENT, count_steps=True
+    )
+  )(params, x)
+  begin, resume, _ = _pieces(model, settings, outputs)
+  piece, _ = begin(params, x, 4)
+  piece, _ = resume(params, piece, 4, 8)
+  piece, last = resume(params, piece, 8, MAX_LEN)
+  _same_search(_arrays(last), _arrays(found))
+  np.testing.assert_array_equal(piece.state.searched, steps)
+  computed = np.asarray(piece.state.computed)
+  whole = len(SOURCES) * int(piece.state.t)
+  assert computed.sum() < whole and np.all(computed >= np.asarray(steps))
+
+
+def test_translate_all_counts_the_rows_chunks_computed(tiny, monkeypatch):
+  """translate_all's merged search with chunks: every sentence's outputs as each batch on its own
+  gives them, the same rows x steps needed, fewer searched than without chunks."""
+  model, params = tiny
+  settings, _ = SETTINGS["fairseq-2best"]
+  sentences = _sentences(48, seed=4)
+  options = dict(tokens_per_batch=8 * 32, scores=True)  # 6 batches of 8
+  expected = Generator(model, segment=SEGMENT, merge=False).translate_all(
+    params, sentences, settings, **options
+  )
+  rows = []
+  for chunk_rows in (live_chunks.CHUNK_ROWS, 2 * settings.beam_size):
+    monkeypatch.setattr(live_chunks, "CHUNK_ROWS", chunk_rows)
+    generator = Generator(model, segment=SEGMENT)
+    found = generator.translate_all(params, sentences, settings, **options)
+    for (ids, scores, _), (want_ids, want_scores, _) in zip(_nested(found), _nested(expected)):
+      assert ids == want_ids
+      np.testing.assert_allclose(scores, want_scores, rtol=0, atol=1e-6)
+    rows.append(generator.rows_searched)
+  (whole, needed), (chunked, needed_too) = rows
+  assert needed == needed_too and needed < chunked < whole
