@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from model import ancestry, cache_kinds, live_chunks, search
@@ -164,9 +165,12 @@ def _run(model, params, piece, settings, max_decode_len, start, until, outputs, 
   `first` positions (None: nothing grows), and its outputs."""
   rules = dict(alpha=settings.alpha, penalty=settings.length_penalty, stopping=settings.stopping)
   grow = None if first is None else grow_target
-  kept = ancestry.kept_in_place(piece.state.cache)
   shape = piece.state.tok.shape
-  chunk = live_chunks.chunk_size(*shape) if kept else None
+  kept = ancestry.kept_in_place(piece.state.cache)
+  # Not in bfloat16: XLA:CPU then lays the output embedding out for its product again at every
+  # step of the chunks' nested loop, which costs more than the rows save (docs/experiments.md).
+  chunked = kept and model.config.compute_dtype != jnp.bfloat16
+  chunk = live_chunks.chunk_size(*shape) if chunked else None
   if chunk:  # only the chunks of sentences still searching (model/live_chunks.py)
     source = lambda idx: jax.tree_util.tree_map(lambda x: x[idx], piece.source)
     step_for = lambda idx: only_ids_below(cached_step(model, params, source(idx)), num_ids)

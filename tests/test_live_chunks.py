@@ -5,6 +5,8 @@ that its short batches are split. A chunk's products run over fewer rows than th
 XLA:CPU may round differently: ids are compared exactly, scores to a few units in the last
 place."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -97,3 +99,19 @@ def test_translate_all_counts_the_rows_chunks_computed(tiny, monkeypatch):
     rows.append(generator.rows_searched)
   (whole, needed), (chunked, needed_too) = rows
   assert needed == needed_too and needed < chunked < whole
+
+
+def test_bfloat16_steps_the_whole_batch(tiny, monkeypatch):
+  """In bfloat16 every row is stepped (no chunks: XLA:CPU would lay the output embedding out
+  again at every step); in float32 the same batch leaves finished sentences out."""
+  model, params = tiny
+  settings, outputs = SETTINGS["gnmt-finished"]
+  monkeypatch.setattr(live_chunks, "CHUNK_ROWS", 2 * settings.beam_size)
+  counts = []
+  for dtype in ("bfloat16", "float32"):
+    typed = type(model)(dataclasses.replace(model.config, dtype=dtype))
+    begin, _, _ = _pieces(typed, settings, outputs)
+    piece, _ = begin(params, padded(SOURCES), MAX_LEN)
+    counts.append((np.asarray(piece.state.computed), int(piece.state.t)))
+  (bf16, t16), (f32, t32) = counts
+  assert np.all(bf16 == t16) and np.any(f32 < t32)
