@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from model import ancestry, cache_kinds, live_chunks, search
@@ -167,18 +166,13 @@ def _run(model, params, piece, settings, max_decode_len, start, until, outputs, 
   grow = None if first is None else grow_target
   shape = piece.state.tok.shape
   kept = ancestry.kept_in_place(piece.state.cache)
-  # Not in bfloat16: XLA:CPU then lays the output embedding out for its product again at every
-  # step of the chunks' nested loop, which costs more than the rows save (docs/experiments.md).
-  chunked = kept and model.config.compute_dtype != jnp.bfloat16
-  chunk = live_chunks.chunk_size(*shape) if chunked else None
+  chunk = live_chunks.chunk_size(*shape) if kept else None
   if chunk:  # only the chunks of sentences still searching (model/live_chunks.py)
     source = lambda idx: jax.tree_util.tree_map(lambda x: x[idx], piece.source)
     step_for = lambda idx: only_ids_below(cached_step(model, params, source(idx)), num_ids)
-    body, cond = live_chunks.beam_loop(
-      step_for, *shape, max_decode_len, chunk, max_lens=piece.max_lens, **rules
-    )
-    state = search.segmented_loop(
-      cond, body, piece.state, max_decode_len, first, grow, start, until
+    segments = (first, grow, start, until)
+    state = live_chunks.run(
+      step_for, piece.state, max_decode_len, chunk, segments, max_lens=piece.max_lens, **rules
     )
   else:
     step, reorder = cached_step(model, params, piece.source), None

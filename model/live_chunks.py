@@ -10,8 +10,7 @@ outputs are final (model/search.py's `beam_best` reads no live row of it); one d
 (no live beam left) is computed on as before.
 
     step_for = lambda idx: cached_step(model, params, source rows idx)   # C sentences' step
-    body, cond = live_chunks.beam_loop(step_for, batch, beam, max_len, C, alpha=..., ...)
-    state = search.segmented_loop(cond, body, state, max_len, ...)
+    state = live_chunks.run(step_for, state, max_len, C, (segment, grow, start, until), ...)
 
 It needs a cache kept in place (model/ancestry.py), whose rows a chunk reads through the table
 and writes one position of, wherever its sentences' rows are. A chunk's products run over
@@ -35,6 +34,7 @@ from model import ancestry, cache_kinds, search
 # finished sentences at a fine grain; fewer than half of it cost more per row than they save
 # (docs/experiments.md, "Steps over the sentences still searching").
 CHUNK_ROWS = 40
+_AT = "live_chunks"  # the loop's own entry in the cache while it runs (`run`)
 
 
 def chunk_size(batch: int, beam: int) -> int | None:
@@ -58,46 +58,62 @@ def _put(s, idx, part):
   return jax.tree_util.tree_map(lambda x, y: x if jnp.ndim(x) == 0 else x.at[idx].set(y), s, part)
 
 
-def beam_loop(
-  step_for: Callable, batch: int, beam: int, max_len: int, chunk: int, *, max_lens=None, **rules
+def run(
+  step_for: Callable, s, max_len: int, chunk: int, segments: tuple, *, max_lens=None, **rules
 ):
-  """(body, cond) of beam search's step loop (`search.segmented_loop` runs them) over a cache
-  kept in place (`ancestry.kept_in_place`), each step run on chunks of `chunk` sentences (it
-  divides `batch`) holding those still searching.
+  """Beam search state `s` searched on over a cache kept in place (`ancestry.kept_in_place`),
+  each step run on chunks of `chunk` sentences (it divides the batch) holding those still
+  searching; one loop iteration per chunk, so that XLA keeps what the steps share out of it.
 
   `step_for(idx)`: the step function of the sentences `idx` [chunk] (their source rows), over
-  `chunk * beam` rows; `max_lens` [batch] or None; `rules`: `search.beam_advance`'s alpha,
-  penalty and stopping. Entries are never moved: a chunk reads and writes its sentences' rows
-  where they are."""
-  b, k = batch, beam
+  `chunk * beam` rows; `segments`: `search.segmented_loop`'s (segment, grow, start, until);
+  `max_lens` [batch] or None; `rules`: `search.beam_advance`'s alpha, penalty and stopping.
+  Entries are never moved: a chunk reads and writes its sentences' rows where they are."""
+  b, k = s.tok.shape
   if b % chunk:
     raise ValueError(f"live_chunks: chunk {chunk} does not divide the batch of {b}")
   rules = dict(rules, max_len=max_len)
   rules["stopping"] = search.stopping_rule(rules["penalty"], rules.get("stopping"))
   beams = jnp.arange(k, dtype=jnp.int32)
+  per_entry = lambda s: s._replace(cache=None, t=None)
 
   def body(s):
-    counters = s.cache[cache_kinds.STATE]  # every chunk steps from this step's counters
+    cache = dict(s.cache)
+    at = cache.pop(_AT)  # this chunk's place in its step, the step's order and counters
+    first = at["j"] == 0
     searching = ~(s.done & jnp.all(s.fin_flags, axis=1))
-    order = jnp.argsort(~searching, stable=True).astype(jnp.int32)
-    chunks = (jnp.sum(searching) + chunk - 1) // chunk
+    order = jnp.where(first, jnp.argsort(~searching, stable=True).astype(jnp.int32), at["order"])
+    chunks = jnp.where(first, (jnp.sum(searching) + chunk - 1) // chunk, at["chunks"])
+    counters = jax.tree_util.tree_map(
+      lambda now, kept: jnp.where(first, now, kept), cache[cache_kinds.STATE], at["counters"]
+    )
+    idx = lax.dynamic_slice_in_dim(order, at["j"] * chunk, chunk)
+    rows = (idx[:, None] * k + beams).reshape(-1)
+    ids = s.tok[idx].reshape(chunk * k, 1)
+    cache = {**cache, cache_kinds.STATE: counters}
+    logits, cache = ancestry.step_rows(step_for(idx), ids, cache, rows)
+    part = _entries(per_entry(s), idx)._replace(t=s.t)
+    lens = None if max_lens is None else max_lens[idx]
+    part, parents = search.beam_advance(part, logits, max_lens=lens, **rules)
+    cache = ancestry.reorder_rows(cache, rows, rows[search.beam_rows(parents, chunk, k)])
+    last = at["j"] + 1 == chunks  # the step's last chunk: its counters and t go on
+    cache[cache_kinds.STATE] = jax.tree_util.tree_map(
+      lambda on, kept: jnp.where(last, on, kept), cache[cache_kinds.STATE], counters
+    )
+    j = jnp.where(last, 0, at["j"] + 1)
+    cache[_AT] = dict(j=j, order=order, chunks=chunks, counters=counters)
+    stepped = _put(per_entry(s), idx, per_entry(part))
+    return stepped._replace(cache=cache, t=jnp.where(last, s.t + 1, s.t))
 
-    def one(j, s):
-      idx = lax.dynamic_slice_in_dim(order, j * chunk, chunk)
-      rows = (idx[:, None] * k + beams).reshape(-1)
-      cache = {**s.cache, cache_kinds.STATE: counters}
-      ids = s.tok[idx].reshape(chunk * k, 1)
-      logits, cache = ancestry.step_rows(step_for(idx), ids, cache, rows)
-      part = _entries(s._replace(cache=None, t=None), idx)._replace(t=s.t)
-      lens = None if max_lens is None else max_lens[idx]
-      part, parents = search.beam_advance(part, logits, max_lens=lens, **rules)
-      cache = ancestry.reorder_rows(cache, rows, rows[search.beam_rows(parents, chunk, k)])
-      stepped = _put(s._replace(cache=None, t=None), idx, part._replace(cache=None, t=None))
-      return stepped._replace(cache=cache, t=s.t)
+  def cond(s):  # a step begun is finished
+    return (s.cache[_AT]["j"] > 0) | ((s.t < max_len) & ~jnp.all(s.done))
 
-    return lax.fori_loop(0, chunks, one, s)._replace(t=s.t + 1)
-
-  def cond(s):
-    return (s.t < max_len) & ~jnp.all(s.done)
-
-  return body, cond
+  counters = s.cache[cache_kinds.STATE]
+  at = dict(
+    j=jnp.int32(0), order=jnp.zeros((b,), jnp.int32), chunks=jnp.int32(0), counters=counters
+  )
+  s = s._replace(cache={**s.cache, _AT: at})
+  s = search.segmented_loop(cond, body, s, max_len, *segments)
+  cache = dict(s.cache)
+  cache.pop(_AT)
+  return s._replace(cache=cache)
