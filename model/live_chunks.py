@@ -15,9 +15,9 @@ outputs are final (model/search.py's `beam_best` reads no live row of it); one d
 It needs a cache kept in place (model/ancestry.py), whose rows a chunk reads through the table
 and writes one position of, wherever its sentences' rows are. A chunk's products run over
 `chunk x beam` rows instead of the batch's, which XLA:CPU may round differently in the last bits
-(docs/experiments.md); every chunk has that many rows, so a sentence's outputs do not depend on
-which others share its chunk. `chunk_size` picks the chunk: rows enough for the products
-(CHUNK_ROWS), a divisor of the batch, smaller than it.
+(docs/experiments.md): the same texts, scores a few units in the last place apart. `chunk_size`
+picks the chunk: rows enough for the products (CHUNK_ROWS), a divisor of the batch, smaller than
+it.
 """
 
 from __future__ import annotations
