@@ -60,12 +60,9 @@ def in_place_step(step):
   writing the new position back into the buffers kept in place."""
 
   def stepped(ids, carried):
-    target = dict(carried[cache_kinds.TARGET])
-    table = target.pop(TABLE)
-    column = jax.tree_util.tree_leaves(carried[cache_kinds.STATE])[0]  # where this step writes
-    rows = jnp.arange(table.shape[0], dtype=jnp.int32)[:, None] + table[..., 0]  # [n, positions]
-    positions = jnp.arange(table.shape[1])[None, :]
-    histories = jax.tree_util.tree_map(lambda x: _through(x, rows, positions), target)
+    target, table, column = _opened(carried)
+    rows = jnp.arange(table.shape[0], dtype=jnp.int32)
+    histories = _histories(target, rows, table)
     logits, out = step(ids, {**carried, cache_kinds.TARGET: histories})
     new = lambda x, h: lax.dynamic_update_slice_in_dim(
       x, lax.dynamic_slice_in_dim(h, column, 1, axis=-2), column, axis=-2
@@ -83,12 +80,8 @@ def step_rows(step, ids, carried, rows):
   their histories (`ids` [m, 1]) and their new position is written back; every other row is left
   as it was. Returns (logits [m, ...], carried). The rows need not be contiguous (each whole
   sentence's beams: model/live_chunks.py)."""
-  target = dict(carried[cache_kinds.TARGET])
-  table = target.pop(TABLE)
-  column = jax.tree_util.tree_leaves(carried[cache_kinds.STATE])[0]
-  sources = rows[:, None] + table[rows][..., 0]  # [m, positions]
-  positions = jnp.arange(table.shape[1])[None, :]
-  histories = jax.tree_util.tree_map(lambda x: _through(x, sources, positions), target)
+  target, table, column = _opened(carried)
+  histories = _histories(target, rows, table[rows])
   logits, out = step(ids, {**carried, cache_kinds.TARGET: histories})
   new = lambda x, h: x.at[rows, ..., column, :].set(h[..., column, :])
   written = jax.tree_util.tree_map(new, target, out[cache_kinds.TARGET])
@@ -119,6 +112,21 @@ def reorder(carried, indices, batch: int, beam: int):
   moved = parents - jnp.arange(parents.shape[0], dtype=parents.dtype)
   table = table[parents] + moved.astype(jnp.int32)[:, None, None]
   return {**rest, cache_kinds.TARGET: {**target, TABLE: table}}
+
+
+def _opened(carried):
+  """(the `TARGET` buffers without the table, the table, the position this step writes)."""
+  target = dict(carried[cache_kinds.TARGET])
+  table = target.pop(TABLE)
+  return target, table, jax.tree_util.tree_leaves(carried[cache_kinds.STATE])[0]
+
+
+def _histories(target, rows, offsets):
+  """The buffers of `target` as rows `rows` [m] hold their hypotheses, `offsets` [m, positions,
+  1] being those rows of the table."""
+  sources = rows[:, None] + offsets[..., 0]  # [m, positions]
+  positions = jnp.arange(offsets.shape[1])[None, :]
+  return jax.tree_util.tree_map(lambda x: _through(x, sources, positions), target)
 
 
 def _through(x, rows, positions):

@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from model import ancestry, cache_kinds, live_chunks, search
@@ -167,10 +166,7 @@ def _run(model, params, piece, settings, max_decode_len, start, until, outputs, 
   grow = None if first is None else grow_target
   shape = piece.state.tok.shape
   kept = ancestry.kept_in_place(piece.state.cache)
-  # Not in bfloat16: its steps cost 0.6x float32's, and a chunk's own work (its rows gathered
-  # and written back) then costs more than the rows it leaves out (docs/experiments.md).
-  chunked = kept and model.config.compute_dtype != jnp.bfloat16
-  chunk = live_chunks.chunk_size(*shape) if chunked else None
+  chunk = live_chunks.chunk_size(*shape, model.config.compute_dtype) if kept else None
   if chunk:  # only the chunks of sentences still searching (model/live_chunks.py)
     source = lambda idx: jax.tree_util.tree_map(lambda x: x[idx], piece.source)
     step_for = lambda idx: only_ids_below(cached_step(model, params, source(idx)), num_ids)

@@ -17,7 +17,7 @@ and writes one position of, wherever its sentences' rows are. A chunk's products
 `chunk x beam` rows instead of the batch's, which XLA:CPU may round differently in the last bits
 (docs/experiments.md): the same texts, scores a few units in the last place apart. `chunk_size`
 picks the chunk: rows enough for the products (CHUNK_ROWS), a divisor of the batch, smaller than
-it.
+it; none in bfloat16.
 """
 
 from __future__ import annotations
@@ -37,10 +37,14 @@ CHUNK_ROWS = 40
 _AT = "live_chunks"  # the loop's own entry in the cache while it runs (`run`)
 
 
-def chunk_size(batch: int, beam: int) -> int | None:
-  """Sentences per chunk for a batch of `batch` sentences of `beam` rows: the largest divisor of
-  `batch` below it with at most `CHUNK_ROWS` rows, if it has at least half as many; else None
-  (the batch is stepped whole)."""
+def chunk_size(batch: int, beam: int, dtype) -> int | None:
+  """Sentences per chunk for a batch of `batch` sentences of `beam` rows computed in `dtype`: the
+  largest divisor of `batch` below it with at most `CHUNK_ROWS` rows, if it has at least half as
+  many; else None (the batch is stepped whole). None in bfloat16: its steps cost 0.6x float32's,
+  and a chunk's own work (its rows gathered and written back) then costs more than the rows it
+  leaves out (docs/experiments.md)."""
+  if dtype == jnp.bfloat16:
+    return None
   rows = CHUNK_ROWS
   for size in range(min(batch - 1, rows // beam), 0, -1):
     if batch % size == 0:
@@ -73,7 +77,6 @@ def run(
   if b % chunk:
     raise ValueError(f"live_chunks: chunk {chunk} does not divide the batch of {b}")
   rules = dict(rules, max_len=max_len)
-  rules["stopping"] = search.stopping_rule(rules["penalty"], rules.get("stopping"))
   beams = jnp.arange(k, dtype=jnp.int32)
   per_entry = lambda s: s._replace(cache=None, t=None)
 

@@ -8,6 +8,7 @@ place."""
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -43,9 +44,10 @@ def tiny():
 
 def test_a_chunk_is_a_divisor_of_the_batch_with_rows_enough(monkeypatch):
   """The largest divisor of the batch below it with at most CHUNK_ROWS rows, at least half as
-  many; None when there is none (the batch is stepped whole)."""
-  size = live_chunks.chunk_size
+  many; None when there is none, or in bfloat16 (the batch is stepped whole)."""
+  size = lambda batch, beam, dtype=jnp.float32: live_chunks.chunk_size(batch, beam, dtype)
   assert live_chunks.CHUNK_ROWS == 40
+  assert size(16, 5, jnp.bfloat16) is None  # bfloat16 steps whole batches
   assert [size(16, 5), size(64, 5), size(8, 5), size(16, 4), size(8, 8)] == [8, 8, 4, 8, 4]
   assert [size(6, 5), size(4, 5), size(9, 5), size(16, 1), size(1, 5)] == [None] * 5
   monkeypatch.setattr(live_chunks, "CHUNK_ROWS", 8)
@@ -61,7 +63,7 @@ def test_chunks_give_the_whole_batchs_search_with_fewer_rows(tiny, name, monkeyp
   settings, outputs = SETTINGS[name]
   monkeypatch.setattr(live_chunks, "CHUNK_ROWS", 2 * settings.beam_size)
   x = padded(SOURCES)  # 8 sentences: 4 chunks of 2
-  assert live_chunks.chunk_size(len(SOURCES), settings.beam_size) == 2
+  assert live_chunks.chunk_size(len(SOURCES), settings.beam_size, jnp.float32) == 2
   found, steps = jax.jit(
     lambda p, x: generate(
       model, p, x, None, settings, MAX_LEN, outputs, segment=SEGMENT, count_steps=True
