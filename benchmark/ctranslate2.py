@@ -204,7 +204,10 @@ def time_peer(
   configuration {'configuration', 'backend', 'seconds': [...], 'median'}, fastest median
   first: the first is the peer at its best on this machine. A configuration whose backend line
   and threading repeat an earlier one's (its default path is oneDNN's on AMD CPUs, MKL's on
-  Intel's) is left out. Translations go nowhere."""
+  Intel's) is left out. A configuration whose first (untimed) run fails, such as a compute type
+  its GEMM path does not offer, is timed no more and comes last, with 'error' (the process's
+  last line of output) in place of a median. Translations go nowhere. Raises RuntimeError when a
+  timed run fails."""
   rows, seen = [], set()
   for c in configurations:
     backend = backend_line(c, model_dir)
@@ -226,10 +229,17 @@ def time_peer(
         *c.flags,
         *search_flags,
       ]
+      if "error" in row:
+        continue
       start = time.perf_counter()
-      subprocess.run(command, env={**os.environ, **c.env}, check=True, capture_output=True)
-      if round_:
+      run = subprocess.run(command, env={**os.environ, **c.env}, capture_output=True, text=True)
+      if run.returncode:
+        last = (run.stderr + run.stdout).strip().splitlines()[-1:] or [f"exit {run.returncode}"]
+        if round_:
+          raise RuntimeError(f"CTranslate2 under {c.name()} failed: {last[0]}")
+        row["error"] = last[0]
+      elif round_:
         row["seconds"].append(time.perf_counter() - start)
   for row in rows:
-    row["median"] = float(np.median(row["seconds"]))
+    row["median"] = float(np.median(row["seconds"])) if row["seconds"] else float("inf")
   return sorted(rows, key=lambda r: r["median"])

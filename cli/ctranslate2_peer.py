@@ -49,7 +49,12 @@ def main() -> None:
   rows = time_peer(
     f.model, f.input, shlex.split(f.search_flags), peer_configurations(cores), f.runs, f.pin
   )
+  if all("error" in row for row in rows):
+    raise ArgumentError("search_flags", f.search_flags, f"no configuration ran: {rows[0]['error']}")
   for row in rows:
+    if "error" in row:
+      print(f"   fails  {row['configuration'].name():36s} [{row['backend']}]  {row['error']}")
+      continue
     seconds = " ".join(f"{s:.2f}" for s in row["seconds"])
     print(
       f"{row['median']:7.2f} s  {row['configuration'].name():36s} "

@@ -373,6 +373,29 @@ def test_the_peer_at_its_best_tries_every_gemm_path_and_threading(exported):
   assert "Use Intel MKL: false; SGEMM backend: DNNL" in line, line
 
 
+def test_a_configuration_that_cannot_run_is_reported_not_raised(exported, tmp_path):
+  """A compute type one GEMM path lacks (oneDNN has no int16 products) fails that configuration
+  only: it is reported with CTranslate2's reason and comes last; when none runs, the command
+  line says so in one line."""
+  source = tmp_path / "in.txt"
+  source.write_text("a b c\n")
+  one_dnn = peer.PeerConfiguration("oneDNN", "intra", 1)
+  rows = peer.time_peer(exported.out, source, ["--compute_type=int16"], [one_dnn], runs=1)
+  assert [r["configuration"] for r in rows] == [one_dnn]
+  assert "int16" in rows[0]["error"] and rows[0]["seconds"] == [], rows
+  proc = run_in_process(
+    "cli.ctranslate2_peer",
+    f"--model={exported.out}",
+    f"--input={source}",
+    "--cores=1",
+    "--runs=1",
+    "--search_flags=--beam_size=0",
+  )
+  last = proc.stderr.strip().splitlines()[-1]
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert "no configuration ran" in last and "--beam_size=0" in last, last
+
+
 # ----------------------------------------------------------------------------- the bench peer
 def _bench_config(beam):
   c = tiny.get_config()
