@@ -294,6 +294,8 @@ class Generator:
 
     def run(shape, x, start, until):
       static = (program, shape[1] + settings.max_extra_len, want, start, until)
+      if (shape, start, until) in ahead:  # its program read back or compiled in the background
+        ahead[shape, start, until].result()
       before = 0
       if start:  # a piece of waiting entries comes as numpy
         before = int(np.sum(x.state.computed))
@@ -311,16 +313,29 @@ class Generator:
       shape: piece_stops(shape, shape[1] + settings.max_extra_len, self.segment, n)
       for shape, n in counts.items()
     }
-    if self._programs is not None and batches:  # every shape's piece programs fetched at once
+    ahead, fetching = {}, None
+    if self._programs is not None and batches:
+      # Every piece program is read back (or compiled) in the background, in the order the
+      # pieces first need them (the batches' shapes in their order, each one's stages in turn),
+      # while the pieces whose programs are ready are searched; a piece waits only for its own.
       calls = {}
       for shape, ends in stops.items():
         max_len = shape[1] + settings.max_extra_len
         for at, a, b in piece_programs(shape, ends):
-          calls[at, a, b] = (params, at, (program, max_len, want, a, b))
-      _at_once(self._piece_program, list(calls.values()))
-    return merged_translate(
-      run, batches, stops.__getitem__, settings.beam_size, parallel_batches, finish
-    )
+          calls.setdefault((at, a, b), (params, at, (program, max_len, want, a, b)))
+      fetching = concurrent.futures.ThreadPoolExecutor(parallel_batches)
+      ahead.update((key, fetching.submit(self._piece_program, *c)) for key, c in calls.items())
+    try:
+      rows = merged_translate(
+        run, batches, stops.__getitem__, settings.beam_size, parallel_batches, finish
+      )
+    except BaseException:
+      if fetching is not None:
+        fetching.shutdown(cancel_futures=True)
+      raise
+    if fetching is not None:  # every program fetched, as every run of the same file fetches them
+      fetching.shutdown()
+    return rows
 
   def translate_all(
     self,

@@ -103,10 +103,10 @@ def _compile(lower: Callable[[], jax.stages.Lowered]) -> tuple[jax.stages.Compil
   this compilation: an executable read back from it serializes without its machine code (on
   XLA:CPU, JAX 0.10: "Function ... not found" when the copy runs), so only a program compiled
   here is written to the store, and none is left in JAX's cache to answer next time."""
-  hits = []
+  hits, here = [], threading.get_ident()
 
-  def listen(event: str, **kwargs) -> None:  # any thread's hit: at worst a program not kept
-    if event == _JAX_CACHE_HIT:
+  def listen(event: str, **kwargs) -> None:  # JAX looks its cache up in the compiling thread
+    if event == _JAX_CACHE_HIT and threading.get_ident() == here:
       hits.append(event)
 
   jax.monitoring.register_event_listener(listen)

@@ -3,6 +3,8 @@ batches (inference/merged_search.py): the same outputs, to the last bit, as each
 search, with fewer rows searched. A random tiny Transformer (tests/test_generate.py's), cache
 segments of 4 positions so that its short outputs pause twice."""
 
+import threading
+
 import jax
 import numpy as np
 import pytest
@@ -227,6 +229,46 @@ def test_merged_pieces_are_kept_on_disk_and_read_back_untraced(tiny, tmp_path, m
     )
   assert _nested(found) == _nested(expected)
   assert (traced.count, again.loaded, again.compiled) == (0, pieces, 0)
+
+
+def test_pieces_are_searched_while_later_programs_are_fetched(tiny, tmp_path, monkeypatch):
+  """The piece programs are fetched (here compiled) one after another in the order the pieces
+  first need them, while the pieces whose programs are ready are searched: the first piece is
+  searched before the last stage's program is fetched (a fetch waits up to 30 s for it), and
+  every program is fetched by the time translate_all returns."""
+  from inference import generator as generator_module
+
+  model, params = tiny
+  settings, _ = SETTINGS["gnmt-finished"]
+  sentences = _sentences(40, seed=2)
+  monkeypatch.setattr(merged_search, "LATER_BATCH", 4)
+  events, searched = [], threading.Event()
+
+  class Recording(ProgramStore):
+    def __call__(self, signature, lower, device=None, what=None):
+      if what.endswith("steps 32-36"):
+        searched.wait(timeout=30)
+      events.append(what)
+      return super().__call__(signature, lower, device, what)
+
+  def recording(run, *args):
+    def run_and_record(shape, x, start, until):
+      found = run(shape, x, start, until)
+      events.append(f"searched {start}-{until}")
+      searched.set()
+      return found
+
+    return merged_search.merged_translate(run_and_record, *args)
+
+  monkeypatch.setattr(generator_module, "merged_translate", recording)
+  store = Recording(tmp_path)
+  generator = Generator(model, segment=SEGMENT, programs=store)
+  generator.translate_all(params, sentences, settings, tokens_per_batch=8 * 32)
+  fetched = [e for e in events if e.startswith("int32")]
+  stages = ["0-4", "4-8", "8-16", "16-32", "32-36"]
+  assert fetched == [f"int32[{8 if s == '0-4' else 4},32], steps {s}" for s in stages], events
+  assert events.index("searched 0-4") < events.index(fetched[-1]), events
+  assert store.compiled == len(stages)
 
 
 def test_later_stages_go_on_in_smaller_batches(tiny, monkeypatch):
