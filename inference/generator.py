@@ -92,8 +92,8 @@ class Generator:
     self.merge = merge
     self._run = jax.jit(self._search, static_argnums=(4, 5, 6))
     self._lower = jax.jit(self._kept_search, static_argnums=(4, 5, 6)).lower
-    self._run_piece = jax.jit(self._piece, static_argnums=(2, 3, 4, 5, 6))
-    self._lower_piece = jax.jit(self._kept_piece, static_argnums=(2, 3, 4, 5, 6)).lower
+    self._run_piece = jax.jit(self._piece, static_argnums=(2, 3, 4, 5, 6, 7))
+    self._lower_piece = jax.jit(self._kept_piece, static_argnums=(2, 3, 4, 5, 6, 7)).lower
     self._programs = programs
     self._compiled: dict[tuple, Callable | None] = {}  # by arguments' shapes and shardings
     self._initial_shapes: dict[tuple, object] = {}  # a merged search's piece before its start
@@ -241,10 +241,11 @@ class Generator:
       count_steps=True,
     )
 
-  def _piece(self, params, x, settings, max_len: int, outputs: str, start: int, until: int):
+  def _piece(self, params, x, settings, max_len, outputs, start, until, segment):
     """`beam_pieces.begin` of inputs `x` (`start` 0) or `resume` of piece `x` paused at
-    `start`, to step `until`, with this generator's options (traced)."""
-    keywords = dict(outputs=outputs, num_ids=self.num_ids, segment=self.segment)
+    `start`, to step `until`, with this generator's options and self-attention buffers growing
+    from `segment` positions (None: all `max_len` from the start) (traced)."""
+    keywords = dict(outputs=outputs, num_ids=self.num_ids, segment=segment)
     if not start:
       return beam_pieces.begin(self.model, params, x, settings, max_len, until, **keywords)
     return beam_pieces.resume(self.model, params, x, settings, max_len, start, until, **keywords)
@@ -257,7 +258,7 @@ class Generator:
     """`_program` of `_piece(params, x, *static)` for a batch of `shape` (x its inputs, or a
     piece of its entries); named by the batch's inputs, so that a run that reads the program
     back traces nothing (the piece's shapes follow from them)."""
-    settings, max_len, outputs, start, until = static
+    settings, max_len, outputs, start, until, segment = static
 
     def lower():
       x = jax.ShapeDtypeStruct(shape, jnp.int32)
@@ -266,9 +267,9 @@ class Generator:
           key = (shape, settings, max_len, outputs, jax.tree_util.tree_structure(params))
           if key not in self._initial_shapes:
             self._initial_shapes[key] = beam_pieces.initial_shape(
-              self.model, params, x, settings, max_len, outputs=outputs, segment=self.segment
+              self.model, params, x, settings, max_len, outputs=outputs, segment=segment
             )
-        x = beam_pieces.paused_shape(self._initial_shapes[key], start, max_len, self.segment)
+        x = beam_pieces.paused_shape(self._initial_shapes[key], start, max_len, segment)
       return self._lower_piece(params, x, *static)
 
     named = (params, np.zeros(shape, np.int32))
@@ -292,8 +293,17 @@ class Generator:
     program = settings.program()
     device = next(iter(_devices(params)), None)
 
+    def static_of(shape, start, until) -> tuple:
+      """A piece's static arguments. A search in one piece (a shape of few batches) runs as one
+      loop over buffers of all its positions, not in growing segments: its program is about a
+      third the size to compile and read back, which matters more to a few batches than the
+      positions they attend over before writing them (docs/experiments.md)."""
+      max_len = shape[1] + settings.max_extra_len
+      segment = None if (start, until) == (0, max_len) else self.segment
+      return (program, max_len, want, start, until, segment)
+
     def run(shape, x, start, until):
-      static = (program, shape[1] + settings.max_extra_len, want, start, until)
+      static = static_of(shape, start, until)
       if (shape, start, until) in ahead:  # its program read back or compiled in the background
         ahead[shape, start, until].result()
       before = 0
@@ -320,9 +330,8 @@ class Generator:
       # while the pieces whose programs are ready are searched; a piece waits only for its own.
       calls = {}
       for shape, ends in stops.items():
-        max_len = shape[1] + settings.max_extra_len
         for at, a, b in piece_programs(shape, ends):
-          calls.setdefault((at, a, b), (params, at, (program, max_len, want, a, b)))
+          calls.setdefault((at, a, b), (params, at, static_of(at, a, b)))
       fetching = concurrent.futures.ThreadPoolExecutor(parallel_batches)
       ahead.update((key, fetching.submit(self._piece_program, *c)) for key, c in calls.items())
     try:
