@@ -35,9 +35,10 @@ import numpy as np
 from model import beam_pieces, search
 
 # A shape whose batches hold fewer later pieces' worth of sentences (`later_shape`) is searched
-# whole: merging so few would save less than its pieces' programs cost to compile and read back
+# whole, in one loop (inference/generator.py): merging so few would save less than its pieces'
+# programs, about four times the whole search's, cost to compile and read back
 # (docs/experiments.md).
-MIN_BATCHES = 4
+MIN_BATCHES = 8
 # What a piece after the first pause holds at most: sentences, and source tokens (padded) in all
 # (docs/experiments.md, "Later stages in smaller batches").
 LATER_BATCH = 16

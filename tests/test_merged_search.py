@@ -190,7 +190,11 @@ def test_few_batches_of_a_shape_are_searched_whole(tiny, name, monkeypatch):
   stops = merged_search.piece_stops
   assert stops((16, 32), 82, 16, merged_search.MIN_BATCHES - 1) == [82]
   assert stops((16, 32), 82, 16, merged_search.MIN_BATCHES) == [16, 32, 64, 82]
-  assert stops((4 * merged_search.LATER_BATCH, 8), 58, 16, 1) == [16, 32, 58]
+  assert stops((merged_search.MIN_BATCHES * merged_search.LATER_BATCH, 8), 58, 16, 1) == [
+    16,
+    32,
+    58,
+  ]
   model, params = tiny
   settings, outputs = SETTINGS[name]
   how = {outputs: True} if outputs != "ids" else {}
