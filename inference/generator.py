@@ -25,7 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from inference.merged_search import merged_translate, piece_programs, piece_stops
+from inference.merged_search import (
+  merged_translate,
+  piece_programs,
+  piece_stops,
+  whole_batches_recut,
+)
 from model import beam_pieces, distribution
 from model.decoder_state import DECODE_SEGMENT
 from model.generate import OUTPUTS, generate, nbest, strip
@@ -318,7 +323,9 @@ class Generator:
       computed = int(np.sum(s.computed)) - before
       return piece, found, np.asarray(s.done), computed, np.asarray(s.searched)
 
-    counts = collections.Counter(b.inputs.shape for b in batches)
+    counts = collections.Counter()  # sentences of each shape
+    for b in batches:
+      counts[b.inputs.shape] += len(b.indices)
     stops = {
       shape: piece_stops(shape, shape[1] + settings.max_extra_len, self.segment, n)
       for shape, n in counts.items()
@@ -401,6 +408,7 @@ class Generator:
     put = (lambda x: x) if place is None else place
     want = OUTPUTS[2 if token_scores else 1 if scores else 0]
     if self._merging(settings, prefixes, params):
+      batches = whole_batches_recut(batches, settings.max_extra_len, self.segment)
       placed = [b._replace(inputs=put(b.inputs)) for b in batches]
 
       def finish(i: int, found, row: int):

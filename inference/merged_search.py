@@ -34,24 +34,50 @@ import numpy as np
 
 from model import beam_pieces, search
 
-# A shape whose batches hold fewer later pieces' worth of sentences (`later_shape`) is searched
+# A shape whose sentences fill fewer later pieces (`later_shape`) is searched
 # whole, in one loop (inference/generator.py): merging so few would save less than its pieces'
 # programs, about four times the whole search's, cost to compile and read back
 # (docs/experiments.md).
-MIN_BATCHES = 8
+MIN_PIECES = 8
 # What a piece after the first pause holds at most: sentences, and source tokens (padded) in all
 # (docs/experiments.md, "Later stages in smaller batches").
 LATER_BATCH = 16
 LATER_TOKENS = 512
 
 
-def piece_stops(shape: tuple, max_len: int, segment: int | None, batches: int) -> list[int]:
-  """Where the pieces of `batches` batches of `shape` (inputs [sentences, src_len]) searched to
-  output width `max_len` (a cache growing from `segment` positions) pause, then `max_len`; in
-  one piece when they hold fewer than `MIN_BATCHES` later pieces' worth of sentences."""
-  if batches * math.ceil(shape[0] / later_shape(shape)[0]) < MIN_BATCHES:
+def piece_stops(shape: tuple, max_len: int, segment: int | None, sentences: int) -> list[int]:
+  """Where the pieces of the batches of `shape` (inputs [sentences, src_len]) holding
+  `sentences` sentences in all, searched to output width `max_len` (a cache growing from
+  `segment` positions), pause, then `max_len`; in one piece when the sentences fill fewer than
+  `MIN_PIECES` later pieces (whatever batches they were cut into)."""
+  if math.ceil(sentences / later_shape(shape)[0]) < MIN_PIECES:
     return [max_len]
   return search.pause_steps(max_len, segment) + [max_len]
+
+
+def whole_batches_recut(batches: list, max_extra_len: int, segment: int | None) -> list:
+  """`batches` (`LengthBatch`es in `length_batches`' order, no prefixes) with those of each
+  shape searched in one piece (`piece_stops`) cut again into batches of `later_shape`'s
+  sentences, the last one's spare rows repeating its last sentence: a search in one piece has no
+  later pieces to merge its stragglers into, so its batches take the later pieces' size,
+  whatever size they were cut to (bigger batches no slower)."""
+  shapes: dict[tuple, list] = {}
+  for b in batches:
+    shapes.setdefault(b.inputs.shape, []).append(b)
+  out = []
+  for shape, group in shapes.items():
+    rows, max_len = later_shape(shape)[0], shape[1] + max_extra_len
+    sentences = sum(len(b.indices) for b in group)
+    if rows == shape[0] or piece_stops(shape, max_len, segment, sentences) != [max_len]:
+      out += group
+      continue
+    indices = np.concatenate([b.indices for b in group])
+    inputs = np.concatenate([np.asarray(b.inputs)[: len(b.indices)] for b in group])
+    for start in range(0, len(indices), rows):
+      x = inputs[start : start + rows]
+      x = np.concatenate([x, np.repeat(x[-1:], rows - len(x), axis=0)])
+      out.append(group[0]._replace(indices=indices[start : start + rows], inputs=x))
+  return out
 
 
 def later_shape(shape: tuple) -> tuple:

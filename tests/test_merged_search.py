@@ -183,22 +183,20 @@ def test_translate_all_merges_sentences_still_searching_across_batches(tiny, nam
 
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_few_batches_of_a_shape_are_searched_whole(tiny, name, monkeypatch):
-  """A shape whose batches hold fewer than MIN_BATCHES later pieces' worth of sentences is
-  searched in one piece: nothing waits, one program, whose self-attention buffers hold every
-  position from the start (no growing segments); its outputs are the segmented search's, the
-  scores to a few units in the last place (attention sums over more, masked positions)."""
-  stops = merged_search.piece_stops
-  assert stops((16, 32), 82, 16, merged_search.MIN_BATCHES - 1) == [82]
-  assert stops((16, 32), 82, 16, merged_search.MIN_BATCHES) == [16, 32, 64, 82]
-  assert stops((merged_search.MIN_BATCHES * merged_search.LATER_BATCH, 8), 58, 16, 1) == [
-    16,
-    32,
-    58,
-  ]
+  """A shape whose sentences fill fewer than MIN_PIECES later pieces, however its batches were
+  cut, is searched in one piece: nothing waits, one program, whose self-attention buffers hold
+  every position from the start (no growing segments); its outputs are the segmented search's,
+  the scores to a few units in the last place (attention sums over more, masked positions).
+  Bigger batches of such a shape are cut again to the later pieces' size: the same search."""
+  stops, least = merged_search.piece_stops, merged_search.MIN_PIECES
+  assert stops((16, 32), 82, 16, 16 * (least - 1)) == [82]  # later pieces of 16 sentences
+  assert stops((64, 32), 82, 16, 16 * (least - 1)) == [82]  # however the batches were cut
+  assert stops((16, 32), 82, 16, 16 * (least - 1) + 1) == [16, 32, 64, 82]
+  assert stops((4, 128), 178, 16, 4 * least) == [16, 32, 64, 128, 178]  # later pieces of 4
   model, params = tiny
   settings, outputs = SETTINGS[name]
   how = {outputs: True} if outputs != "ids" else {}
-  sentences = _sentences(4 * (merged_search.MIN_BATCHES - 1), seed=1)
+  sentences = _sentences(4 * (merged_search.MIN_PIECES - 1), seed=1)
   segments = []
   begin = beam_pieces.begin
   monkeypatch.setattr(
@@ -211,6 +209,10 @@ def test_few_batches_of_a_shape_are_searched_whole(tiny, name, monkeypatch):
     params, sentences, settings, tokens_per_batch=4 * 32, **how
   )
   assert len(found) == len(expected) and compiled.count == 1 and segments == [None]
+  monkeypatch.setattr(merged_search, "LATER_BATCH", 4)  # batches of 16 cut again into 4s
+  bigger = Generator(model, segment=SEGMENT)
+  again = bigger.translate_all(params, sentences, settings, tokens_per_batch=16 * 32, **how)
+  assert _nested(again) == _nested(found) and bigger.rows_searched == generator.rows_searched
   for got, want in zip(_nested(found), _nested(expected)):  # ids equal, sums rounded apart
     if not isinstance(got, tuple):
       assert got == want
