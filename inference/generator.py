@@ -299,9 +299,9 @@ class Generator:
     device = next(iter(_devices(params)), None)
 
     def static_of(shape, start, until) -> tuple:
-      """A piece's static arguments. A search in one piece (a shape of few batches) runs as one
-      loop over buffers of all its positions, not in growing segments: its program is about a
-      third the size to compile and read back, which matters more to a few batches than the
+      """A piece's static arguments. A search in one piece (a shape of few sentences) runs as
+      one loop over buffers of all its positions, not in growing segments: its program is about
+      a third the size to compile and read back, which matters more to a few batches than the
       positions they attend over before writing them (docs/experiments.md)."""
       max_len = shape[1] + settings.max_extra_len
       segment = None if (start, until) == (0, max_len) else self.segment

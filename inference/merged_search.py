@@ -34,10 +34,9 @@ import numpy as np
 
 from model import beam_pieces, search
 
-# A shape whose sentences fill fewer later pieces (`later_shape`) is searched
-# whole, in one loop (inference/generator.py): merging so few would save less than its pieces'
-# programs, about four times the whole search's, cost to compile and read back
-# (docs/experiments.md).
+# A shape whose sentences fill fewer later pieces (`later_shape`) is searched whole, in one loop
+# (inference/generator.py): merging so few would save less than its pieces' programs, about four
+# times the whole search's, cost to compile and read back (docs/experiments.md).
 MIN_PIECES = 8
 # What a piece after the first pause holds at most: sentences, and source tokens (padded) in all
 # (docs/experiments.md, "Later stages in smaller batches").
