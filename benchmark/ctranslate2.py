@@ -216,7 +216,7 @@ def time_peer(
       rows.append({"configuration": c, "backend": backend, "seconds": []})
   prefix = ["taskset", "-c", pin] if pin else []
   for round_ in range(runs + 1):
-    for row in rows:
+    for row in (r for r in rows if "error" not in r):
       c = row["configuration"]
       command = [
         *prefix,
@@ -229,8 +229,6 @@ def time_peer(
         *c.flags,
         *search_flags,
       ]
-      if "error" in row:
-        continue
       start = time.perf_counter()
       run = subprocess.run(command, env={**os.environ, **c.env}, capture_output=True, text=True)
       if run.returncode:

@@ -52,11 +52,6 @@ def chunk_size(batch: int, beam: int, dtype) -> int | None:
   return None
 
 
-def _entries(s, idx):
-  """The per-entry leaves of state `s` (its cache left out) at entries `idx`."""
-  return jax.tree_util.tree_map(lambda x: x if jnp.ndim(x) == 0 else x[idx], s)
-
-
 def _put(s, idx, part):
   """`s` with entries `idx` replaced by `part`'s (both without the cache)."""
   return jax.tree_util.tree_map(lambda x, y: x if jnp.ndim(x) == 0 else x.at[idx].set(y), s, part)
@@ -95,7 +90,7 @@ def run(
     ids = s.tok[idx].reshape(chunk * k, 1)
     cache = {**cache, cache_kinds.STATE: counters}
     logits, cache = ancestry.step_rows(step_for(idx), ids, cache, rows)
-    part = _entries(per_entry(s), idx)._replace(t=s.t)
+    part = search.map_batched(lambda x: x[idx], per_entry(s))._replace(t=s.t)
     lens = None if max_lens is None else max_lens[idx]
     part, parents = search.beam_advance(part, logits, max_lens=lens, **rules)
     cache = ancestry.reorder_rows(cache, rows, rows[search.beam_rows(parents, chunk, k)])

@@ -155,7 +155,7 @@ def length_penalty(length, alpha, penalty: str = "gnmt"):
   return ((5.0 + length) / 6.0) ** alpha
 
 
-def _map_batched(fn, tree):
+def map_batched(fn, tree):
   """Applies ``fn`` to every leaf of rank >= 1; rank-0 leaves pass through."""
   return jax.tree_util.tree_map(lambda x: x if jnp.ndim(x) == 0 else fn(x), tree)
 
@@ -165,7 +165,7 @@ def expand_to_beams(tree, beam_size: int):
 
   Row ``b * beam_size + j`` is beam ``j`` of batch entry ``b``. Rank-0 leaves pass through.
   """
-  return _map_batched(lambda x: jnp.repeat(x, beam_size, axis=0), tree)
+  return map_batched(lambda x: jnp.repeat(x, beam_size, axis=0), tree)
 
 
 def gather_beams(tree, indices, batch: int, beam: int):
@@ -180,7 +180,7 @@ def gather_beams(tree, indices, batch: int, beam: int):
     old row ``b*beam + indices[b, j]``.
   """
   flat = beam_rows(indices, batch, beam)
-  return _map_batched(lambda x: x[flat], tree)
+  return map_batched(lambda x: x[flat], tree)
 
 
 def beam_rows(indices, batch: int, beam: int):
