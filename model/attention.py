@@ -107,9 +107,14 @@ def cached_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: j
     mask: boolean, broadcastable to [batch, heads, q_len, kv_len]; True = may attend.
 
   Returns:
-    [batch, q_len, heads, d_v] in the dtype of `value`, and the [batch, heads, q_len, kv_len]
+    [batch, q_len, heads, d_v] in the dtype of `query`, and the [batch, heads, q_len, kv_len]
     float32 weights. Same result as `dot_product_attention` on the [batch, length, heads, depth]
     layout (a fully masked row gives zeros).
+
+  Keys and values may be float32 holding values of a narrower `query` dtype (bfloat16: the
+  self-attention cache, model/layers.py): the products then run in float32 on operands rounded
+  to it, exactly as XLA:CPU runs products of bfloat16 operands, without converting the cache at
+  every step.
   """
   if (
     query.ndim != 4
@@ -124,11 +129,25 @@ def cached_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: j
       "cached_attention: expected query [batch, q_len, heads, d_k], key [batch, heads, kv_len, "
       f"d_k], value [batch, heads, kv_len, d_v]; got {query.shape}, {key.shape}, {value.shape}"
     )
-  query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
-  logits = jnp.einsum("bqhd,bhkd->bhqk", query, key, preferred_element_type=jnp.float32)
+  dtype = query.dtype
+  query = query / jnp.sqrt(query.shape[-1]).astype(dtype)
+  logits = jnp.einsum(
+    "bqhd,bhkd->bhqk", _rounded(query, key.dtype), key, preferred_element_type=jnp.float32
+  )
   weights = _masked_softmax(logits, mask)
   # Heads-major product, then the (small) transpose: asked for [b, q, h, d] directly, XLA:CPU
   # ran the beams-as-queries cross-attention of beam search as a slow generic loop (and a
   # multiply-and-sum formulation was slower still).
-  out = jnp.einsum("bhqk,bhkd->bhqd", weights.astype(value.dtype), value).transpose(0, 2, 1, 3)
+  used = _rounded(weights.astype(dtype), value.dtype)
+  out = jnp.einsum("bhqk,bhkd->bhqd", used, value).astype(dtype).transpose(0, 2, 1, 3)
   return out, weights
+
+
+def _rounded(x: jax.Array, dtype) -> jax.Array:
+  """`x` as `dtype`; a narrower float `x` as float32 `dtype` by `lax.reduce_precision`, its
+  values unchanged: XLA may drop a convert to a narrower float and back (`astype`), not this."""
+  if x.dtype == dtype:
+    return x
+  info = jnp.finfo(x.dtype)
+  wide = x.astype(dtype)
+  return jax.lax.reduce_precision(wide, exponent_bits=info.nexp, mantissa_bits=info.nmant)

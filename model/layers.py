@@ -286,9 +286,10 @@ class MultiHeadAttention(nn.Module):
   # Decode-time caches are stored heads-major, [batch, heads, length, d_k]: the layout the
   # attention products read without a transpose (one per step per layer otherwise).
 
-  # bfloat16 keys/values are cached as their uint16 bits: XLA:CPU moves no bfloat16 data as it
-  # is (it converts a whole buffer to float32 and back around each in-place write and each beam
-  # reorder), integers it does; the attention reads them back as bfloat16 (a free bitcast).
+  # bfloat16 keys/values are cached as float32 (their values unchanged): XLA:CPU runs the
+  # attention's bfloat16 products in float32, so a bfloat16 cache (or its bits as uint16, which
+  # it moves in place where it converts bfloat16 around each write and reorder) was converted
+  # whole at every step; the attention rounds its own operands (`attention.cached_attention`).
 
   def _create_self_cache(self, key, value):
     """Creates empty self-attention caches sized by a [batch, max_len] dummy target."""
@@ -318,9 +319,7 @@ class MultiHeadAttention(nn.Module):
     if steps > 1:
       last = last + jnp.arange(steps)[:, None]
     mask = jnp.arange(cached_key.value.shape[2]) <= last
-    return attn.cached_attention(
-      query, _loaded(cached_key.value), _loaded(cached_value.value), mask
-    )
+    return attn.cached_attention(query, cached_key.value, cached_value.value, mask)
 
   def _cross_step(self, query):
     """One decode step of encoder-decoder attention over the cached source keys/values.
@@ -370,13 +369,8 @@ def write_position(buffer: jax.Array, new: jax.Array, index: jax.Array) -> jax.A
 
 
 def _stored(x: jax.Array) -> jax.Array:
-  """A key/value as the self-attention cache keeps it: bfloat16 as its uint16 bits."""
-  return jax.lax.bitcast_convert_type(x, jnp.uint16) if x.dtype == jnp.bfloat16 else x
-
-
-def _loaded(x: jax.Array) -> jax.Array:
-  """`_stored`'s inverse."""
-  return jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == jnp.uint16 else x
+  """A key/value as the self-attention cache keeps it: bfloat16 as float32 (the same values)."""
+  return x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x
 
 
 ACTIVATIONS = {

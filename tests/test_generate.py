@@ -507,8 +507,9 @@ def _log_softmax(logits):
 @pytest.mark.slow
 def test_bfloat16_decoding_casts_the_matrices_once_and_stays_close(tiny):
   """model.dtype=bfloat16 (decode.py --dtype=bfloat16): every matrix the model multiplies by is
-  cast once before the search (nothing else), the key/value cache holds bfloat16 bits (uint16),
-  the decoder's logits come out in float32, and the translations stay those of float32 for most
+  cast once before the search (nothing else), the key/value cache holds bfloat16 values as
+  float32 (the attention's products run in float32: no conversion of it at every step), the
+  decoder's logits come out in float32, and the translations stay those of float32 for most
   sentences."""
   model, params = tiny
   fast = build_model(dict(model.config.__dict__, type="transformer", dtype="bfloat16"))
@@ -530,7 +531,7 @@ def test_bfloat16_decoding_casts_the_matrices_once_and_stays_close(tiny):
   # Their dtypes, as traced (the same as computed, with nothing to compile).
   logits, cache = jax.eval_shape(first_step, params, padded(SOURCES))
   self_attention = cache[cache_kinds.TARGET]["decoder"]["layer_0"]["self_attention"]
-  assert logits.dtype == jnp.float32 and self_attention["cached_key"].dtype == jnp.uint16
+  assert logits.dtype == jnp.float32 and self_attention["cached_key"].dtype == jnp.float32
   rows = 0
   for beam in (1, 2):  # float32's programs are the other tests'
     exact, close = (

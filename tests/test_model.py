@@ -53,6 +53,22 @@ def test_attention_matches_float64_reference(b, lq, lk, h, d):
   np.testing.assert_allclose(_attention(q, k, v), np_attention(q, k, v, True), atol=2e-5, rtol=1e-4)
 
 
+def test_cached_attention_over_float32_bfloat16_values_rounds_as_bfloat16():
+  """The bfloat16 self-attention cache is kept as float32 (model/layers.py): attending over it
+  gives exactly what attending over the same keys and values as bfloat16 gives, under jit (where
+  XLA may drop a round trip through bfloat16 written as `astype`), in the query's dtype."""
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.normal(size=(6, 1, 4, 32)), jnp.bfloat16)
+  k, v = (jnp.asarray(rng.normal(size=(6, 4, 40, 32)), jnp.bfloat16) for _ in range(2))
+  mask = jnp.arange(40) <= jnp.arange(6)[:, None, None, None] * 7
+  run = jax.jit(attention.cached_attention)
+  as_bf16 = run(q, k, v, mask)
+  as_f32 = run(q, k.astype(jnp.float32), v.astype(jnp.float32), mask)
+  assert as_bf16[0].dtype == as_f32[0].dtype == jnp.bfloat16
+  for a, b in zip(as_bf16, as_f32):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
 def test_masks_match_reference():
   rng = np.random.default_rng(0)
   tgt = np.array([[5, 6, 7, 0, 0], [3, 4, 5, 6, 8]])
