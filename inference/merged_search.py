@@ -8,9 +8,9 @@ last sentence is done: the rows a finished sentence would fill are searched for 
 After its first pause a batch's entries go on in batches of at most `LATER_BATCH` sentences and
 `LATER_TOKENS` source tokens, whatever the batch they began in: a bigger batch steps more rows
 for its last straggler, and long sentences' caches outgrow the CPU's caches, so a big first batch
-(the rows its products want) does not make the later stages slower. Within a piece, the steps
-run over the chunks of sentences still searching (model/live_chunks.py), so a straggler no
-longer steps its whole piece's rows either. A sentence gets its own batch's search; where its
+(the rows its products want) does not make the later stages slower. Within a piece after the
+first pause (and a search in one piece), the steps run over the chunks of sentences still
+searching (model/live_chunks.py), so a straggler no longer steps its whole piece's rows either. A sentence gets its own batch's search; where its
 steps ran over fewer rows than its batch's (a chunk, a smaller later piece), XLA:CPU's products
 may round its scores differently in the last bits (docs/experiments.md).
 

@@ -13,7 +13,10 @@ self-attention buffers and the loop up to the next pause). A piece's steps run o
 its sentences still searching (model/live_chunks.py) when its cache is kept in place and its batch
 splits into chunks (`live_chunks.chunk_size`), else over all its rows (`batch x beam`), as the
 batch's own search would: a sentence's search is the one `generate` gives it, its outputs to the
-last bit when no chunk splits the batch (a chunk's products may round otherwise).
+last bit when no chunk splits the batch (a chunk's products may round otherwise). A first piece
+that pauses steps all its rows: before the first pause few sentences are done, and a chunk's
+calls cost more than the rows it would leave out (docs/experiments.md); a search in one piece,
+and every piece after a pause, leaves its finished sentences out.
 """
 
 from __future__ import annotations
@@ -166,7 +169,10 @@ def _run(model, params, piece, settings, max_decode_len, start, until, outputs, 
   grow = None if first is None else grow_target
   shape = piece.state.tok.shape
   kept = ancestry.kept_in_place(piece.state.cache)
-  chunk = live_chunks.chunk_size(*shape, model.config.compute_dtype) if kept else None
+  pausing_first = not start and until < max_decode_len  # all rows (module doc)
+  chunk = None
+  if kept and not pausing_first:
+    chunk = live_chunks.chunk_size(*shape, model.config.compute_dtype)
   if chunk:  # only the chunks of sentences still searching (model/live_chunks.py)
     source = lambda idx: jax.tree_util.tree_map(lambda x: x[idx], piece.source)
     step_for = lambda idx: only_ids_below(cached_step(model, params, source(idx)), num_ids)

@@ -103,6 +103,25 @@ def test_translate_all_counts_the_rows_chunks_computed(tiny, monkeypatch):
   assert needed == needed_too and needed < chunked < whole
 
 
+def test_a_first_piece_that_pauses_steps_every_row(tiny, monkeypatch):
+  """Before its first pause a batch steps all its rows (few of its sentences are done by then,
+  and a chunk's calls cost more than the rows it leaves out); the pieces after the pause, and a
+  search in one piece, leave the finished sentences out (chunks of one sentence here)."""
+  model, params = tiny
+  settings, outputs = SETTINGS["gnmt-finished"]
+  monkeypatch.setattr(live_chunks, "CHUNK_ROWS", settings.beam_size)
+  x = padded(SOURCES)
+  begin, resume, _ = _pieces(model, settings, outputs)
+  first, _ = begin(params, x, 8)
+  assert int(first.state.t) == 8 and np.all(np.asarray(first.state.computed) == 8)
+  assert np.any(np.asarray(first.state.searched) < 8)  # a sentence done before the pause
+  later, _ = resume(params, first, 8, MAX_LEN)
+  stepped = np.asarray(later.state.computed) - 8
+  assert np.any(stepped < int(later.state.t) - 8)
+  one, _ = begin(params, x, MAX_LEN)
+  assert np.any(np.asarray(one.state.computed) < int(one.state.t))
+
+
 def test_bfloat16_steps_the_whole_batch(tiny, monkeypatch):
   """In bfloat16 every row is stepped (no chunks: its cheaper steps do not pay for a chunk's
   own work); in float32 the same batch leaves finished sentences out."""
