@@ -144,10 +144,12 @@ def cached_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: j
 
 
 def _rounded(x: jax.Array, dtype) -> jax.Array:
-  """`x` as `dtype`; a narrower float `x` as float32 `dtype` by `lax.reduce_precision`, its
-  values unchanged: XLA may drop a convert to a narrower float and back (`astype`), not this."""
-  if x.dtype == dtype:
-    return x
+  """`x` as an operand of a product with one of `dtype`: unchanged unless it is the narrower
+  float (bfloat16 beside a float32 cache), then widened with its values kept exactly by
+  `lax.reduce_precision`: XLA may drop a round trip through the narrower float (`astype`)."""
   info = jnp.finfo(x.dtype)
-  wide = x.astype(dtype)
-  return jax.lax.reduce_precision(wide, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+  if info.bits >= jnp.finfo(dtype).bits:
+    return x
+  return jax.lax.reduce_precision(
+    x.astype(dtype), exponent_bits=info.nexp, mantissa_bits=info.nmant
+  )

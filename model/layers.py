@@ -286,9 +286,8 @@ class MultiHeadAttention(nn.Module):
   # Decode-time caches are stored heads-major, [batch, heads, length, d_k]: the layout the
   # attention products read without a transpose (one per step per layer otherwise).
 
-  # bfloat16 keys/values are cached as float32 (their values unchanged): XLA:CPU runs the
-  # attention's bfloat16 products in float32, so a bfloat16 cache (or its bits as uint16, which
-  # it moves in place where it converts bfloat16 around each write and reorder) was converted
+  # bfloat16 keys/values are cached as float32 holding their values: XLA:CPU runs the
+  # attention's bfloat16 products in float32, so a cache in any 16-bit form would be converted
   # whole at every step; the attention rounds its own operands (`attention.cached_attention`).
 
   def _create_self_cache(self, key, value):
