@@ -28,6 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from inference import ctranslate2_export as export
+from inference.ctranslate2_translate import import_ctranslate2
 from model.special_tokens import NUM_SPECIAL, PAD_ID, SPECIAL_PIECES
 
 COMPUTE_TYPES = ("float32", "int8")  # bench.py's default for --ctranslate2_compute_types
@@ -41,7 +42,7 @@ def placeholder_pieces(vocab_size: int) -> list[str]:
 def check_model(model_cfg) -> str:
   """CTranslate2's version, or a UsageError when it is not installed or cannot run the model of
   `model_cfg` (config.model): before any work."""
-  version = export.import_ctranslate2().__version__
+  version = import_ctranslate2().__version__
   export.check_model_type(model_cfg)
   return version
 
@@ -63,7 +64,7 @@ def translators(model_cfg, params, compute_types, cores: int, longest: int):
   directory is gone when this returns). Each compute type in each of `threadings(cores)`;
   positions up to `longest` (source or output tokens). `backend`: what CTranslate2 says it
   computes with in this process's environment (`backend_line`)."""
-  ctranslate2 = export.import_ctranslate2()
+  ctranslate2 = import_ctranslate2()
   spec = export.transformer_spec(
     model_cfg,
     params,

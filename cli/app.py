@@ -34,7 +34,6 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from cli.exit import ending_line, exit_now
-from configs.common import describe
 from core import ending, errors, logs
 from core.rules import Rule, RuleError
 
@@ -181,6 +180,8 @@ def run(
     logs.command_line_logs()
     try:
       if "show_config" in flags.FLAGS and flags.FLAGS.show_config:
+        from configs.common import describe  # here: a command without configs imports no JAX
+
         print("\n".join(describe(load_config(config))))
         return
       previous = ending.install(ending_line(prog))  # a lost process, a hung stop: core/ending.py

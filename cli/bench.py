@@ -17,7 +17,7 @@ from cli.files import check_writable
 from cli.host_memory import DEFAULT
 from core.errors import UsageError
 from core.rules import Int
-from inference import ctranslate2_export as export
+from inference.ctranslate2_translate import COMPUTE_TYPES
 
 # The library's argument names (benchmark/sweeps.py) -> this command line's flags.
 FLAG_NAMES = {
@@ -260,11 +260,10 @@ def check_ctranslate2_flags(values: dict) -> None:
   if values.get("decode_cache") is False:
     raise UsageError("--ctranslate2 decodes with its cache: drop --decode_cache=false")
   types = values.get("ctranslate2_compute_types") or []
-  unknown = [t for t in types if t not in export.COMPUTE_TYPES]
+  unknown = [t for t in types if t not in COMPUTE_TYPES]
   if not types or unknown:
     raise UsageError(
-      f"--ctranslate2_compute_types={','.join(types)}: expected some of "
-      f"{', '.join(export.COMPUTE_TYPES)}"
+      f"--ctranslate2_compute_types={','.join(types)}: expected some of {', '.join(COMPUTE_TYPES)}"
     )
 
 

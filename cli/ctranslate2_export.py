@@ -9,7 +9,8 @@ from __future__ import annotations
 from absl import flags
 
 from cli import app
-from inference.ctranslate2_export import QUANTIZATIONS, export
+from inference.ctranslate2_export import export
+from inference.ctranslate2_translate import QUANTIZATIONS
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

@@ -23,8 +23,7 @@ from cli import app
 from cli.files import check_writable, read_aligned, write_lines
 from cli.search_flags import define_search_flags, search_fields
 from core.rules import Int
-from inference.ctranslate2_export import COMPUTE_TYPES, translate_texts
-from inference.ctranslate2_translate import load, search_options
+from inference.ctranslate2_translate import COMPUTE_TYPES, load, search_options, translate_texts
 from model.search_settings import SearchSettings
 from training.translation_metrics import corpus_metrics as score
 

@@ -13,8 +13,14 @@ import dataclasses
 
 from absl import flags
 
-from model.search import PENALTIES, PREFIX_RULES, STOPPING
-from model.search_settings import FIELDS, MARIAN, SearchSettings
+from model.search_settings import (
+  FIELDS,
+  MARIAN,
+  PENALTIES,
+  PREFIX_RULES,
+  STOPPING,
+  SearchSettings,
+)
 
 EXCEPT = ("num_hypotheses",)
 

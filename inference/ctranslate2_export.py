@@ -8,7 +8,7 @@ command line is cli/ctranslate2_export.py.
         [--checkpoint=latest|<step>|average:<k>] [--quantization=int8]
 
     translator = ctranslate2.Translator("m30k_ct2", compute_type="int8")
-    texts = translate_texts(translator, Pieces(vocab), lines, beam_size=1)  # our limit on length
+    texts = translate_texts(translator, Pieces(vocab), lines, beam_size=1)  # ctranslate2_translate
 
 The model is written through CTranslate2's spec API (`ctranslate2.specs.TransformerSpec`), every
 weight mapped from ours (model/layers.py): LayerNorms before or after each sublayer as
@@ -20,17 +20,8 @@ concatenates sin and cos. The output layer gets a bias of NEVER on PAD (zero els
 logits bias): our searches never emit PAD, the decoder's start symbol. CTranslate2 appends our EOS
 to each source itself (`add_source_eos`), so sources are given without it.
 
-Lengths: ours stops a sentence at (source tokens with EOS + max_extra_len) tokens, EOS included;
-CTranslate2's `max_decoding_length` counts tokens without EOS and applies to a whole batch
-(`max_decoding_length`, `translate_tokens` batches sentences by length), and its default
-min_decoding_length of 1 would forbid an empty translation (passed as 0 here).
-
-Beam search: CTranslate2 (4.8) scores a finished hypothesis logp / len**length_penalty, len
-counting its EOS (`return_end_token` changes only what is returned), and stops a sentence as soon
-as beam_size * patience hypotheses have finished: our search with `length_penalty='fairseq'`
-(`decode.py --length_penalty=fairseq`, patience 1) does the same and gives the same translations.
-Our default, GNMT's logp / ((5 + len) / 6)**alpha searching on while a live hypothesis could still
-win (model/search.py), agrees with it at alpha = length_penalty = 0 and greedily.
+How sentences are searched and cut to length, identically to `decode.py
+--length_penalty=fairseq`: inference/ctranslate2_translate.py.
 """
 
 from __future__ import annotations
@@ -44,40 +35,18 @@ import numpy as np
 from absl import logging
 
 from core.errors import ArgumentError, RunError, UsageError
-from data.tokenizer import Vocab, workdir_name
+from data.tokenizer import workdir_name
+from inference.ctranslate2_translate import QUANTIZATIONS, Pieces, import_ctranslate2
 from inference.restore import load_for_inference
 from model.config import TransformerConfig
 from model.layers import position_encoding, sinusoidal_encoding
 from model.special_tokens import EOS_ID, PAD_ID, UNK_ID
 
-QUANTIZATIONS = (
-  "float32",
-  "int8",
-  "int8_float32",
-  "int8_float16",
-  "int8_bfloat16",
-  "int16",
-  "float16",
-  "bfloat16",
-)
-# What a translator can compute in (its `compute_type`): a storage type, or its own choice.
-COMPUTE_TYPES = ("default", "auto", *QUANTIZATIONS)
 POSITIONS = 1024  # rows of the position table: CTranslate2 truncates sources at 1024 by default
 NEVER = -1e4  # the output bias of PAD: exp(NEVER) is 0 in float32 and float16 softmaxes
 LAYER_NORM_EPSILON = 1e-6  # flax.linen.LayerNorm's (model.layer_norm_epsilon's default)
 # model.ffn_activation -> CTranslate2's activation (Marian's gelu is x sigmoid(1.702 x)).
 _ACTIVATIONS = {"relu": "RELU", "swish": "SWISH", "gelu": "GELUSigmoid"}
-
-
-def import_ctranslate2():
-  """The optional `ctranslate2` package, or a UsageError saying how to install it."""
-  try:
-    import ctranslate2
-  except ImportError:
-    raise UsageError(
-      "CTranslate2 is not installed: pip install 'attention-jax[ctranslate2]' (or ctranslate2)"
-    ) from None
-  return ctranslate2
 
 
 # ----------------------------------------------------------------------------- the model
@@ -294,79 +263,3 @@ def export(workdir, output, checkpoint: str = "latest", quantization: str | None
     "wrote %s: step %d (%s), %s", path, restored.step, checkpoint, quantization or "float32"
   )
   return path
-
-
-# ----------------------------------------------------------------------------- translating
-class Pieces:
-  """Our vocabulary as CTranslate2's tokens: `source(text)` is the token list `translate_batch`
-  takes for a sentence (our ids' pieces, without EOS: the model adds it), `text(tokens)` the text
-  of a hypothesis, `ids(tokens)` its ids."""
-
-  def __init__(self, vocab: Vocab):
-    self.vocab = vocab
-    self.pieces = [vocab.piece(i) for i in range(vocab.vocab_size)]
-    self._ids = {piece: i for i, piece in enumerate(self.pieces)}
-    if len(self._ids) != len(self.pieces):
-      raise UsageError("the vocabulary has repeated pieces; CTranslate2 maps tokens by piece")
-
-  def source(self, text: str) -> list[str]:
-    return [self.pieces[i] for i in self.vocab.encode(text)]
-
-  def ids(self, tokens: Sequence[str]) -> list[int]:
-    return [self._ids.get(t, UNK_ID) for t in tokens]
-
-  def text(self, tokens: Sequence[str]) -> str:
-    return self.vocab.decode(self.ids(tokens))
-
-
-def max_decoding_length(source_tokens: int, max_extra_len: int) -> int:
-  """CTranslate2's `max_decoding_length` for our limit on a sentence of `source_tokens` tokens
-  (without EOS): ours allows source tokens + EOS + max_extra_len tokens counting its own EOS,
-  CTranslate2 counts tokens without EOS."""
-  return max(1, source_tokens + max_extra_len)
-
-
-def translate_tokens(
-  translator,
-  sources: Sequence[Sequence[str]],
-  *,
-  max_extra_len: int = 50,
-  target_prefixes: Sequence[Sequence[str]] | None = None,
-  **options,
-) -> list[list[str]]:
-  """The best hypothesis of each source (token lists, `Pieces.source`) from
-    `translator.translate_batch(..., **options)`, with our per-sentence length limit: sentences of
-    one length are translated together, at that length's `max_decoding_length` (all lengths queued
-  at once, so a translator with several replicas, `inter_threads`, translates them side by side;
-  each sentence's translation is the same either way); an empty
-    translation is allowed (min_decoding_length 0), as in ours. `target_prefixes`: a token list
-    per source (empty: none), CTranslate2's `target_prefix`. Input order."""
-  options.setdefault("min_decoding_length", 0)  # CTranslate2's default 1 forbids EOS first
-  options.setdefault("max_input_length", 0)  # no truncation (its default: 1024 tokens)
-  by_length: dict[int, list[int]] = {}
-  for i, tokens in enumerate(sources):
-    by_length.setdefault(len(tokens), []).append(i)
-  out: list[list[str]] = [[] for _ in sources]
-  pending = []
-  for length, indices in sorted(by_length.items()):
-    prefixes = None
-    if target_prefixes is not None:
-      prefixes = [list(target_prefixes[i]) or None for i in indices]
-    results = translator.translate_batch(
-      [list(sources[i]) for i in indices],
-      target_prefix=prefixes,
-      max_decoding_length=max_decoding_length(length, max_extra_len),
-      asynchronous=True,  # every group queued at once: a translator's replicas share them
-      **options,
-    )
-    pending.append((indices, results))
-  for indices, results in pending:
-    for i, result in zip(indices, results):
-      out[i] = list(result.result().hypotheses[0])
-  return out
-
-
-def translate_texts(translator, pieces: Pieces, texts: Sequence[str], **options) -> list[str]:
-  """`translate_tokens` from text to text through our vocabulary."""
-  hypotheses = translate_tokens(translator, [pieces.source(t) for t in texts], **options)
-  return [pieces.text(tokens) for tokens in hypotheses]

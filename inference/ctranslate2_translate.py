@@ -10,17 +10,54 @@ The export directory holds the vocabulary (vocab.model) beside CTranslate2's fil
 this needs. CTranslate2 searches as our `length_penalty='fairseq'`: the best of `beam_size`
 hypotheses by logp / len^alpha, a sentence done once `beam_size` have finished, at most (source
 tokens + EOS + `max_extra_len`) tokens; `search_options` refuses the settings it cannot honour.
+
+Lengths: ours stops a sentence at (source tokens with EOS + max_extra_len) tokens, EOS included;
+CTranslate2's `max_decoding_length` counts tokens without EOS and applies to a whole batch
+(`max_decoding_length`, `translate_tokens` batches sentences by length), and its default
+min_decoding_length of 1 would forbid an empty translation (passed as 0 here).
+
+Beam search: CTranslate2 (4.8) scores a finished hypothesis logp / len**length_penalty, len
+counting its EOS (`return_end_token` changes only what is returned), and stops a sentence as soon
+as beam_size * patience hypotheses have finished: our search with `length_penalty='fairseq'`
+(`decode.py --length_penalty=fairseq`, patience 1) does the same and gives the same translations.
+Our default, GNMT's logp / ((5 + len) / 6)**alpha searching on while a live hypothesis could still
+win (model/search.py), agrees with it at alpha = length_penalty = 0 and greedily.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+from collections.abc import Sequence
 
-from core.errors import ArgumentError, RunError
-from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, load_vocab
-from inference.ctranslate2_export import Pieces, import_ctranslate2
+from core.errors import ArgumentError, RunError, UsageError
+from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, Vocab, load_vocab
 from model.search_settings import SearchSettings
+from model.special_tokens import UNK_ID
+
+QUANTIZATIONS = (
+  "float32",
+  "int8",
+  "int8_float32",
+  "int8_float16",
+  "int8_bfloat16",
+  "int16",
+  "float16",
+  "bfloat16",
+)
+# What a translator can compute in (its `compute_type`): a storage type, or its own choice.
+COMPUTE_TYPES = ("default", "auto", *QUANTIZATIONS)
+
+
+def import_ctranslate2():
+  """The optional `ctranslate2` package, or a UsageError saying how to install it."""
+  try:
+    import ctranslate2
+  except ImportError:
+    raise UsageError(
+      "CTranslate2 is not installed: pip install 'attention-jax[ctranslate2]' (or ctranslate2)"
+    ) from None
+  return ctranslate2
 
 
 def load(model_dir, compute_type: str = "default", threads: int = 0, inter_threads: int = 1):
@@ -92,3 +129,78 @@ def search_options(settings: SearchSettings) -> dict:
     "length_penalty": settings.alpha,
     "max_extra_len": settings.max_extra_len,
   }
+
+
+class Pieces:
+  """Our vocabulary as CTranslate2's tokens: `source(text)` is the token list `translate_batch`
+  takes for a sentence (our ids' pieces, without EOS: the model adds it), `text(tokens)` the text
+  of a hypothesis, `ids(tokens)` its ids."""
+
+  def __init__(self, vocab: Vocab):
+    self.vocab = vocab
+    self.pieces = [vocab.piece(i) for i in range(vocab.vocab_size)]
+    self._ids = {piece: i for i, piece in enumerate(self.pieces)}
+    if len(self._ids) != len(self.pieces):
+      raise UsageError("the vocabulary has repeated pieces; CTranslate2 maps tokens by piece")
+
+  def source(self, text: str) -> list[str]:
+    return [self.pieces[i] for i in self.vocab.encode(text)]
+
+  def ids(self, tokens: Sequence[str]) -> list[int]:
+    return [self._ids.get(t, UNK_ID) for t in tokens]
+
+  def text(self, tokens: Sequence[str]) -> str:
+    return self.vocab.decode(self.ids(tokens))
+
+
+def max_decoding_length(source_tokens: int, max_extra_len: int) -> int:
+  """CTranslate2's `max_decoding_length` for our limit on a sentence of `source_tokens` tokens
+  (without EOS): ours allows source tokens + EOS + max_extra_len tokens counting its own EOS,
+  CTranslate2 counts tokens without EOS."""
+  return max(1, source_tokens + max_extra_len)
+
+
+def translate_tokens(
+  translator,
+  sources: Sequence[Sequence[str]],
+  *,
+  max_extra_len: int = 50,
+  target_prefixes: Sequence[Sequence[str]] | None = None,
+  **options,
+) -> list[list[str]]:
+  """The best hypothesis of each source (token lists, `Pieces.source`) from
+    `translator.translate_batch(..., **options)`, with our per-sentence length limit: sentences of
+    one length are translated together, at that length's `max_decoding_length` (all lengths queued
+  at once, so a translator with several replicas, `inter_threads`, translates them side by side;
+  each sentence's translation is the same either way); an empty
+    translation is allowed (min_decoding_length 0), as in ours. `target_prefixes`: a token list
+    per source (empty: none), CTranslate2's `target_prefix`. Input order."""
+  options.setdefault("min_decoding_length", 0)  # CTranslate2's default 1 forbids EOS first
+  options.setdefault("max_input_length", 0)  # no truncation (its default: 1024 tokens)
+  by_length: dict[int, list[int]] = {}
+  for i, tokens in enumerate(sources):
+    by_length.setdefault(len(tokens), []).append(i)
+  out: list[list[str]] = [[] for _ in sources]
+  pending = []
+  for length, indices in sorted(by_length.items()):
+    prefixes = None
+    if target_prefixes is not None:
+      prefixes = [list(target_prefixes[i]) or None for i in indices]
+    results = translator.translate_batch(
+      [list(sources[i]) for i in indices],
+      target_prefix=prefixes,
+      max_decoding_length=max_decoding_length(length, max_extra_len),
+      asynchronous=True,  # every group queued at once: a translator's replicas share them
+      **options,
+    )
+    pending.append((indices, results))
+  for indices, results in pending:
+    for i, result in zip(indices, results):
+      out[i] = list(result.result().hypotheses[0])
+  return out
+
+
+def translate_texts(translator, pieces: Pieces, texts: Sequence[str], **options) -> list[str]:
+  """`translate_tokens` from text to text through our vocabulary."""
+  hypotheses = translate_tokens(translator, [pieces.source(t) for t in texts], **options)
+  return [pieces.text(tokens) for tokens in hypotheses]

@@ -92,6 +92,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from model import distribution
+from model.search_settings import (
+  PENALTIES,
+  check_prefix_rule,
+  stopping_rule,
+)
 from model.special_tokens import EOS_ID, PAD_ID
 from model.token_step import (
   Tokens,
@@ -105,11 +110,6 @@ from model.top_k import beams_top_k
 __all__ = [
   "PAD_ID",
   "EOS_ID",
-  "PENALTIES",
-  "STOPPING",
-  "PREFIX_RULES",
-  "check_prefix_rule",
-  "stopping_rule",
   "length_penalty",
   "expand_to_beams",
   "gather_beams",
@@ -127,22 +127,6 @@ __all__ = [
 NEG_INF = float("-inf")
 
 StepFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
-
-
-PENALTIES = ("gnmt", "fairseq")
-STOPPING = ("exact", "finished")  # beam search's rules for when a sentence is done
-PREFIX_RULES = ("forced", "ctranslate2")  # how a target prefix counts (module doc)
-
-
-def stopping_rule(penalty: str, stopping: str | None = None) -> str:
-  """The stopping rule beam search follows: ``stopping``, or with None the penalty's own, 'exact'
-  for 'gnmt' (search on while a live hypothesis could still win) and 'finished' for 'fairseq'
-  (done once ``beam`` hypotheses have finished, as fairseq and CTranslate2)."""
-  if stopping is None:
-    return "finished" if penalty == "fairseq" else "exact"
-  if stopping not in STOPPING:
-    raise ValueError(f"stopping={stopping!r}: must be one of {STOPPING}")
-  return stopping
 
 
 def length_penalty(length, alpha, penalty: str = "gnmt"):
@@ -193,13 +177,6 @@ def _take_beams(x, indices):
   """``x`` ``[batch, beam, ...]``, ``indices`` ``[batch, new]`` -> ``[batch, new, ...]``."""
   idx = indices.reshape(indices.shape + (1,) * (x.ndim - 2))
   return jnp.take_along_axis(x, idx, axis=1)
-
-
-def check_prefix_rule(rule: str) -> str:
-  """``rule`` if it is one of PREFIX_RULES, else ValueError naming it."""
-  if rule not in PREFIX_RULES:
-    raise ValueError(f"prefix_rule={rule!r}: must be one of {PREFIX_RULES}")
-  return rule
 
 
 def _segment_ends(max_len: int, segment: int | None, grow) -> list[int]:

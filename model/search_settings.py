@@ -14,10 +14,31 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from model.search import PENALTIES, STOPPING, check_prefix_rule, stopping_rule
+# Beam search's length penalties, stopping rules and target-prefix rules (model/search.py).
+PENALTIES = ("gnmt", "fairseq")
+STOPPING = ("exact", "finished")  # when a sentence is done
+PREFIX_RULES = ("forced", "ctranslate2")  # how a target prefix counts (model/search.py)
 
 # Marian's search rule (model/marian_beam.py): its own beam, normalisation and length limit.
 MARIAN = "marian"
+
+
+def stopping_rule(penalty: str, stopping: str | None = None) -> str:
+  """The stopping rule beam search follows: `stopping`, or with None the penalty's own, 'exact'
+  for 'gnmt' (search on while a live hypothesis could still win) and 'finished' for 'fairseq'
+  (done once `beam` hypotheses have finished, as fairseq and CTranslate2)."""
+  if stopping is None:
+    return "finished" if penalty == "fairseq" else "exact"
+  if stopping not in STOPPING:
+    raise ValueError(f"stopping={stopping!r}: must be one of {STOPPING}")
+  return stopping
+
+
+def check_prefix_rule(rule: str) -> str:
+  """`rule` if it is one of PREFIX_RULES, else ValueError naming it."""
+  if rule not in PREFIX_RULES:
+    raise ValueError(f"prefix_rule={rule!r}: must be one of {PREFIX_RULES}")
+  return rule
 
 
 def _help(text: str) -> dict:

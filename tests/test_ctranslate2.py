@@ -23,6 +23,7 @@ from core.cpu import usable_cores
 from core.errors import UsageError
 from data.sources import synthetic_pairs
 from inference import ctranslate2_export as ce
+from inference import ctranslate2_translate as ct
 from inference.generator import translate_all
 from inference.restore import load_for_inference
 from model.build import build_model, init_variables
@@ -77,8 +78,8 @@ def _ours(restored, model, texts, **kwargs):
 
 
 def _theirs(restored, translator, texts, **options):
-  pieces = ce.Pieces(restored.vocab)
-  tokens = ce.translate_tokens(translator, [pieces.source(t) for t in texts], **options)
+  pieces = ct.Pieces(restored.vocab)
+  tokens = ct.translate_tokens(translator, [pieces.source(t) for t in texts], **options)
   return [pieces.ids(t) for t in tokens]
 
 
@@ -97,7 +98,7 @@ def test_export_writes_our_vocabulary_start_token_and_source_eos(exported):
   assert config["decoder_start_token"] == "<pad>" == pieces[0]  # targets shifted right with PAD
   assert (config["eos_token"], config["unk_token"]) == (pieces[1], pieces[2])
   assert config["add_source_eos"] is True and config["add_source_bos"] is False
-  assert ce.Pieces(restored.vocab).source("w3 w1 nope") == ["w3", "w1", "<unk>"]
+  assert ct.Pieces(restored.vocab).source("w3 w1 nope") == ["w3", "w1", "<unk>"]
 
 
 @pytest.mark.slow
@@ -145,13 +146,13 @@ def _prefixed(exported, count=120):
   of its first 0-3 words, and a function translating them with CTranslate2's target_prefix."""
   restored, translator = exported.restored, exported.translator
   texts = _sentences(restored, count)
-  pieces = ce.Pieces(restored.vocab)
+  pieces = ct.Pieces(restored.vocab)
   prefixes = [" ".join(t.split()[: i % 4]) for i, t in enumerate(texts)]
   prefix_ids = [restored.vocab.encode(p) for p in prefixes]
   assert sum(map(bool, prefix_ids)) >= count * 2 // 3
 
   def theirs(beam, alpha):
-    tokens = ce.translate_tokens(
+    tokens = ct.translate_tokens(
       translator,
       [pieces.source(t) for t in texts],
       target_prefixes=[pieces.source(p) for p in prefixes],
@@ -220,7 +221,7 @@ def test_every_weight_is_mapped_pre_ln_and_separate_embeddings(tmp_path, pre_ln)
   rng = np.random.default_rng(0)
   sources = [rng.integers(4, vocab, size=int(n)).tolist() for n in rng.integers(2, 12, size=64)]
   ours = translate_all(model, params, [s + [EOS_ID] for s in sources], beam_size=1, max_extra_len=8)
-  theirs = ce.translate_tokens(
+  theirs = ct.translate_tokens(
     translator, [[pieces[i] for i in s] for s in sources], beam_size=1, max_extra_len=8
   )
   index = {p: i for i, p in enumerate(pieces)}

@@ -345,7 +345,7 @@ def test_ctranslate2_converter_translates_as_an_import_following_it(tmp_path):
   ctranslate2 = pytest.importorskip("ctranslate2")
   from ctranslate2.converters import OpusMTConverter
 
-  from inference.ctranslate2_export import translate_tokens
+  from inference.ctranslate2_translate import translate_tokens
 
   variant, seed = VARIANTS["swish-tied"]  # CTranslate2 reads only an unpadded config
   marian_model.write_release(tmp_path / "release", variant, seed)
@@ -370,7 +370,8 @@ def test_our_ctranslate2_export_of_an_import_translates_as_we_do(case, tmp_path)
   CTranslate2-equal search does; Marian's pre-norm decoding (raw_self_keys) is refused."""
   ctranslate2 = pytest.importorskip("ctranslate2")
   from core.errors import UsageError
-  from inference.ctranslate2_export import Pieces, export, translate_texts
+  from inference.ctranslate2_export import export
+  from inference.ctranslate2_translate import Pieces, translate_texts
 
   workdir = case.folder.parent / f"{case.folder.name}-workdir"
   if case.imported.model_options["raw_self_keys"]:

@@ -18,8 +18,6 @@ import pytest
 
 from model import search
 from model.search import (
-  PENALTIES,
-  STOPPING,
   beam_search,
   expand_to_beams,
   gather_beams,
@@ -27,6 +25,7 @@ from model.search import (
   length_penalty,
   sample,
 )
+from model.search_settings import PENALTIES, STOPPING
 from model.top_k import beams_top_k
 from tests.helpers import Compilations
 

@@ -1,7 +1,8 @@
 """Decoding imports only what it needs: decode.py's module and `inference.Translator` import no
 TensorFlow, TFDS, optimizer, plotting, TensorBoard or scoring library, nor the training loop;
 loading a workdir and translating with a Translator neither (checked in a fresh interpreter, by
-its `sys.modules`)."""
+its `sys.modules`). CTranslate2's command line, the peer decoding is timed against, imports no
+JAX or Flax at all."""
 
 import json
 
@@ -39,6 +40,18 @@ def _imported(*steps: str) -> list[list[str]]:
 
 def test_importing_decode_and_the_translator_imports_no_heavy_library():
   assert _imported("import decode\nfrom inference import Translator") == [[]]
+
+
+def test_the_ctranslate2_command_line_imports_no_jax():
+  # The peer's whole-process time must not carry JAX's import (about 0.7 s).
+  out = run_py(
+    "-c",
+    "import json, sys, cli.ctranslate2_translate, inference.ctranslate2_translate\n"
+    "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+    "('jax', 'jaxlib', 'flax', 'optax', 'orbax'))))",
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 @pytest.mark.slow
