@@ -26,6 +26,7 @@ import numpy as np
 from absl import logging
 
 from inference.merged_search import (
+  first_batch_limits,
   merged_translate,
   piece_programs,
   piece_stops,
@@ -70,6 +71,11 @@ class Generator:
     merge: `translate_all` merges the sentences still searching across batches where it can
       (inference/merged_search.py: beam search of one model on one device, no prefix); the same
       outputs, fewer rows searched for sentences already done. False: each batch on its own.
+    cut_first: a merged search's batches hold at most its later pieces' sentences and tokens
+      (`merged_search.LATER_BATCH`, `LATER_TOKENS`), its first pieces too, so that a bigger
+      `tokens_per_batch` searches exactly as the smaller; None: where the parameters are on a
+      CPU (there a bigger first piece steps more rows for its stragglers than its fewer product
+      calls save: docs/experiments.md).
   """
 
   def __init__(
@@ -82,6 +88,7 @@ class Generator:
     segment: int | None = DECODE_SEGMENT,
     programs: Callable | None = None,
     merge: bool = True,
+    cut_first: bool | None = None,
   ):
     num_ids = distribution.useful_num_ids(num_ids, model.config.vocab_size)
     if segment is not None and segment < 1:
@@ -94,7 +101,7 @@ class Generator:
     self.model = model
     self.num_ids = num_ids
     self.ensemble, self.use_cache, self.segment = ensemble, use_cache, segment
-    self.merge = merge
+    self.merge, self.cut_first = merge, cut_first
     self._run = jax.jit(self._search, static_argnums=(4, 5, 6))
     self._lower = jax.jit(self._kept_search, static_argnums=(4, 5, 6)).lower
     self._run_piece = jax.jit(self._piece, static_argnums=(2, 3, 4, 5, 6, 7))
@@ -404,10 +411,14 @@ class Generator:
     done = 0
     if prefixes is not None and not any(len(p) for p in prefixes):
       prefixes = None
-    batches = length_batches(token_lists, tokens_per_batch, batch_multiple, prefixes)
+    merging = self._merging(settings, prefixes, params)
+    max_rows = None
+    if merging and (self.cut_first if self.cut_first is not None else _on_cpu(params)):
+      tokens_per_batch, max_rows = first_batch_limits(tokens_per_batch)
+    batches = length_batches(token_lists, tokens_per_batch, batch_multiple, prefixes, max_rows)
     put = (lambda x: x) if place is None else place
     want = OUTPUTS[2 if token_scores else 1 if scores else 0]
-    if self._merging(settings, prefixes, params):
+    if merging:
       batches = whole_batches_recut(batches, settings.max_extra_len, self.segment)
       placed = [b._replace(inputs=put(b.inputs)) for b in batches]
 
@@ -480,6 +491,12 @@ def _devices(tree) -> set:
   """The devices the `jax.Array` leaves of `tree` are on (none for numpy leaves)."""
   leaves = jax.tree_util.tree_leaves(tree)
   return set().union(*(x.devices() for x in leaves if isinstance(x, jax.Array)))
+
+
+def _on_cpu(params) -> bool:
+  """Whether the parameters are on a CPU (numpy leaves: the default device's platform)."""
+  devices = _devices(params) or set(jax.devices()[:1])
+  return all(d.platform == "cpu" for d in devices)
 
 
 def _at_once(fetch: Callable, calls: list) -> None:

@@ -8,7 +8,10 @@ last sentence is done: the rows a finished sentence would fill are searched for 
 After its first pause a batch's entries go on in batches of at most `LATER_BATCH` sentences and
 `LATER_TOKENS` source tokens, whatever the batch they began in: a bigger batch steps more rows
 for its last straggler, and long sentences' caches outgrow the CPU's caches, so a big first batch
-(the rows its products want) does not make the later stages slower. Within a piece after the
+(the rows its products want) does not make the later stages slower. On a CPU the first pieces
+take that size too (`first_batch_limits`): there a bigger first piece steps more rows for its
+stragglers than its fewer product calls save, so a bigger `tokens_per_batch` searches exactly as
+the default. Within a piece after the
 first pause (and a search in one piece), the steps run over the chunks of sentences still
 searching (model/live_chunks.py), so a straggler no longer steps its whole piece's rows either.
 A sentence gets its own batch's search; where its steps ran over fewer rows than its batch's (a
@@ -85,6 +88,13 @@ def later_shape(shape: tuple) -> tuple:
   its first pause: at most `LATER_BATCH` sentences and `LATER_TOKENS` source tokens (at least
   one sentence)."""
   return (max(1, min(shape[0], LATER_BATCH, LATER_TOKENS // shape[1])), shape[1])
+
+
+def first_batch_limits(tokens_per_batch: int) -> tuple[int, int]:
+  """(source tokens, sentences) a batch holds at most when its first piece takes the later
+  pieces' size (`Generator`'s `cut_first`, on a CPU by default): `tokens_per_batch` capped at
+  `LATER_TOKENS`, and `LATER_BATCH` sentences."""
+  return min(tokens_per_batch, LATER_TOKENS), LATER_BATCH
 
 
 def piece_programs(shape: tuple, stops: list[int]) -> list[tuple]:

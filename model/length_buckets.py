@@ -98,23 +98,24 @@ def length_batches(
   tokens_per_batch: int,
   batch_multiple: int = 1,
   prefixes: Sequence[Sequence[int]] | None = None,
+  max_rows: int | None = None,
 ) -> list[LengthBatch]:
   """Groups sentences of similar length into padded batches, one shape per length bucket.
 
   Sentences are sorted by length and padded to `bucket_length`. A bucket's sentences are cut into
-  as few batches as hold at most `tokens_per_batch // length` rows each (at least
-  `batch_multiple`); all of them get the same row count: the bucket's sentences spread over them,
-  rounded up by `round_rows` and to a multiple of `batch_multiple` (never above that limit). The
-  last batch's spare rows repeat its last sentence, so they stop when it does. `prefixes` (one
-  per sentence) go with their sentences, all `prefix_width` wide.
+  as few batches as hold at most `tokens_per_batch // length` rows each, and at most `max_rows`
+  (at least `batch_multiple`); all of them get the same row count: the bucket's sentences spread
+  over them, rounded up by `round_rows` and to a multiple of `batch_multiple` (never above that
+  limit). The last batch's spare rows repeat its last sentence, so they stop when it does.
+  `prefixes` (one per sentence) go with their sentences, all `prefix_width` wide.
 
   Returns:
     the batches; concatenating their `indices` gives every sentence index once.
   """
-  if tokens_per_batch < 1 or batch_multiple < 1:
+  if tokens_per_batch < 1 or batch_multiple < 1 or (max_rows is not None and max_rows < 1):
     raise ValueError(
-      f"length_batches: tokens_per_batch ({tokens_per_batch}) and batch_multiple "
-      f"({batch_multiple}) must be positive"
+      f"length_batches: tokens_per_batch ({tokens_per_batch}), batch_multiple "
+      f"({batch_multiple}) and max_rows ({max_rows}) must be positive"
     )
   if prefixes is not None and len(prefixes) != len(token_lists):
     raise ValueError(f"length_batches: {len(prefixes)} prefixes for {len(token_lists)} sentences")
@@ -125,7 +126,8 @@ def length_batches(
   batches = []
   for length in np.unique(buckets):
     members = order[buckets == length]
-    limit = max(batch_multiple, tokens_per_batch // length // batch_multiple * batch_multiple)
+    limit = min(tokens_per_batch // length, max_rows or tokens_per_batch)
+    limit = max(batch_multiple, limit // batch_multiple * batch_multiple)
     count = -(-len(members) // limit)
     groups = round_rows(-(-len(members) // (count * batch_multiple)))
     rows = min(limit, groups * batch_multiple)

@@ -229,6 +229,14 @@ def test_length_batches_cover_every_sentence_once():
       assert b.inputs[row].tolist() == lists[i] + [0] * (length - len(lists[i]))
   # One shape per length bucket (32, 128).
   assert len({b.inputs.shape for b in batches}) == 2, [b.inputs.shape for b in batches]
+  # max_rows caps the rows as a smaller tokens_per_batch would: the same batches.
+  capped = length_buckets.length_batches(lists * 9, tokens_per_batch=4096, max_rows=4)
+  small = length_buckets.length_batches(lists * 9, tokens_per_batch=4 * 32)
+  of = lambda batches, width: [
+    (b.indices.tolist(), b.inputs.tolist()) for b in batches if b.inputs.shape[1] == width
+  ]
+  assert {b.inputs.shape for b in capped} == {(4, 32), (3, 128)}  # 90 and 9 sentences
+  assert of(capped, 32) == of(small, 32)
   assert [length_buckets.bucket_length(n) for n in (0, 8, 32, 33, 64, 65, 100)] == [
     32,
     32,

@@ -258,7 +258,8 @@ def test_pieces_are_searched_while_later_programs_are_fetched(tiny, tmp_path, mo
   """The piece programs are fetched (here compiled) one after another in the order the pieces
   first need them, while the pieces whose programs are ready are searched: the first piece is
   searched before the last stage's program is fetched (a fetch waits up to 30 s for it), and
-  every program is fetched by the time translate_all returns."""
+  every program is fetched by the time translate_all returns. On a CPU the batches of 8 are cut
+  to the later pieces' 4 from the first piece on."""
   from inference import generator as generator_module
 
   model, params = tiny
@@ -289,15 +290,17 @@ def test_pieces_are_searched_while_later_programs_are_fetched(tiny, tmp_path, mo
   generator.translate_all(params, sentences, settings, tokens_per_batch=8 * 32)
   fetched = [e for e in events if e.startswith("int32")]
   stages = ["0-4", "4-8", "8-16", "16-32", "32-36"]
-  assert fetched == [f"int32[{8 if s == '0-4' else 4},32], steps {s}" for s in stages], events
+  assert fetched == [f"int32[4,32], steps {s}" for s in stages], events
   assert events.index("searched 0-4") < events.index(fetched[-1]), events
   assert store.compiled == len(stages)
 
 
 def test_later_stages_go_on_in_smaller_batches(tiny, monkeypatch):
   """After the first pause, entries of batches of 8 go on in pieces of at most LATER_BATCH
-  sentences and LATER_TOKENS source tokens (their first piece at the batch's own shape); every
-  sentence gets its batch's outputs, and smaller later pieces search fewer rows x steps."""
+  sentences and LATER_TOKENS source tokens (their first piece at the batch's own shape, with
+  `cut_first=False`); every sentence gets its batch's outputs, and smaller later pieces search
+  fewer rows x steps. On a CPU (`cut_first` None) the first pieces take the later size too: the
+  search of batches of 8 is the search of batches of that size, and the same translations."""
   from inference import generator as generator_module
 
   model, params = tiny
@@ -321,11 +324,21 @@ def test_later_stages_go_on_in_smaller_batches(tiny, monkeypatch):
     monkeypatch.setattr(merged_search, "LATER_BATCH", later_batch)
     monkeypatch.setattr(merged_search, "LATER_TOKENS", later_tokens)
     shapes.clear()
-    generator = Generator(model, segment=SEGMENT)
+    generator = Generator(model, segment=SEGMENT, cut_first=False)
     found = generator.translate_all(params, sentences, settings, **options)
     assert _nested(found) == _nested(expected)
     assert {s for s, start in shapes if start == 0} == {(8, 32)}
     assert {s for s, start in shapes if start > 0} == {(later, 32)}
     rows.append(generator.rows_searched)
+    shapes.clear()
+    on_cpu = Generator(model, segment=SEGMENT)
+    found = on_cpu.translate_all(params, sentences, settings, **options)
+    assert {s for s, _ in shapes} == {(later, 32)}
+    small = Generator(model, segment=SEGMENT, cut_first=False)
+    cut = small.translate_all(
+      params, sentences, settings, **dict(options, tokens_per_batch=later * 32)
+    )
+    assert _nested(found) == _nested(cut) and on_cpu.rows_searched == small.rows_searched
+    assert [x[0] for x in _nested(found)] == [x[0] for x in _nested(expected)]  # texts
   assert {needed for _, needed in rows} == {alone.rows_searched[1]}
   assert rows[0][0] > rows[1][0] == rows[2][0]
