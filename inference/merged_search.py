@@ -1,9 +1,10 @@
 """`Generator.translate_all`'s beam search with the sentences still searching merged across
 batches: each length batch is searched in pieces (model/beam_pieces.py) paused at the cache's
-segment ends (steps 16, 32, 64, ... by default); at a pause its finished sentences are taken,
-and the entries still searching in batches that have finished ones wait until a whole piece of
-them (same shape, same step) can go on together. A batch no longer steps all its rows until its
-last sentence is done: the rows a finished sentence would fill are searched for another.
+segment ends up to its source width (steps 16, 32, ... by default; `piece_stops`); at a pause
+its finished sentences are taken, and the entries still searching in batches that have finished
+ones wait until a whole piece of them (same shape, same step) can go on together. A batch no
+longer steps all its rows until its last sentence is done: the rows a finished sentence would
+fill are searched for another.
 
 After its first pause a batch's entries go on in batches of at most `LATER_BATCH` sentences and
 `LATER_TOKENS` source tokens, whatever the batch they began in: a bigger batch steps more rows
@@ -51,11 +52,14 @@ LATER_TOKENS = 512
 def piece_stops(shape: tuple, max_len: int, segment: int | None, sentences: int) -> list[int]:
   """Where the pieces of the batches of `shape` (inputs [sentences, src_len]) holding
   `sentences` sentences in all, searched to output width `max_len` (a cache growing from
-  `segment` positions), pause, then `max_len`; in one piece when the sentences fill fewer than
-  `MIN_PIECES` later pieces (whatever batches they were cut into)."""
+  `segment` positions), pause, then `max_len`: at the cache's segment ends up to `src_len`, the
+  padded source length, which few outputs outrun (a later pause would merge few entries for a
+  program more to compile and read back; the last piece runs one loop to `max_len`,
+  `search.segmented_loop`); in one piece when the sentences fill fewer than `MIN_PIECES` later
+  pieces (whatever batches they were cut into)."""
   if math.ceil(sentences / later_shape(shape)[0]) < MIN_PIECES:
     return [max_len]
-  return search.pause_steps(max_len, segment) + [max_len]
+  return [p for p in search.pause_steps(max_len, segment) if p <= shape[1]] + [max_len]
 
 
 def whole_batches_recut(batches: list, max_extra_len: int, segment: int | None) -> list:

@@ -203,13 +203,18 @@ def segmented_loop(cond, body, state, max_len, segment, grow, start: int = 0, un
   steps. ``start``, ``until`` (static): only the segments after step ``start`` up to step
   ``until`` (segment ends, or 0 and ``max_len``; any steps without ``grow``; None: ``max_len``),
   for a search run in pieces (``beam_resume``): the cache then holds ``start`` positions (all
-  ``max_len`` without ``grow``)."""
+  ``max_len`` without ``grow``). A piece from a pause to ``max_len`` grows the cache to every
+  position at once and runs one loop, whatever segment ends it spans: a search's last piece,
+  which few sentences reach, compiles one loop."""
   ends = _segment_ends(max_len, segment, grow)
   until = max_len if until is None else until
   if grow is None and (start, until) != (0, max_len):  # nothing to grow: pause anywhere
     return lax.while_loop(lambda s: cond(s) & (s.t < until), body, state)
   if until not in ends or (start and start not in ends):
     raise ValueError(f"search: steps {start}..{until} do not fall on the segment ends {ends}")
+  if start and until == max_len:  # a last piece: all its positions at once, one loop
+    state = state._replace(cache=grow(state.cache, max_len - start))
+    return lax.while_loop(lambda s: cond(s) & (s.t < max_len), body, state)
   for i, end in enumerate(ends):
     if end <= start or end > until:
       continue

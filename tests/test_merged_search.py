@@ -112,6 +112,30 @@ def test_a_search_in_pieces_is_generates_search_to_the_last_bit(tiny, name):
     assert _equal([x[row] for x in _arrays(last)], [x[r] for x in _arrays(expected[b][0])])
 
 
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_a_last_piece_across_segment_ends_is_one_loop(tiny, name):
+  """A piece resumed at the first pause and searched to MAX_LEN, across a later segment end,
+  grows its cache to every position at once and runs one loop (one program's loop, not one per
+  segment): `generate`'s ids and step counts, the scores to a few units in the last place (the
+  attention sums over more positions, masked)."""
+  model, params = tiny
+  settings, outputs = SETTINGS[name]
+  begin, resume, pauses = _pieces(model, settings, outputs)
+  x = padded(SOURCES[:4])
+  found, steps = generate(
+    model, params, x, None, settings, MAX_LEN, outputs, segment=SEGMENT, count_steps=True
+  )
+  piece, _ = begin(params, x, pauses[0])
+  hlo = resume.lower(params, piece, pauses[0], MAX_LEN).as_text()
+  assert hlo.count("stablehlo.while") == 1
+  piece, last = resume(params, piece, pauses[0], MAX_LEN)
+  np.testing.assert_array_equal(piece.state.searched, steps)
+  got, want = _arrays(last), _arrays(found)
+  np.testing.assert_array_equal(got[0], want[0])
+  for a, b in zip(got[1:], want[1:], strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
 def test_a_recurrent_model_pauses_without_growing(tiny):
   """A model whose cache has no buffers to grow (recurrent state) pauses at the same steps."""
   from configs.common import base_config
@@ -191,7 +215,8 @@ def test_few_batches_of_a_shape_are_searched_whole(tiny, name, monkeypatch):
   stops, least = merged_search.piece_stops, merged_search.MIN_PIECES
   assert stops((16, 32), 82, 16, 16 * (least - 1)) == [82]  # later pieces of 16 sentences
   assert stops((64, 32), 82, 16, 16 * (least - 1)) == [82]  # however the batches were cut
-  assert stops((16, 32), 82, 16, 16 * (least - 1) + 1) == [16, 32, 64, 82]
+  assert stops((16, 32), 82, 16, 16 * (least - 1) + 1) == [16, 32, 82]  # none past the source
+  assert stops((16, 64), 114, 16, 16 * least) == [16, 32, 64, 114]
   assert stops((4, 128), 178, 16, 4 * least) == [16, 32, 64, 128, 178]  # later pieces of 4
   model, params = tiny
   settings, outputs = SETTINGS[name]
