@@ -355,15 +355,13 @@ def test_later_stages_go_on_in_smaller_batches(tiny, monkeypatch):
     assert {s for s, start in shapes if start == 0} == {(8, 32)}
     assert {s for s, start in shapes if start > 0} == {(later, 32)}
     rows.append(generator.rows_searched)
-    shapes.clear()
-    on_cpu = Generator(model, segment=SEGMENT)
-    found = on_cpu.translate_all(params, sentences, settings, **options)
-    assert {s for s, _ in shapes} == {(later, 32)}
-    small = Generator(model, segment=SEGMENT, cut_first=False)
-    cut = small.translate_all(
-      params, sentences, settings, **dict(options, tokens_per_batch=later * 32)
-    )
-    assert _nested(found) == _nested(cut) and on_cpu.rows_searched == small.rows_searched
-    assert [x[0] for x in _nested(found)] == [x[0] for x in _nested(expected)]  # texts
   assert {needed for _, needed in rows} == {alone.rows_searched[1]}
   assert rows[0][0] > rows[1][0] == rows[2][0]
+  shapes.clear()  # the last setting (later pieces of 2) on a CPU: batches of 2 from the start
+  on_cpu = Generator(model, segment=SEGMENT)
+  found = on_cpu.translate_all(params, sentences, settings, **options)
+  assert {s for s, _ in shapes} == {(2, 32)}
+  small = Generator(model, segment=SEGMENT, cut_first=False)
+  cut = small.translate_all(params, sentences, settings, **dict(options, tokens_per_batch=2 * 32))
+  assert _nested(found) == _nested(cut) and on_cpu.rows_searched == small.rows_searched
+  assert [x[0] for x in _nested(found)] == [x[0] for x in _nested(expected)]  # texts
