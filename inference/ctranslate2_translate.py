@@ -7,9 +7,7 @@ serving path on CPUs, no JAX involved (the command line: cli/ctranslate2_transla
     texts = translate_texts(translator, pieces, lines, **options)
 
 The export directory holds the vocabulary (vocab.model) beside CTranslate2's files, so it is all
-this needs. CTranslate2 searches as our `length_penalty='fairseq'`: the best of `beam_size`
-hypotheses by logp / len^alpha, a sentence done once `beam_size` have finished, at most (source
-tokens + EOS + `max_extra_len`) tokens; `search_options` refuses the settings it cannot honour.
+this needs; `search_options` refuses the settings CTranslate2 cannot search as we do.
 
 Lengths: ours stops a sentence at (source tokens with EOS + max_extra_len) tokens, EOS included;
 CTranslate2's `max_decoding_length` counts tokens without EOS and applies to a whole batch
@@ -169,12 +167,12 @@ def translate_tokens(
   **options,
 ) -> list[list[str]]:
   """The best hypothesis of each source (token lists, `Pieces.source`) from
-    `translator.translate_batch(..., **options)`, with our per-sentence length limit: sentences of
-    one length are translated together, at that length's `max_decoding_length` (all lengths queued
+  `translator.translate_batch(..., **options)`, with our per-sentence length limit: sentences of
+  one length are translated together, at that length's `max_decoding_length` (all lengths queued
   at once, so a translator with several replicas, `inter_threads`, translates them side by side;
-  each sentence's translation is the same either way); an empty
-    translation is allowed (min_decoding_length 0), as in ours. `target_prefixes`: a token list
-    per source (empty: none), CTranslate2's `target_prefix`. Input order."""
+  each sentence's translation is the same either way); an empty translation is allowed
+  (min_decoding_length 0), as in ours. `target_prefixes`: a token list per source (empty: none),
+  CTranslate2's `target_prefix`. Input order."""
   options.setdefault("min_decoding_length", 0)  # CTranslate2's default 1 forbids EOS first
   options.setdefault("max_input_length", 0)  # no truncation (its default: 1024 tokens)
   by_length: dict[int, list[int]] = {}

@@ -14,10 +14,9 @@ take that size too (`first_batch_limits`): there a bigger first piece steps more
 stragglers than its fewer product calls save, so a bigger `tokens_per_batch` searches exactly as
 the default. Within a piece after the first pause (and a search in one piece), the steps run
 over the chunks of sentences still searching (model/live_chunks.py), so a straggler no longer
-steps its whole piece's rows either.
-A sentence gets its own batch's search; where its steps ran over fewer rows than its batch's (a
-chunk, a smaller later piece), XLA:CPU's products may round its scores differently in the last
-bits (docs/experiments.md).
+steps its whole piece's rows either. A sentence gets its own batch's search; where its steps ran
+over fewer rows than its batch's (a chunk, a smaller later piece), XLA:CPU's products may round
+its scores differently in the last bits (docs/experiments.md).
 
 Streaming, not batch by batch: `parallel_batches` pieces run at any time and one more waits for
 the first thread to be free (each piece ends in host work before the next is chosen); a freed

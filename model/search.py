@@ -92,11 +92,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from model import distribution
-from model.search_settings import (
-  PENALTIES,
-  check_prefix_rule,
-  stopping_rule,
-)
+from model.search_settings import PENALTIES, check_prefix_rule, stopping_rule
 from model.special_tokens import EOS_ID, PAD_ID
 from model.token_step import (
   Tokens,
