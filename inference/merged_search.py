@@ -22,7 +22,8 @@ Streaming, not batch by batch: `parallel_batches` pieces run at any time and one
 the first thread to be free (each piece ends in host work before the next is chosen); a freed
 place goes to a full group of waiting entries (the latest pause first), else to the next batch;
 once every batch has begun, a group that no piece in flight can add to goes on as it is, its
-spare rows repeating its last entry. A waiting entry is a host copy of its own rows only. One
+spare rows a copy of its last entry marked done (`beam_pieces.spare`: the steps over the
+sentences still searching leave them out). A waiting entry is a host copy of its own rows only. One
 piece at a time (`parallel_batches` 1), the pieces are taken in the order they began, so every
 run groups the same entries (the rows searched are the same); with more, in the order they end.
 """
@@ -164,9 +165,9 @@ def merged_translate(
       key = max(ready, key=lambda k: k[2])
     size = key[0][0]
     group, waiting[key] = waiting[key][:size], waiting[key][size:]
-    group += [group[-1]] * (size - len(group))
-    picked = beam_pieces.join([one for one, _ in group])
-    submit(picked, *key, _owners(group))
+    entries = [one for one, _ in group]
+    entries += [beam_pieces.spare(entries[-1])] * (size - len(group))
+    submit(beam_pieces.join(entries), *key, [i for _, i in group] + [None] * (size - len(group)))
     return True
 
   try:
@@ -201,13 +202,3 @@ def merged_translate(
   finally:
     pool.shutdown(cancel_futures=True)
   return computed, needed
-
-
-def _owners(group: list) -> list:
-  """The sentence of each row of a group's piece: None for the rows that repeat its last entry
-  (their outputs are not taken)."""
-  owners, seen = [], set()
-  for _, i in group:
-    owners.append(None if i in seen else i)
-    seen.add(i)
-  return owners

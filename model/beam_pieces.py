@@ -215,6 +215,16 @@ def entry(piece: BeamPiece, row: int) -> BeamPiece:
   return jax.tree_util.tree_map(one, piece)
 
 
+def spare(one: BeamPiece) -> BeamPiece:
+  """A one-entry piece (`entry`'s) that fills a row of a joined piece without searching: a copy
+  of `one` marked done with every finished slot taken, so a step over the sentences still
+  searching leaves it out (model/live_chunks.py) and a whole step's loop ends without it. Its
+  outputs mean nothing."""
+  state = one.state
+  done, flags = np.ones_like(state.done), np.ones_like(state.fin_flags)
+  return one._replace(state=state._replace(done=done, fin_flags=flags))
+
+
 def join(entries: list) -> BeamPiece:
   """One piece of the one-entry pieces `entries` (`entry`'s), all paused at the same step and
   from batches of one shape, in that order."""

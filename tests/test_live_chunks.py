@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from inference.generator import Generator
-from model import live_chunks
+from model import beam_pieces, live_chunks
 from model.generate import generate
 from tests.test_generate import SOURCES, padded
 from tests.test_merged_search import (
@@ -136,3 +136,29 @@ def test_bfloat16_steps_the_whole_batch(tiny, monkeypatch):
     counts.append((np.asarray(piece.state.computed), int(piece.state.t)))
   (bf16, t16), (f32, t32) = counts
   assert np.all(bf16 == t16) and np.any(f32 < t32)
+
+
+def test_spare_entries_of_a_joined_piece_are_not_stepped(tiny, monkeypatch):
+  """A joined piece's spare rows (`beam_pieces.spare`: copies of its last entry marked done) are
+  left out of the steps over the sentences still searching: the real entry's search is the one it
+  gets beside copies of itself that search, and the spare rows compute no step."""
+  model, params = tiny
+  settings, outputs = SETTINGS["gnmt-exact"]
+  monkeypatch.setattr(live_chunks, "CHUNK_ROWS", settings.beam_size)  # chunks of one sentence
+  begin, resume, _ = _pieces(model, settings, outputs)
+  first, _ = begin(params, padded(SOURCES), 4)
+  host = jax.tree_util.tree_map(np.asarray, first)
+  row = int(np.flatnonzero(~host.state.done)[0])  # a sentence still searching at the pause
+  one = beam_pieces.entry(host, row)
+  spares = beam_pieces.join([one] + [beam_pieces.spare(one)] * 3)
+  copies = beam_pieces.join([one] * 4)
+  found = []
+  for piece in (spares, copies):
+    piece, last = resume(params, piece, 4, MAX_LEN)
+    found.append(([a[:1] for a in _arrays(last)], piece.state))
+  (ours, state), (theirs, searching) = found
+  _same_search(ours, theirs)
+  assert int(state.searched[0]) == int(searching.searched[0])
+  before = int(one.state.computed[0])
+  assert np.all(np.asarray(state.computed[1:]) == before)  # the spare rows: no step
+  assert np.all(np.asarray(searching.computed[1:]) > before)
