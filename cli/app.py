@@ -31,7 +31,6 @@ import sys
 from collections.abc import Callable
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from cli.exit import ending_line, exit_now
 from core import ending, errors, logs
@@ -65,6 +64,8 @@ def check_flag(name: str, rule: Rule, flag_values: flags.FlagValues = flags.FLAG
 def define_config(flag_values=flags.FLAGS):
   """Defines `--config` (a configs/*.py file, fields overridable as --config.<field>=<value>) and
   `--show_config`; returns the config's flag holder."""
+  from ml_collections import config_flags  # train.py's and bench.py's: decode.py runs without
+
   holder = config_flags.DEFINE_config_file(
     "config",
     None,
@@ -96,6 +97,8 @@ def load_config(holder=None):
 
 
 def _config_path() -> str:
+  from ml_collections import config_flags
+
   return config_flags.get_config_filename(flags.FLAGS["config"])
 
 

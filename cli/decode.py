@@ -17,7 +17,6 @@ from cli.files import check_lines, check_writable, iter_lines, read_aligned, rea
 from cli.search_flags import define_search_flags, search_fields
 from core.errors import UsageError
 from core.rules import Int
-from data.sources import load_split
 from inference.phases import Phases
 from inference.translator import DTYPES, OPTION_RULES, Translator
 from model.search_settings import SearchSettings
@@ -306,6 +305,8 @@ def _load(phases: Phases) -> Translator:
 
 def _split_texts(translator: Translator, prefixes) -> tuple[list[str], list[str]]:
   """(sources, references) of --split, from the workdir's dataset."""
+  from data.sources import load_split  # a dataset's readers: not imported to translate a file
+
   try:
     pairs, _ = load_split(translator.config.data, FLAGS.split)
   except (ValueError, FileNotFoundError) as e:

@@ -22,7 +22,6 @@ arenas).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import importlib.metadata
 import importlib.util
 import os
@@ -81,9 +80,8 @@ def keep_freed_memory(environ=os.environ, single_arena: bool = True) -> bool:
   docs/experiments.md, "Host memory")."""
   if user_settings(environ):
     return False
-  name = ctypes.util.find_library("c")
   try:
-    libc = ctypes.CDLL(name)
+    libc = ctypes.CDLL(None)  # the process's own symbols: its C library's among them
     mallopt = libc.mallopt
     _ = libc.gnu_get_libc_version  # glibc only: musl and macOS have no such function
   except (OSError, AttributeError, TypeError):
