@@ -16,8 +16,10 @@ min_decoding_length of 1 would forbid an empty translation (passed as 0 here).
 
 Beam search: CTranslate2 (4.8) scores a finished hypothesis logp / len**length_penalty, len
 counting its EOS (`return_end_token` changes only what is returned), and stops a sentence as soon
-as beam_size * patience hypotheses have finished: our search with `length_penalty='fairseq'`
-(`decode.py --length_penalty=fairseq`, patience 1) does the same and gives the same translations.
+as beam_size * patience hypotheses have finished, and at the length limit finishes the top
+beam_size candidates of the last step with their last token: our search with
+`length_penalty='fairseq'` (`decode.py --length_penalty=fairseq`, patience 1) does the same and
+gives the same translations.
 Our default, GNMT's logp / ((5 + len) / 6)**alpha searching on while a live hypothesis could still
 win (model/search.py), agrees with it at alpha = length_penalty = 0 and greedily.
 """

@@ -36,7 +36,8 @@ and result (``beam_advance``, ``beam_best``) with every sentence at its own step
 ``max_lens`` (optional, ``[batch]`` int): per-sentence maximum number of
 generated tokens *including* EOS. At step ``t`` (0-based) a sentence with
 ``t + 1 >= max_lens`` is forced to emit EOS, so its row has at most
-``max_lens`` non-PAD tokens, the last being EOS. Values above ``max_len`` have
+``max_lens`` non-PAD tokens, the last being EOS (beam search with the 'fairseq' penalty ends
+one step earlier, its last tokens not always EOS: below). Values above ``max_len`` have
 no effect (the global ``max_len`` truncates without EOS); values below 1 act as 1.
 
 ``prefix`` (optional, ``[batch, P]`` int32): a target prefix per sentence, its tokens then PAD
@@ -79,7 +80,11 @@ hypothesis might still reach, so a large ``alpha`` does not keep every sentence 
 its length limit ('exact' would: under ``len ** alpha`` a longer hypothesis gains more). Either
 rule works with either penalty; 'finished' stops no later than 'exact' and returns the finished
 set 'exact' held at that step (which 'exact' can only improve on). The two penalties agree at
-``alpha=0``.
+``alpha=0``. At its length limit a sentence ends as CTranslate2 ends it under this penalty: at
+its last step with a token to choose (``t + 2 >= max_lens``) every candidate within the top
+``beam`` finishes, EOS or not (one without EOS has ``len = t + 1`` tokens), and the sentence is
+done; no EOS is forced after it, whose free step would make a longer ``len`` (under
+``len ** alpha``) of the same ``logp``.
 """
 
 from __future__ import annotations
@@ -428,12 +433,14 @@ def _candidates(s: _BeamState, logp, eos_id: int, prefix, keep: bool) -> _Candid
   return _Candidates(vals, src, tok, seqs, tokp, is_eos, dropped)
 
 
-def _finish(s: _BeamState, c: _Candidates, lp_now):
+def _finish(s: _BeamState, c: _Candidates, lp_now, last=None):
   """The finished set after a step: EOS candidates among the top ``beam`` (scored by ``lp_now``,
-  the length penalty at this step's length), merged with ``s``'s; the best ``beam`` kept.
+  the length penalty at this step's length), and every one of them in the entries at their
+  ``last`` step ([batch] bool, or None), merged with ``s``'s; the best ``beam`` kept.
   Returns (scores, flags, seqs, per-token log-probabilities or None)."""
   k = s.tok.shape[1]
-  new_fin = c.is_eos[:, :k] & (c.logp[:, :k] > NEG_INF) & ~s.done[:, None]
+  ends = c.is_eos[:, :k] if last is None else c.is_eos[:, :k] | last[:, None]
+  new_fin = ends & (c.logp[:, :k] > NEG_INF) & ~s.done[:, None]
   new_scores = jnp.where(new_fin, c.logp[:, :k] / lp_now, NEG_INF)
   all_scores = jnp.concatenate([s.fin_scores, new_scores], axis=1)
   all_flags = jnp.concatenate([s.fin_flags, new_fin], axis=1)
@@ -495,8 +502,11 @@ def beam_advance(
     logits, t, max_lens=max_lens, prefix=prefix, keep=keep, eos_id=eos_id, beam=k
   )
   c = _candidates(s, logp, eos_id, prefix, keep)
+  last = None  # the 'fairseq' penalty's entries at their last step: CTranslate2's rule
+  if penalty == "fairseq" and max_lens is not None:
+    last = jnp.broadcast_to(t + 2 >= jnp.asarray(max_lens, jnp.int32), (b,))
   fin_scores, fin_flags, fin_seqs, fin_tokp = _finish(
-    s, c, _per_entry(length_penalty(t + 1, alpha, penalty))
+    s, c, _per_entry(length_penalty(t + 1, alpha, penalty)), last
   )
   live_logp, pick = _live(c, k)
   tracked = {}
@@ -509,6 +519,8 @@ def beam_advance(
   lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
   rule = stopping_rule(penalty, stopping)
   stop = _stops(live_logp, fin_scores, fin_flags, t, lmax, alpha, penalty, rule)
+  if last is not None:
+    stop = stop | last
   state = _BeamState(
     t + 1,
     jnp.take_along_axis(c.tok, pick, axis=1),

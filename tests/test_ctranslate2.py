@@ -141,6 +141,21 @@ def test_beam_search_with_the_fairseq_length_penalty_equals_ours(exported, alpha
   assert theirs == ours
 
 
+def test_the_fairseq_penalty_at_the_length_limit_equals_ctranslate2(exported):
+  """Alpha 1 with many sentences reaching the length limit: CTranslate2 finishes the top
+  `beam_size` candidates of a sentence's last step whether they end in EOS or not, each divided
+  by its own length; our search with the fairseq penalty does the same (not an EOS forced one
+  step later), so the translations agree."""
+  restored, model, translator = exported.restored, exported.model, exported.translator
+  texts = _sentences(restored)
+  how = dict(beam_size=4, max_extra_len=2)
+  ours = _ours(restored, model, texts, alpha=1.0, length_penalty="fairseq", **how)
+  theirs = _theirs(restored, translator, texts, length_penalty=1.0, **how)
+  assert theirs == ours
+  limited = sum(len(o) == len(t.split()) + 2 for o, t in zip(ours, texts))
+  assert limited > 10
+
+
 def _prefixed(exported, count=120):
   """(texts, prefix ids, CTranslate2's target prefixes) of `count` sentences, each with a prefix
   of its first 0-3 words, and a function translating them with CTranslate2's target_prefix."""
