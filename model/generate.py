@@ -42,8 +42,9 @@ class NBest(NamedTuple):
   """One sentence's hypotheses as the search found them, best first: `ids` each's tokens (no
   EOS, no PAD); `scores` [n] float32 the search's own scores (beam search's log-probability
   over the length penalty, greedy search's and sampling's log-probability; an EOS forced at the
-  length limit costs 0); `token_scores` each's per-token log-probabilities, EOS last (None
-  unless asked for)."""
+  length limit costs 0); `token_scores` each's per-token log-probabilities, EOS last (but for a
+  beam search's hypothesis that the 'fairseq' penalty ended at its length limit, model/search.py;
+  None unless asked for)."""
 
   ids: list[np.ndarray]
   scores: np.ndarray

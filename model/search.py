@@ -58,8 +58,8 @@ Beam search (``beam_search``, ``beam_advance``):
 Scoring: a hypothesis of ``len`` generated tokens, *counting its EOS*, with summed
 log-probability ``logp`` scores ``logp / ((5 + len) / 6) ** alpha``. E.g. ``[a, b, EOS]``
 has ``len = 3``; a hypothesis forced to finish by ``max_lens`` counts the forced EOS,
-which itself costs log-prob 0. A hypothesis still live at ``max_len`` (no EOS) has
-``len = max_len``.
+which itself costs log-prob 0 (the 'fairseq' penalty ends a step earlier: below). A hypothesis
+still live at ``max_len`` (no EOS) has ``len = max_len``.
 
 Each step expands every live beam over the vocabulary and takes the top ``2*beam``
 candidates. EOS candidates ranked within the top ``beam`` (i.e. ones that would occupy
@@ -71,8 +71,10 @@ it can still get (at most ``min(max_lens, max_len)`` tokens) cannot beat the wor
 score, or once no live beam is left; with 'finished' (fairseq's default) as soon as ``beam``
 hypotheses have finished (or no live beam is left). With ``beam_size == 1`` an entry is done
 as soon as its hypothesis finishes, so the result equals ``greedy_search`` exactly for any
-``alpha``. The loop ends when every entry is done or at ``max_len``; an entry with fewer than
-``beam`` finished hypotheses is then filled with the best live ones (scored as above).
+``alpha`` (with the 'fairseq' penalty, but for the EOS greedy search forces after a sentence's
+length limit: see below). The loop ends when every entry is done or at ``max_len``; an entry
+with fewer than ``beam`` finished hypotheses is then filled with the best live ones (scored as
+above).
 
 ``penalty='fairseq'`` scores ``logp / len ** alpha`` (``len`` counting the EOS) and by default
 stops by 'finished', as fairseq and CTranslate2 (patience 1) decide: no bound on what a live

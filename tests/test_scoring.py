@@ -364,8 +364,9 @@ def test_bad_input_is_one_line_naming_the_argument(sources, targets, options, me
 def _rescored(model, params, inputs, found, settings, num_ids, ensemble):
   """Each hypothesis' score recomputed independently, in a second pass: each hypothesis (EOS
   appended) scored teacher-forced under the searches' distribution, its
-  EOS made free when it sits at the sentence's length limit, the log-probability summed and,
-  in beam search, divided by the length penalty's formula."""
+  EOS made free when it sits at the sentence's length limit (beam search with the fairseq
+  penalty: no EOS there, the hypothesis ends with its last token), the log-probability summed
+  and, in beam search, divided by the length penalty's formula."""
   pairs = [(i, ids) for i, nbest in enumerate(found) for ids in nbest.ids]
   targets = np.zeros((len(pairs), max(len(ids) for _, ids in pairs) + 1), np.int32)
   for row, (_, ids) in enumerate(pairs):
@@ -379,6 +380,8 @@ def _rescored(model, params, inputs, found, settings, num_ids, ensemble):
     logp = token_logp[row, :length].copy()
     if length >= np.sum(sources[row] != PAD_ID) + settings.max_extra_len:
       logp[-1] = 0.0  # forced at the limit: free
+      if settings.beam_size > 1 and settings.length_penalty == "fairseq":
+        length, logp = length - 1, logp[:-1]  # ended at its last step, CTranslate2's rule
     alpha = settings.alpha
     if settings.sampling or settings.beam_size == 1:
       divisor = 1.0
