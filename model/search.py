@@ -504,9 +504,10 @@ def beam_advance(
     logits, t, max_lens=max_lens, prefix=prefix, keep=keep, eos_id=eos_id, beam=k
   )
   c = _candidates(s, logp, eos_id, prefix, keep)
+  limits = None if max_lens is None else jnp.asarray(max_lens, jnp.int32)
   last = None  # the 'fairseq' penalty's entries at their last step: CTranslate2's rule
-  if penalty == "fairseq" and max_lens is not None:
-    last = jnp.broadcast_to(t + 2 >= jnp.asarray(max_lens, jnp.int32), (b,))
+  if penalty == "fairseq" and limits is not None:
+    last = jnp.broadcast_to(t + 2 >= limits, (b,))
   fin_scores, fin_flags, fin_seqs, fin_tokp = _finish(
     s, c, _per_entry(length_penalty(t + 1, alpha, penalty)), last
   )
@@ -518,7 +519,7 @@ def beam_advance(
     tracked["searched"] = s.searched + (~s.done).astype(jnp.int32)
   if s.computed is not None:
     tracked["computed"] = s.computed + 1
-  lmax = max_len if max_lens is None else jnp.minimum(jnp.asarray(max_lens, jnp.int32), max_len)
+  lmax = max_len if limits is None else jnp.minimum(limits, max_len)
   rule = stopping_rule(penalty, stopping)
   stop = _stops(live_logp, fin_scores, fin_flags, t, lmax, alpha, penalty, rule)
   if last is not None:
