@@ -358,6 +358,24 @@ def encode_source(
   return tokens[: max_len - 1] + [EOS_ID], len(tokens) + 1 > max_len
 
 
+def warn_cut(lines: Sequence[int], count: int, max_len: int, limit: int = 20) -> None:
+  """Logs which of `count` sources, by line number (`lines`), `encode_source` cut to `max_len`;
+  nothing when none was."""
+  if not lines:
+    return
+  shown = ", ".join(map(str, lines[:limit]))
+  more = f" and {len(lines) - limit} more" if len(lines) > limit else ""
+  logging.warning(
+    "%d of %d sentences are longer than model.max_len=%d tokens (EOS included) and were "
+    "truncated to it: line %s%s",
+    len(lines),
+    count,
+    max_len,
+    shown,
+    more,
+  )
+
+
 def workdir_name(vocab: Vocab) -> str:
   """The file name a vocabulary of this kind has inside a workdir."""
   return VOCAB_JSON_NAME if isinstance(vocab, (WordVocab, MarianVocab)) else VOCAB_MODEL_NAME

@@ -1,7 +1,8 @@
 """A trained Transformer workdir as a CTranslate2 model directory (model.bin, config.json,
-shared_vocabulary.json, and our vocabulary file for text in and out), for serving with
-`ctranslate2.Translator` on CPUs (inference/ctranslate2_translate.py), optionally quantized; the
-command line is cli/ctranslate2_export.py.
+shared_vocabulary.json; our vocabulary file for text in and out, and limits.json with the longest
+source the model takes, `model.max_len`, to which sources are cut as decode.py cuts them), for
+serving with `ctranslate2.Translator` on CPUs (inference/ctranslate2_translate.py), optionally
+quantized; the command line is cli/ctranslate2_export.py.
 
     pip install 'attention-jax[ctranslate2]'
     python -m cli.ctranslate2_export --workdir=runs/m30k --output=m30k_ct2 \
@@ -26,6 +27,7 @@ How sentences are searched and cut to length, identically to `decode.py
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 from collections.abc import Sequence
@@ -36,7 +38,7 @@ from absl import logging
 
 from core.errors import ArgumentError, RunError, UsageError
 from data.tokenizer import workdir_name
-from inference.ctranslate2_translate import QUANTIZATIONS, Pieces, import_ctranslate2
+from inference.ctranslate2_translate import LIMITS_NAME, QUANTIZATIONS, Pieces, import_ctranslate2
 from inference.restore import load_for_inference
 from model.config import TransformerConfig
 from model.layers import position_encoding, sinusoidal_encoding
@@ -259,6 +261,8 @@ def export(workdir, output, checkpoint: str = "latest", quantization: str | None
   spec = transformer_spec(restored.config.model, restored.params, Pieces(restored.vocab).pieces)
   path = write_model(spec, output, quantization)
   restored.vocab.save(path / workdir_name(restored.vocab))  # text in and out with the model alone
+  limits = {"max_len": int(restored.config.model.max_len)}  # sources cut as decode.py cuts them
+  (path / LIMITS_NAME).write_text(json.dumps(limits) + "\n")
   logging.info(
     "wrote %s: step %d (%s), %s", path, restored.step, checkpoint, quantization or "float32"
   )

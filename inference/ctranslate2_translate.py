@@ -26,12 +26,20 @@ win (model/search.py), agrees with it at alpha = length_penalty = 0 and greedily
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 from collections.abc import Sequence
 
 from core.errors import ArgumentError, RunError, UsageError
-from data.tokenizer import VOCAB_JSON_NAME, VOCAB_MODEL_NAME, Vocab, load_vocab
+from data.tokenizer import (
+  VOCAB_JSON_NAME,
+  VOCAB_MODEL_NAME,
+  Vocab,
+  encode_source,
+  load_vocab,
+  warn_cut,
+)
 from model.search_settings import SearchSettings
 from model.special_tokens import UNK_ID
 
@@ -47,6 +55,9 @@ QUANTIZATIONS = (
 )
 # What a translator can compute in (its `compute_type`): a storage type, or its own choice.
 COMPUTE_TYPES = ("default", "auto", *QUANTIZATIONS)
+# Our file in an export directory with the longest source the model takes ({"max_len": tokens,
+# EOS included}: config.model.max_len), which CTranslate2's own files do not carry.
+LIMITS_NAME = "limits.json"
 
 
 def import_ctranslate2():
@@ -97,7 +108,22 @@ def load(model_dir, compute_type: str = "default", threads: int = 0, inter_threa
     raise ArgumentError("compute_type", compute_type, " ".join(str(e).split())) from None
   except RuntimeError as e:  # a damaged model directory
     raise RunError(f"{model_dir}: cannot load the model: {' '.join(str(e).split())}") from None
-  return translator, Pieces(load_vocab(vocab_files[0]))
+  return translator, Pieces(load_vocab(vocab_files[0]), read_max_len(path))
+
+
+def read_max_len(model_dir) -> int | None:
+  """The longest source the exported model takes (`LIMITS_NAME`), or None for a directory
+  exported before it was written (sources then go whole)."""
+  path = pathlib.Path(model_dir) / LIMITS_NAME
+  if not path.is_file():
+    return None
+  try:
+    max_len = json.loads(path.read_text())["max_len"]
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise RunError(f"{path}: cannot read the model's max_len: {e}") from None
+  if not isinstance(max_len, int) or max_len < 2:
+    raise RunError(f"{path}: max_len={max_len!r} is not a length of at least 2 tokens")
+  return max_len
 
 
 def search_options(settings: SearchSettings) -> dict:
@@ -133,18 +159,33 @@ def search_options(settings: SearchSettings) -> dict:
 
 class Pieces:
   """Our vocabulary as CTranslate2's tokens: `source(text)` is the token list `translate_batch`
-  takes for a sentence (our ids' pieces, without EOS: the model adds it), `text(tokens)` the text
-  of a hypothesis, `ids(tokens)` its ids."""
+  takes for a sentence (our ids' pieces, without EOS: the model adds it; cut as decode.py cuts
+  it to `max_len` tokens with EOS, when given), `text(tokens)` the text of a hypothesis,
+  `ids(tokens)` its ids."""
 
-  def __init__(self, vocab: Vocab):
-    self.vocab = vocab
+  def __init__(self, vocab: Vocab, max_len: int | None = None):
+    self.vocab, self.max_len = vocab, max_len
     self.pieces = [vocab.piece(i) for i in range(vocab.vocab_size)]
     self._ids = {piece: i for i, piece in enumerate(self.pieces)}
     if len(self._ids) != len(self.pieces):
       raise UsageError("the vocabulary has repeated pieces; CTranslate2 maps tokens by piece")
 
   def source(self, text: str) -> list[str]:
-    return [self.pieces[i] for i in self.vocab.encode(text)]
+    return self.sources([text])[0][0]
+
+  def sources(self, texts: Sequence[str]) -> tuple[list[list[str]], list[int]]:
+    """(`source` of each text, the indices of those cut to `max_len`)."""
+    out, cut = [], []
+    for n, text in enumerate(texts):
+      if self.max_len is None:
+        ids = self.vocab.encode(text)
+      else:
+        ids, was_cut = encode_source(self.vocab, text, self.max_len)
+        ids = ids[:-1]  # without its EOS
+        if was_cut:
+          cut.append(n)
+      out.append([self.pieces[i] for i in ids])
+    return out, cut
 
   def ids(self, tokens: Sequence[str]) -> list[int]:
     return [self._ids.get(t, UNK_ID) for t in tokens]
@@ -201,6 +242,9 @@ def translate_tokens(
 
 
 def translate_texts(translator, pieces: Pieces, texts: Sequence[str], **options) -> list[str]:
-  """`translate_tokens` from text to text through our vocabulary."""
-  hypotheses = translate_tokens(translator, [pieces.source(t) for t in texts], **options)
+  """`translate_tokens` from text to text through our vocabulary; sources longer than the
+  model's `max_len` are cut to it with a warning naming their lines, as decode.py does."""
+  sources, cut = pieces.sources(texts)
+  warn_cut([i + 1 for i in cut], len(texts), pieces.max_len)
+  hypotheses = translate_tokens(translator, sources, **options)
   return [pieces.text(tokens) for tokens in hypotheses]

@@ -23,13 +23,12 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-from absl import logging
 
 from core.cpu import usable_cores
 from core.errors import UsageError
 from core.progress import Progress
 from core.rules import Choice, Int, RuleError
-from data.tokenizer import encode_source
+from data.tokenizer import encode_source, warn_cut
 from inference.attention_weights import attention_weights
 from inference.continuous import PoolPrograms, decode_continuous
 from inference.generator import Generator
@@ -275,15 +274,7 @@ class Translator:
   def _encode_warning(self, sentences: Sequence[str], first_line: int):
     """`encode`, with a warning naming the lines cut to `max_len`."""
     source_ids, cut = self.encode(sentences)
-    if cut:
-      logging.warning(
-        "%d of %d sentences are longer than model.max_len=%d tokens (EOS included) and were "
-        "truncated to it: line %s",
-        len(cut),
-        len(sentences),
-        self.max_len,
-        _listed([i + first_line for i in cut]),
-      )
+    warn_cut([i + first_line for i in cut], len(sentences), self.max_len)
     return source_ids, cut
 
   def _batched(self, ids, settings: SearchSettings, rng, tokens_per_batch: int, bar, wanted):
@@ -462,8 +453,3 @@ class Translator:
 
 def _first(token_scores):
   return None if token_scores is None else token_scores[:1]
-
-
-def _listed(numbers: list[int], limit: int = 20) -> str:
-  shown = ", ".join(map(str, numbers[:limit]))
-  return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")

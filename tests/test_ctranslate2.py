@@ -88,10 +88,14 @@ def test_export_writes_our_vocabulary_start_token_and_source_eos(exported):
   restored, out = exported.restored, exported.out
   assert sorted(p.name for p in out.iterdir()) == [
     "config.json",
+    "limits.json",  # ours: the longest source the model takes, for sources cut as decode.py's
     "model.bin",
     "shared_vocabulary.json",
     "vocab.json",  # ours, for text in and out with the directory alone
   ]
+  max_len = restored.config.model.max_len
+  assert json.loads((out / ct.LIMITS_NAME).read_text()) == {"max_len": max_len}
+  assert ct.read_max_len(out) == max_len
   pieces = [restored.vocab.piece(i) for i in range(restored.vocab.vocab_size)]
   assert json.loads((out / "shared_vocabulary.json").read_text()) == pieces
   config = json.loads((out / "config.json").read_text())
@@ -99,6 +103,9 @@ def test_export_writes_our_vocabulary_start_token_and_source_eos(exported):
   assert (config["eos_token"], config["unk_token"]) == (pieces[1], pieces[2])
   assert config["add_source_eos"] is True and config["add_source_bos"] is False
   assert ct.Pieces(restored.vocab).source("w3 w1 nope") == ["w3", "w1", "<unk>"]
+  # Cut as encode_source cuts: max_len - 1 tokens, CTranslate2 adding the EOS.
+  cut = ct.Pieces(restored.vocab, max_len=3).sources(["w3 w1 w2", "w3 w1", "w3"])
+  assert cut == ([["w3", "w1"], ["w3", "w1"], ["w3"]], [0])
 
 
 @pytest.mark.slow
@@ -318,8 +325,10 @@ def test_command_line_exports_and_refuses_bad_input_in_one_line(exported, tmp_pa
 @pytest.mark.slow
 def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, tmp_path):
   """The export directory alone translates a file from the command line, as decode.py does
-  with the same search (--length_penalty=fairseq), and scores it; bad input is one line."""
-  texts = _sentences(exported.restored, 60) + [""]
+  with the same search (--length_penalty=fairseq), and scores it; a line longer than the model
+  takes is cut as decode.py cuts it, with the same warning; bad input is one line."""
+  words = exported.restored.config.model.max_len + 8
+  texts = _sentences(exported.restored, 60) + ["", " ".join(f"w{i % 9 + 1}" for i in range(words))]
   (tmp_path / "in.txt").write_text("".join(t + "\n" for t in texts))
   (tmp_path / "ref.txt").write_text("".join(t + "\n" for t in texts))
   how = ["--beam_size=3", "--alpha=1.0", "--max_extra_len=5"]
@@ -335,6 +344,10 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.startswith("BLEU") and "chrF" in proc.stdout
+  cut = f"1 of {len(texts)} sentences are longer than model.max_len="
+  assert f"{cut}{words - 8} tokens (EOS included) and were truncated to it: line {len(texts)}" in (
+    proc.stderr
+  )
   ours = run_in_process(
     "decode.py",
     f"--workdir={exported.workdir}",
@@ -344,6 +357,7 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
     *how,
   )
   assert ours.returncode == 0, ours.stderr[-2000:]
+  assert cut in ours.stderr
   theirs = (tmp_path / "ct2.txt").read_text()
   assert theirs == ours.stdout and len(theirs.splitlines()) == len(texts)
   replicas = run_in_process(  # two replicas, length groups in flight: the same lines, in order
@@ -365,7 +379,10 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
     ([f"--model={exported.out}", "--temperature=1"], "--temperature=1.0: sampling is"),
     ([f"--model={exported.out}", "--inter_threads=0"], "--inter_threads=0"),
     ([f"--model={exported.out}", f"--output={tmp_path / 'no' / 'o.txt'}"], "does not exist"),
-    ([f"--model={exported.out}", f"--reference={tmp_path / 'in.txt'}", "--input=/dev/null"], "61"),
+    (
+      [f"--model={exported.out}", f"--reference={tmp_path / 'in.txt'}", "--input=/dev/null"],
+      f"{len(texts)} lines",
+    ),
   ]:
     proc = run_in_process("cli.ctranslate2_translate", f"--input={tmp_path / 'in.txt'}", *args)
     last = proc.stderr.strip().splitlines()[-1]
