@@ -165,7 +165,7 @@ def _define_batching_flags(flag_values: flags.FlagValues) -> None:
     "parallel_batches",
     None,
     "Length batches decoded at once, each by its own thread (the same translations whatever it "
-    "is); default: the CPU cores this process may use on one CPU device, else 1.",
+    "is); default: one more than the CPU cores this process may use on one CPU device, else 1.",
     **f,
   )
   flags.DEFINE_integer("seed", 0, "Random seed of sampling.", **f)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from core.cpu import usable_cores
 from inference.merged_search import (
   first_batch_limits,
   merged_translate,
@@ -342,11 +343,12 @@ class Generator:
       # Every piece program is read back (or compiled) in the background, in the order the
       # pieces first need them (the batches' shapes in their order, each one's stages in turn),
       # while the pieces whose programs are ready are searched; a piece waits only for its own.
+      # A thread per core at most: compiling is CPU work, a thread more only slows the first.
       calls = {}
       for shape, ends in stops.items():
         for at, a, b in piece_programs(shape, ends):
           calls.setdefault((at, a, b), (params, at, static_of(at, a, b)))
-      fetching = concurrent.futures.ThreadPoolExecutor(parallel_batches)
+      fetching = concurrent.futures.ThreadPoolExecutor(min(parallel_batches, usable_cores()))
       ahead.update((key, fetching.submit(self._piece_program, *c)) for key, c in calls.items())
     try:
       rows = merged_translate(

@@ -232,8 +232,10 @@ class Translator:
     with any search and batching; its scores count the prefix as forced decoding does
     (`score_pairs(as_search=True)`). An empty sentence still translates to "".
     `parallel_batches`: length batches decoded at once, each by its own thread (the same
-    translations whatever it is); default: on one CPU device the cores this process may use
-    (`core.cpu.usable_cores`), else 1."""
+    translations whatever it is); default: on one CPU device one more than the cores this process
+    may use (`core.cpu.usable_cores`: a program runs on one core, and a thread's host work
+    between its pieces would leave that core idle without a thread more; docs/experiments.md),
+    else 1."""
     if isinstance(sentences, str):
       raise UsageError("translate: expected a list of sentences, got one string")
     settings = self.settings(settings, **search)
@@ -241,7 +243,7 @@ class Translator:
       tokens_per_batch = TOKENS_PER_BATCH.get(self.devices[0].platform, TOKENS_PER_BATCH["gpu"])
     if parallel_batches is None:
       one_cpu = len(self.devices) == 1 and self.devices[0].platform == "cpu"
-      parallel_batches = usable_cores() if one_cpu else 1
+      parallel_batches = usable_cores() + 1 if one_cpu else 1
     self.check_options(
       seed=seed,
       tokens_per_batch=tokens_per_batch,

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from core.cpu import usable_cores
 from core.errors import UsageError
 from core.progress import Progress
 from inference import Translator
@@ -70,7 +71,9 @@ def test_the_readme_example_runs_as_written(workdirs, capsys):
   assert printed.strip(), "the example prints its translations"
 
 
-def test_long_sentences_are_cut_with_a_warning_and_options_are_checked(workdirs, caplog):
+def test_long_sentences_are_cut_with_a_warning_and_options_are_checked(
+  workdirs, caplog, monkeypatch
+):
   translator = loaded(workdirs["transformer"])
   long = " ".join(f"w{i % 30}" for i in range(40))  # > model.max_len=24 tokens
   with caplog.at_level(logging.WARNING):
@@ -101,6 +104,18 @@ def test_long_sentences_are_cut_with_a_warning_and_options_are_checked(workdirs,
   assert translator.translate(sentences, parallel_batches=2, **batched) == translator.translate(
     sentences, parallel_batches=1, **batched
   )
+  # By default on one CPU device, a thread more than the cores: each one's host work between
+  # pieces would leave its core idle.
+  seen = []
+  real = translator.generator.translate_all
+  with monkeypatch.context() as m:
+    m.setattr(
+      translator.generator, "translate_all", lambda *a, **k: seen.append(k) or real(*a, **k)
+    )
+    assert translator.translate(sentences, **batched) == translator.translate(
+      sentences, parallel_batches=1, **batched
+    )
+  assert [k["parallel_batches"] for k in seen] == [usable_cores() + 1, 1]
   assert translator.settings().max_extra_len == translator.config.eval.max_decode_extra
   with pytest.raises(UsageError, match="expected a list of sentences"):
     translator.translate("w1 w2")
