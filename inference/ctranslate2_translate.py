@@ -9,8 +9,9 @@ serving path on CPUs, no JAX involved (the command line: cli/ctranslate2_transla
 The export directory holds the vocabulary (vocab.model) beside CTranslate2's files, so it is all
 this needs; `search_options` refuses the settings CTranslate2 cannot search as we do.
 
-Lengths: ours stops a sentence at (source tokens with EOS + max_extra_len) tokens, EOS included;
-CTranslate2's `max_decoding_length` counts tokens without EOS and applies to a whole batch
+Lengths: a source longer than the model's `max_len` (the export's limits.json) is cut to it as
+decode.py cuts it; ours stops a sentence at (source tokens with EOS + max_extra_len) tokens, EOS
+included; CTranslate2's `max_decoding_length` counts tokens without EOS and applies to a whole batch
 (`max_decoding_length`, `translate_tokens` batches sentences by length), and its default
 min_decoding_length of 1 would forbid an empty translation (passed as 0 here).
 
@@ -95,6 +96,7 @@ def load(model_dir, compute_type: str = "default", threads: int = 0, inter_threa
     raise ArgumentError(
       "model_dir", model_dir, f"no {VOCAB_MODEL_NAME} or {VOCAB_JSON_NAME} beside the model"
     )
+  max_len = read_max_len(path)
   ctranslate2 = import_ctranslate2()
   try:
     translator = ctranslate2.Translator(
@@ -108,7 +110,7 @@ def load(model_dir, compute_type: str = "default", threads: int = 0, inter_threa
     raise ArgumentError("compute_type", compute_type, " ".join(str(e).split())) from None
   except RuntimeError as e:  # a damaged model directory
     raise RunError(f"{model_dir}: cannot load the model: {' '.join(str(e).split())}") from None
-  return translator, Pieces(load_vocab(vocab_files[0]), read_max_len(path))
+  return translator, Pieces(load_vocab(vocab_files[0]), max_len)
 
 
 def read_max_len(model_dir) -> int | None:

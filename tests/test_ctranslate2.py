@@ -388,6 +388,16 @@ def test_translate_command_equals_decode_py_with_the_fairseq_penalty(exported, t
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert message in last, last
+  damaged = tmp_path / "damaged"  # the export with an unreadable limit: one line, before any work
+  damaged.mkdir()
+  for f in exported.out.iterdir():
+    (damaged / f.name).symlink_to(f)
+  (damaged / ct.LIMITS_NAME).unlink()
+  (damaged / ct.LIMITS_NAME).write_text('{"max_len": "32"}')
+  proc = run_in_process("cli.ctranslate2_translate", f"--model={damaged}", "--input=/dev/null")
+  last = proc.stderr.strip().splitlines()[-1]
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert "limits.json: max_len='32' is not a length of at least 2 tokens" in last, last
 
 
 def test_the_peer_at_its_best_tries_every_gemm_path_and_threading(exported):
