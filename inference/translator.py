@@ -252,7 +252,8 @@ class Translator:
       parallel_batches=parallel_batches,
     )
     prefixes = self.encode_prefixes(target_prefixes, len(sentences), first_line)
-    source_ids, cut = self._encode_warning(sentences, first_line)
+    source_ids, cut = self.encode(sentences)
+    warn_cut([i + first_line for i in cut], len(sentences), self.max_len)
     present = [i for i, ids in enumerate(source_ids) if ids is not None]
     bar = Progress(len(present), 0, unit="sentences", enabled=progress)
     start = time.perf_counter()
@@ -272,12 +273,6 @@ class Translator:
     for i, out in zip(present, outputs):
       found[i] = out
     return self._translations(found, source_ids, cut, seconds, scored, return_token_scores)
-
-  def _encode_warning(self, sentences: Sequence[str], first_line: int):
-    """`encode`, with a warning naming the lines cut to `max_len`."""
-    source_ids, cut = self.encode(sentences)
-    warn_cut([i + first_line for i in cut], len(sentences), self.max_len)
-    return source_ids, cut
 
   def _batched(self, ids, settings: SearchSettings, rng, tokens_per_batch: int, bar, wanted):
     """The translations of `ids` in batches of similar length (inference/generator.py), placed
