@@ -23,6 +23,11 @@ _STARTED = time.perf_counter()  # the run's start-up: imports until the main beg
 
 if __name__ == "__main__":  # first, before JAX starts its threads: see cli/host_memory.py
   import gc
+  import os
+
+  # numpy's OpenBLAS starts a thread per further core when numpy is imported, and each spins
+  # waiting for work; decoding runs no numpy matrix product (XLA has its own), so it gets one.
+  os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
   from cli.host_memory import keep_freed_memory_on_cpu
 

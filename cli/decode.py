@@ -300,6 +300,7 @@ def _load(phases: Phases) -> Translator:
       FLAGS.checkpoint,
       dtype=FLAGS.dtype,
       compilation_cache=True if FLAGS.compilation_cache is None else FLAGS.compilation_cache,
+      read_ahead=True,
     )
 
 
@@ -434,6 +435,15 @@ def main(started: float) -> None:
   prefixes = _prefixes(sources)
   phases = Phases(started=started)
   translator = _load(phases)
+  try:
+    _run(translator, sources, references, prefixes, phases)
+  finally:  # the programs read ahead: stopped, and this run's recorded for the next
+    if translator.programs is not None:
+      translator.programs.finish()
+
+
+def _run(translator: Translator, sources, references, prefixes, phases: Phases) -> None:
+  """`main` once the model is loaded: translates (or scores) and writes."""
   if FLAGS.split:
     sources, references = _split_texts(translator, prefixes)
   settings = translator.settings(**_search_fields())

@@ -4,8 +4,10 @@ compilation cache still traces and lowers the search first to find its key (docs
 "Compiled searches kept on disk", has the times).
 
     store = ProgramStore(folder)                       # inference.Translator makes one
+    store.read_ahead(key)          # the programs the last run under `key` asked for, in the back
     generator = Generator(model, programs=store)       # inference/generator.py asks it per program
     compiled = store(signature, lambda: jitted.lower(*args))   # read back, or lowered + compiled
+    store.finish()                 # the reading ahead stopped, the programs asked for recorded
 
 A program's file is named by a digest of its signature (the model's hyperparameters, the search
 settings, every argument's shape, dtype and sharding; `Generator` writes it) and of what else
@@ -20,10 +22,19 @@ Deleting the folder at any time is safe; nothing evicts old files. The files are
 own serialized executables are: keep the folder where only you can write. The time spent reading
 programs is reported as the JAX monitoring event `LOAD_EVENT` (inference/phases.py counts it as
 "compile or load").
+
+Which programs a run needs follows from its input's lengths, known only once the input is read;
+reading one back takes a while (it is linked into memory). So a run under a key
+(inference/restore.py uses the workdir and checkpoint) starts reading back, in a background
+thread, the programs the last run under the same key asked for, in that order, while it restores
+its parameters and reads its input; `finish()` records the ones this run asked for (a `.recent`
+file per key) and stops any reading still to come. A program read ahead is the same file a run
+would read; one that is not asked for costs only the background thread's time.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
 import os
@@ -43,6 +54,8 @@ from jax.experimental import serialize_executable
 
 LOAD_EVENT = "/attention_jax/decode/program_load_duration"
 SUFFIX = ".program"
+RECENT = ".recent"  # a key's programs asked for in its last run, one file name a line
+MAX_AHEAD = 16  # programs read ahead at most
 _JAX_CACHE_HIT = "/jax/compilation_cache/cache_hits"
 # JAX options that change how a traced function is lowered.
 _LOWERING_OPTIONS = (
@@ -186,12 +199,75 @@ class ProgramStore:
     self.folder = pathlib.Path(folder)
     self.loaded = 0
     self.compiled = 0
+    self.read_early = 0  # of `loaded`: those read ahead
     self._kept = KeptFolder(folder, "Compiled programs", "the next run compiles them again")
+    self._asked: list[str] = []  # file names, in the order this run first asked for them
+    self._asked_lock = threading.Lock()
+    self._ahead: dict[pathlib.Path, concurrent.futures.Future] = {}
+    self._reader: threading.Thread | None = None
+    self._recent: pathlib.Path | None = None
 
   def path(self, signature: str) -> pathlib.Path:
     """The file of the program with `signature` in this environment."""
     key = hashlib.sha256(f"{environment()}\n{signature}".encode()).hexdigest()
     return self.folder / f"{key[:40]}{SUFFIX}"
+
+  def read_ahead(self, key: str) -> None:
+    """Starts reading back, in a background thread, the programs the last run under `key` asked
+    for (`finish` recorded them), in that order, on JAX's first device; `finish()` stops it.
+    Nothing to read (no record, or files gone) is no error."""
+    self._recent = self.path(f"read ahead\n{key}").with_suffix(RECENT)
+    try:
+      names = self._recent.read_text().split()
+    except (OSError, UnicodeDecodeError):
+      names = []
+    paths = [self.folder / n for n in names[:MAX_AHEAD] if n.endswith(SUFFIX) and "/" not in n]
+    self._ahead = {p: concurrent.futures.Future() for p in paths if p.exists()}
+    if not self._ahead:
+      return
+    device = jax.devices()[0]
+
+    def read() -> None:
+      for path, future in self._ahead.items():
+        if future.set_running_or_notify_cancel():  # not cancelled by `finish` or an asker
+          try:
+            future.set_result(self._read(path, device))
+          except BaseException as e:  # the asker reads or compiles it itself
+            future.set_exception(e)
+
+    self._reader = threading.Thread(target=read, name="programs read ahead")
+    self._reader.start()
+
+  def finish(self) -> None:
+    """Stops reading ahead (a program being read is finished) and records the programs this run
+    asked for under `read_ahead`'s key, for the next run to read ahead."""
+    for future in self._ahead.values():
+      future.cancel()
+    if self._reader is not None:
+      self._reader.join()
+    with self._asked_lock:
+      asked = list(self._asked)
+    if self._recent is not None and asked:
+      self._kept.write(self._recent, lambda f: f.write("\n".join(asked).encode() + b"\n"))
+
+  def _read(self, path: pathlib.Path, device) -> jax.stages.Compiled:
+    """The program in the file `path`, loaded onto `device`."""
+    with path.open("rb") as f:
+      serialized, in_tree, out_tree = pickle.load(f)
+    return serialize_executable.deserialize_and_load(
+      serialized, in_tree, out_tree, execution_devices=[device]
+    )
+
+  def _early(self, path: pathlib.Path, device) -> jax.stages.Compiled | None:
+    """`path`'s program if it is read ahead for `device` (waiting for a read in progress); None
+    if it is not, nor being read (it is then taken off the reader's list)."""
+    future = self._ahead.get(path)
+    if future is None or future.cancel() or device != jax.devices()[0]:
+      return None
+    try:
+      return future.result()
+    except Exception:  # read again below, where a failure is reported
+      return None
 
   def __call__(
     self, signature: str, lower: Callable[[], jax.stages.Lowered], device=None, what=None
@@ -201,22 +277,27 @@ class ProgramStore:
     program for the log (default: its integer arguments' shapes)."""
     device = device or jax.devices()[0]
     path = self.path(f"{signature}\n{device.platform} {device.device_kind}")
-    if path.exists():
-      begin = time.perf_counter()
+    with self._asked_lock:
+      if path.name not in self._asked:
+        self._asked.append(path.name)
+    begin = time.perf_counter()
+    compiled = self._early(path, device)
+    early = compiled is not None
+    self.read_early += early
+    if not early and path.exists():
       try:
-        with path.open("rb") as f:
-          serialized, in_tree, out_tree = pickle.load(f)
-        compiled = serialize_executable.deserialize_and_load(
-          serialized, in_tree, out_tree, execution_devices=[device]
-        )
+        compiled = self._read(path, device)
       except Exception as e:  # a file cut short, or written by another build: compile again
         logging.warning("Compiled program %s could not be read (%s); compiling it again", path, e)
-      else:
-        seconds = time.perf_counter() - begin
-        jax.monitoring.record_event_duration_secs(LOAD_EVENT, seconds)
-        self.loaded += 1
-        logging.vlog(1, "Program for %s read back in %.2f s", what or _inputs(compiled), seconds)
-        return compiled
+    if compiled is not None:
+      seconds = time.perf_counter() - begin
+      jax.monitoring.record_event_duration_secs(LOAD_EVENT, seconds)
+      self.loaded += 1
+      how = " (read ahead)" if early else ""
+      logging.vlog(
+        1, "Program for %s read back in %.2f s%s", what or _inputs(compiled), seconds, how
+      )
+      return compiled
     begin = time.perf_counter()
     compiled, from_jax_cache = _compile(lower)
     self.compiled += 1

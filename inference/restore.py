@@ -163,7 +163,11 @@ class Loaded:
 
 
 def restore(
-  workdir, checkpoint: str = "latest", *, compilation_cache: bool | str | None = False
+  workdir,
+  checkpoint: str = "latest",
+  *,
+  compilation_cache: bool | str | None = False,
+  read_ahead: bool = False,
 ) -> tuple[Restored, ProgramStore | None]:
   """(the restored checkpoint, the store of compiled searches or None). `checkpoint` is 'latest',
   a step number, 'average:<k>' (the mean of the last k checkpoints' parameters) or
@@ -173,13 +177,23 @@ def restore(
   so that a later process decoding the same model and settings neither compiles nor traces its
   searches, and the parameters read in its `params` subfolder (inference/params_copy.py), so
   that it reads them without Orbax; 'off', False or None turn all three off. JAX's cache takes
-  effect only before the process's first compilation."""
+  effect only before the process's first compilation. With `read_ahead` the store starts reading
+  back, while the parameters are read, the programs the last run of this workdir and checkpoint
+  asked for (`ProgramStore.read_ahead`); call its `finish()` once done translating, which also
+  records this run's for the next."""
   programs, read = None, restore_params
   if compilation_cache is not False and compilation_cache is not None:
     where = enable_compilation_cache(None if compilation_cache is True else str(compilation_cache))
     if where is not None:
       programs, read = ProgramStore(where / PROGRAMS), ParamsCopies(where / PARAMS).restore
-  return load_for_inference(workdir, checkpoint, read=read), programs
+      if read_ahead:
+        programs.read_ahead(f"{pathlib.Path(workdir).absolute()}\n{checkpoint}")
+  try:
+    return load_for_inference(workdir, checkpoint, read=read), programs
+  except BaseException:  # a bad checkpoint: its error not held up by the reading ahead
+    if programs is not None:
+      programs.finish()
+    raise
 
 
 def place(restored: Restored, *, dtype: str | None = "auto", devices=None) -> Loaded:

@@ -109,7 +109,8 @@ class Translator:
   (`metrics`) and attention to inference/attention_weights.py (`attention`).
 
   `programs`: an `inference.program_store.ProgramStore` the searches' compiled programs come
-  from and go to (`Translator.load(..., compilation_cache=...)` makes one), on one device only.
+  from and go to (`Translator.load(..., compilation_cache=...)` makes one), on one device only;
+  kept as `programs` (None without).
   """
 
   def __init__(
@@ -124,6 +125,7 @@ class Translator:
     self.devices, self.params = self.loaded.devices, self.loaded.params
     self._scorer = None
     self._pools = PoolPrograms()
+    self.programs = programs
     self.generator = Generator(
       self.model,
       num_ids=self.vocab.vocab_size,
@@ -140,11 +142,21 @@ class Translator:
     dtype: str | None = "auto",
     devices=None,
     compilation_cache: bool | str = False,
+    read_ahead: bool = False,
   ):
     """From a training workdir alone (`inference.restore.restore`: `checkpoint` 'latest', a step,
-    'average:<k>' or 'ensemble:<k>'; `compilation_cache` True, a folder, or False/None/'off')."""
-    restored, programs = restore(workdir, checkpoint, compilation_cache=compilation_cache)
-    return cls(restored, dtype=dtype, devices=devices, programs=programs)
+    'average:<k>' or 'ensemble:<k>'; `compilation_cache` True, a folder, or False/None/'off';
+    `read_ahead`: the last run's programs read back in the background, `programs.finish()` to be
+    called once done)."""
+    restored, programs = restore(
+      workdir, checkpoint, compilation_cache=compilation_cache, read_ahead=read_ahead
+    )
+    try:
+      return cls(restored, dtype=dtype, devices=devices, programs=programs)
+    except BaseException:  # a bad option: its error not held up by the programs read ahead
+      if programs is not None:
+        programs.finish()
+      raise
 
   @property
   def step(self) -> int:

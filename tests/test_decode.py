@@ -5,6 +5,7 @@ matters (stdin to stdout, what is logged, the compilation cache across processes
 outputs."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -303,8 +304,8 @@ def test_a_second_run_compiles_nothing(workdir, tmp_path):
   """decode.py's persistent compilation cache (inference/compilation_cache.py): the second process
   on the same workdir and input loads every program from the cache folder (JAX_LOG_COMPILES names
   each compilation, each cache hit and each tracing), reads its search back from the `programs`
-  subfolder without tracing it (inference/program_store.py), and writes the same translations;
-  --compilation_cache=off writes nothing there."""
+  subfolder without tracing it (inference/program_store.py; the first run recorded it to be read
+  ahead), and writes the same translations; --compilation_cache=off writes nothing there."""
   cache = tmp_path / "cache"
   env = one_device_env(JAX_LOG_COMPILES="1", JAX_COMPILATION_CACHE_DIR=str(cache))
   for name in (
@@ -330,6 +331,8 @@ def test_a_second_run_compiles_nothing(workdir, tmp_path):
   first, compiled, hits = logged()
   assert compiled > 0 and hits == 0 and any(cache.iterdir())
   assert searches == [1] and len(list((cache / "programs").glob("*.program"))) == 1
+  (record,) = (cache / "programs").glob("*.recent")  # the programs asked for: the next run's
+  assert record.read_text().split() == [p.name for p in (cache / "programs").glob("*.program")]
   second, compiled_again, hits = logged()
   assert second == first and hits == compiled_again > 0 and searches == [1, 0]
   off = tmp_path / "off"
@@ -426,7 +429,8 @@ def test_lines_typed_at_a_terminal_are_translated_as_they_come(workdir, piped):
 
 def test_decode_py_runs_its_main_with_the_imports_frozen(monkeypatch):
   """decode.py collects no garbage while importing and freezes what the imports made before its
-  main runs (a second run's start-up: docs/experiments.md), the collector on again."""
+  main runs (a second run's start-up: docs/experiments.md), the collector on again; numpy's
+  OpenBLAS gets one thread (decoding runs no numpy matrix product) unless the environment says."""
   import gc
 
   from cli import app
@@ -435,5 +439,11 @@ def test_decode_py_runs_its_main_with_the_imports_frozen(monkeypatch):
   monkeypatch.setattr(
     app, "run", lambda *a, **k: seen.append((gc.get_freeze_count(), gc.isenabled()))
   )
-  assert run_in_process("decode.py").returncode == 0
-  assert len(seen) == 1 and seen[0][0] > 0 and seen[0][1]
+  for preset in (None, "3"):
+    if preset is None:
+      monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    else:
+      monkeypatch.setenv("OPENBLAS_NUM_THREADS", preset)
+    assert run_in_process("decode.py").returncode == 0
+    assert os.environ["OPENBLAS_NUM_THREADS"] == (preset or "1")
+  assert len(seen) == 2 and all(frozen > 0 and enabled for frozen, enabled in seen)

@@ -687,21 +687,41 @@ def test_programs_kept_on_disk_are_read_back_without_tracing(tiny, tmp_path, mon
   assert store.path(signature) != before
 
 
-def test_a_files_programs_are_fetched_together_and_the_jax_option_restored(tiny, tmp_path):
+def test_a_files_programs_are_fetched_together_read_ahead_next_time(tiny, tmp_path):
   """translate_all with a store fetches one program per batch shape, concurrently (two buckets
-  here), decodes as without a store, and leaves JAX's cache-write option as it found it; a later
-  store reads both back."""
+  here), decodes as without a store, and leaves JAX's cache-write option as it found it. A later
+  store reading ahead under the same key (inference/restore.py: workdir and checkpoint) reads
+  both back in the background, the programs the first run asked for (`finish` recorded them),
+  and decodes the same; under another key, with the record damaged or its files gone, nothing
+  or only what is there is read ahead, and the rest read or compiled as before."""
   model, params = tiny
   long = [(3 + i) % 20 + 2 for i in range(39)] + [EOS]  # 40 tokens: the 64-token bucket
   sentences = [*SOURCES, long]
   settings = SearchSettings(beam_size=2, max_extra_len=EXTRA)
-  expected = Generator(model).translate_all(params, sentences, settings)
+  expected = [x.tolist() for x in Generator(model).translate_all(params, sentences, settings)]
   option = jax.config.jax_persistent_cache_min_compile_time_secs
-  store = ProgramStore(tmp_path)
-  found = Generator(model, programs=store).translate_all(params, sentences, settings)
-  assert [x.tolist() for x in found] == [x.tolist() for x in expected]
-  assert store.compiled == 2 and jax.config.jax_persistent_cache_min_compile_time_secs == option
-  again = ProgramStore(tmp_path)
-  found = Generator(model, programs=again).translate_all(params, sentences, settings)
-  assert [x.tolist() for x in found] == [x.tolist() for x in expected]
-  assert (again.loaded, again.compiled) == (2, 0)
+
+  def run(key=None):
+    store = ProgramStore(tmp_path)
+    if key is not None:
+      store.read_ahead(key)
+    found = Generator(model, programs=store).translate_all(params, sentences, settings)
+    store.finish()
+    assert [x.tolist() for x in found] == expected
+    return store.loaded, store.read_early, store.compiled
+
+  assert run("a run") == (0, 0, 2)  # nothing recorded yet: nothing read ahead
+  assert jax.config.jax_persistent_cache_min_compile_time_secs == option
+  (record,) = tmp_path.glob("*.recent")
+  programs = record.read_text().split()
+  assert sorted(programs) == sorted(p.name for p in tmp_path.glob("*.program"))
+  assert run() == (2, 0, 0)  # no key: read as asked, the record kept
+  assert run("a run") == (2, 2, 0) and run("another run") == (2, 0, 0)
+  record.write_bytes(b"\xff\x00")  # damaged: nothing read ahead, then written anew
+  assert run("a run") == (2, 0, 0) and record.read_text().split() == programs
+  (tmp_path / programs[0]).unlink()  # one file gone: the other read ahead, the first compiled
+  assert run("a run") == (1, 1, 1)
+  stopped = ProgramStore(tmp_path)
+  stopped.read_ahead("a run")
+  stopped.finish()  # nothing asked: the reading stopped, the record left as it was
+  assert record.read_text().split() == programs
