@@ -28,8 +28,9 @@ reading one back takes a while (it is linked into memory). So a run under a key
 (inference/restore.py uses the workdir and checkpoint) starts reading back, in a background
 thread, the programs the last run under the same key asked for, in that order, while it restores
 its parameters and reads its input; `finish()` records the ones this run asked for (a `.recent`
-file per key) and stops any reading still to come. A program read ahead is the same file a run
-would read; one that is not asked for costs only the background thread's time.
+file per key) and stops any reading still to come, as does the first program asked for that the
+last run did not ask for (another input). A program read ahead is the same file a run would
+read; one that is not asked for costs only the background thread's time.
 """
 
 from __future__ import annotations
@@ -260,9 +261,14 @@ class ProgramStore:
 
   def _early(self, path: pathlib.Path, device) -> jax.stages.Compiled | None:
     """`path`'s program if it is read ahead for `device` (waiting for a read in progress); None
-    if it is not, nor being read (it is then taken off the reader's list)."""
+    if it is not, nor being read (it is then taken off the reader's list). A program the last run
+    did not ask for says this run's input differs: nothing more is read ahead."""
     future = self._ahead.get(path)
-    if future is None or future.cancel() or device != jax.devices()[0]:
+    if future is None:
+      for other in self._ahead.values():
+        other.cancel()
+      return None
+    if future.cancel() or device != jax.devices()[0]:
       return None
     try:
       return future.result()

@@ -10,6 +10,7 @@ tests share few shapes.
 import dataclasses
 import os
 import re
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -725,3 +726,37 @@ def test_a_files_programs_are_fetched_together_read_ahead_next_time(tiny, tmp_pa
   stopped.read_ahead("a run")
   stopped.finish()  # nothing asked: the reading stopped, the record left as it was
   assert record.read_text().split() == programs
+
+
+def test_reading_ahead_stops_at_a_program_the_last_run_did_not_ask_for(tmp_path, monkeypatch):
+  """A run that asks first for a program its key's last run did not (another input) stops the
+  reading ahead: the program being read is finished and taken when asked for, the rest of the
+  record is not read."""
+
+  def lower(k):
+    return lambda: jax.jit(lambda x: x + k).lower(1.0)
+
+  first = ProgramStore(tmp_path)
+  first.read_ahead("key")
+  for k in (1, 2, 3):
+    first(f"program {k}", lower(k))
+  first.finish()  # the record: programs 1, 2, 3
+  entered, gate, by_reader = threading.Event(), threading.Event(), []
+  read = ProgramStore._read
+
+  def held(self, path, device):  # the reader waits inside its first read
+    if threading.current_thread().name == "programs read ahead":
+      by_reader.append(path)
+      entered.set()
+      gate.wait(30)
+    return read(self, path, device)
+
+  monkeypatch.setattr(ProgramStore, "_read", held)
+  second = ProgramStore(tmp_path)
+  second.read_ahead("key")
+  assert entered.wait(30)
+  assert float(second("program 4", lower(4))(1.0)) == 5.0  # not in the record: compiled
+  gate.set()
+  assert float(second("program 1", lower(1))(1.0)) == 2.0  # the read in progress, taken
+  second.finish()
+  assert len(by_reader) == 1 and (second.read_early, second.loaded, second.compiled) == (1, 1, 1)
