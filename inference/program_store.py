@@ -204,6 +204,7 @@ class ProgramStore:
     self._kept = KeptFolder(folder, "Compiled programs", "the next run compiles them again")
     self._asked: list[str] = []  # file names, in the order this run first asked for them
     self._asked_lock = threading.Lock()
+    self._recorded: set[pathlib.Path] = set()  # the programs the key's last run asked for
     self._ahead: dict[pathlib.Path, concurrent.futures.Future] = {}
     self._reader: threading.Thread | None = None
     self._recent: pathlib.Path | None = None
@@ -222,8 +223,9 @@ class ProgramStore:
       names = self._recent.read_text().split()
     except (OSError, UnicodeDecodeError):
       names = []
-    paths = [self.folder / n for n in names[:MAX_AHEAD] if n.endswith(SUFFIX) and "/" not in n]
-    self._ahead = {p: concurrent.futures.Future() for p in paths if p.exists()}
+    paths = [self.folder / n for n in names if n.endswith(SUFFIX) and "/" not in n]
+    self._recorded = set(paths)
+    self._ahead = {p: concurrent.futures.Future() for p in paths[:MAX_AHEAD] if p.exists()}
     if not self._ahead:
       return
     device = jax.devices()[0]
@@ -263,12 +265,12 @@ class ProgramStore:
     """`path`'s program if it is read ahead for `device` (waiting for a read in progress); None
     if it is not, nor being read (it is then taken off the reader's list). A program the last run
     did not ask for says this run's input differs: nothing more is read ahead."""
-    future = self._ahead.get(path)
-    if future is None:
+    if path not in self._recorded:
       for other in self._ahead.values():
         other.cancel()
       return None
-    if future.cancel() or device != jax.devices()[0]:
+    future = self._ahead.get(path)
+    if future is None or future.cancel() or device != jax.devices()[0]:
       return None
     try:
       return future.result()

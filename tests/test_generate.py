@@ -706,6 +706,8 @@ def test_a_files_programs_are_fetched_together_read_ahead_next_time(tiny, tmp_pa
     store = ProgramStore(tmp_path)
     if key is not None:
       store.read_ahead(key)
+      if store._reader is not None:  # the reads ahead done first: counts that do not race
+        store._reader.join()
     found = Generator(model, programs=store).translate_all(params, sentences, settings)
     store.finish()
     assert [x.tolist() for x in found] == expected
@@ -721,6 +723,7 @@ def test_a_files_programs_are_fetched_together_read_ahead_next_time(tiny, tmp_pa
   record.write_bytes(b"\xff\x00")  # damaged: nothing read ahead, then written anew
   assert run("a run") == (2, 0, 0) and record.read_text().split() == programs
   (tmp_path / programs[0]).unlink()  # one file gone: the other read ahead, the first compiled
+  # (asking for a program the record names but that was not read ahead stops nothing)
   assert run("a run") == (1, 1, 1)
   stopped = ProgramStore(tmp_path)
   stopped.read_ahead("a run")
@@ -729,9 +732,9 @@ def test_a_files_programs_are_fetched_together_read_ahead_next_time(tiny, tmp_pa
 
 
 def test_reading_ahead_stops_at_a_program_the_last_run_did_not_ask_for(tmp_path, monkeypatch):
-  """A run that asks first for a program its key's last run did not (another input) stops the
-  reading ahead: the program being read is finished and taken when asked for, the rest of the
-  record is not read."""
+  """A run that asks for a program its key's last run did not (another input) stops the reading
+  ahead: the program being read is finished and taken when asked for, the rest of the record is
+  not read. One the record names whose file is gone stops nothing."""
 
   def lower(k):
     return lambda: jax.jit(lambda x: x + k).lower(1.0)
@@ -740,23 +743,41 @@ def test_reading_ahead_stops_at_a_program_the_last_run_did_not_ask_for(tmp_path,
   first.read_ahead("key")
   for k in (1, 2, 3):
     first(f"program {k}", lower(k))
-  first.finish()  # the record: programs 1, 2, 3
-  entered, gate, by_reader = threading.Event(), threading.Event(), []
+  first.finish()
+  (record,) = tmp_path.glob("*.recent")
+  names = record.read_text().split()  # programs 1, 2, 3
   read = ProgramStore._read
 
-  def held(self, path, device):  # the reader waits inside its first read
-    if threading.current_thread().name == "programs read ahead":
-      by_reader.append(path)
-      entered.set()
-      gate.wait(30)
-    return read(self, path, device)
+  def held_store():
+    """A store reading ahead under "key" whose reader waits inside its first read until
+    `gate` is set: (store, gate, the files its reader read)."""
+    entered, gate, by_reader = threading.Event(), threading.Event(), []
 
-  monkeypatch.setattr(ProgramStore, "_read", held)
-  second = ProgramStore(tmp_path)
-  second.read_ahead("key")
-  assert entered.wait(30)
+    def held(self, path, device):
+      if threading.current_thread().name == "programs read ahead":
+        by_reader.append(path.name)
+        entered.set()
+        gate.wait(30)
+      return read(self, path, device)
+
+    monkeypatch.setattr(ProgramStore, "_read", held)
+    store = ProgramStore(tmp_path)
+    store.read_ahead("key")
+    assert entered.wait(30)
+    return store, gate, by_reader
+
+  (tmp_path / names[0]).unlink()  # program 1 gone: its reader begins at program 2
+  store, gate, by_reader = held_store()
+  assert float(store("program 1", lower(1))(1.0)) == 2.0  # named in the record: compiled
+  gate.set()
+  store._reader.join()  # nothing was stopped: program 3 read ahead too
+  assert [float(store(f"program {k}", lower(k))(1.0)) for k in (2, 3)] == [3.0, 4.0]
+  store.finish()
+  assert by_reader == names[1:] and (store.read_early, store.loaded, store.compiled) == (2, 2, 1)
+
+  second, gate, by_reader = held_store()  # the record again programs 1, 2, 3
   assert float(second("program 4", lower(4))(1.0)) == 5.0  # not in the record: compiled
   gate.set()
   assert float(second("program 1", lower(1))(1.0)) == 2.0  # the read in progress, taken
   second.finish()
-  assert len(by_reader) == 1 and (second.read_early, second.loaded, second.compiled) == (1, 1, 1)
+  assert by_reader == names[:1] and (second.read_early, second.loaded, second.compiled) == (1, 1, 1)
