@@ -16,8 +16,8 @@ It needs a cache kept in place (model/ancestry.py), whose rows a chunk reads thr
 and writes one position of, wherever its sentences' rows are. A chunk's products run over
 `chunk x beam` rows instead of the batch's, which XLA:CPU may round differently in the last bits
 (docs/experiments.md): the same texts, scores a few units in the last place apart. `chunk_size`
-picks the chunk: rows enough for the products (CHUNK_ROWS), a divisor of the batch, smaller than
-it; none in bfloat16.
+picks the chunk: rows enough for the products (CHUNK_ROWS; in bfloat16 all of them), a divisor
+of the batch, smaller than it.
 """
 
 from __future__ import annotations
@@ -40,15 +40,15 @@ _AT = "live_chunks"  # the loop's own entry in the cache while it runs (`run`)
 def chunk_size(batch: int, beam: int, dtype) -> int | None:
   """Sentences per chunk for a batch of `batch` sentences of `beam` rows computed in `dtype`: the
   largest divisor of `batch` below it with at most `CHUNK_ROWS` rows, if it has at least half as
-  many; else None (the batch is stepped whole). None in bfloat16: its steps cost 0.6x float32's,
-  and a chunk's own work (its rows gathered and written back) then costs more than the rows it
-  leaves out (docs/experiments.md)."""
-  if dtype == jnp.bfloat16:
-    return None
+  many (in bfloat16 as many); else None (the batch is stepped whole). A bfloat16 row costs about
+  0.6x a float32 one, so a chunk's own work (its rows gathered and written back) takes more rows
+  to pay for: chunks of 20 rows cost it more than the rows they leave out, chunks of 40 less
+  (docs/experiments.md)."""
   rows = CHUNK_ROWS
+  least = rows if dtype == jnp.bfloat16 else rows // 2
   for size in range(min(batch - 1, rows // beam), 0, -1):
     if batch % size == 0:
-      return size if size * beam >= rows // 2 else None
+      return size if size * beam >= least else None
   return None
 
 

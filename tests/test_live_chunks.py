@@ -44,10 +44,14 @@ def tiny():
 
 def test_a_chunk_is_a_divisor_of_the_batch_with_rows_enough(monkeypatch):
   """The largest divisor of the batch below it with at most CHUNK_ROWS rows, at least half as
-  many; None when there is none, or in bfloat16 (the batch is stepped whole)."""
+  many (in bfloat16 as many); None when there is none (the batch is stepped whole)."""
   size = lambda batch, beam, dtype=jnp.float32: live_chunks.chunk_size(batch, beam, dtype)
   assert live_chunks.CHUNK_ROWS == 40
-  assert size(16, 5, jnp.bfloat16) is None  # bfloat16 steps whole batches
+  assert [size(16, 5, jnp.bfloat16), size(8, 5, jnp.bfloat16), size(64, 4, jnp.bfloat16)] == [
+    8,
+    None,  # 20 rows: enough in float32 only
+    None,  # chunks of 8 hold 32 rows
+  ]
   assert [size(16, 5), size(64, 5), size(8, 5), size(16, 4), size(8, 8)] == [8, 8, 4, 8, 4]
   assert [size(6, 5), size(4, 5), size(9, 5), size(16, 1), size(1, 5)] == [None] * 5
   monkeypatch.setattr(live_chunks, "CHUNK_ROWS", 8)
@@ -122,20 +126,23 @@ def test_a_first_piece_that_pauses_steps_every_row(tiny, monkeypatch):
   assert np.any(np.asarray(one.state.computed) < int(one.state.t))
 
 
-def test_bfloat16_steps_the_whole_batch(tiny, monkeypatch):
-  """In bfloat16 every row is stepped (no chunks: its cheaper steps do not pay for a chunk's
-  own work); in float32 the same batch leaves finished sentences out."""
+def test_bfloat16_steps_chunks_of_chunk_rows_only(tiny, monkeypatch):
+  """In bfloat16 a chunk holds CHUNK_ROWS rows or the batch steps every row (its cheaper rows pay
+  for a chunk's own work in full chunks only), where float32 takes chunks of half as many; chunked
+  or whole, bfloat16 finds the same ids."""
   model, params = tiny
   settings, outputs = SETTINGS["gnmt-finished"]
-  monkeypatch.setattr(live_chunks, "CHUNK_ROWS", 2 * settings.beam_size)
-  counts = []
-  for dtype in ("bfloat16", "float32"):
+  beam = settings.beam_size
+  found = {}
+  for dtype, chunk_rows in (("bfloat16", 3 * beam), ("float32", 3 * beam), ("bfloat16", 2 * beam)):
+    monkeypatch.setattr(live_chunks, "CHUNK_ROWS", chunk_rows)  # 8 sentences: chunks of 2
     typed = type(model)(dataclasses.replace(model.config, dtype=dtype))
     begin, _, _ = _pieces(typed, settings, outputs)
-    piece, _ = begin(params, padded(SOURCES), MAX_LEN)
-    counts.append((np.asarray(piece.state.computed), int(piece.state.t)))
-  (bf16, t16), (f32, t32) = counts
-  assert np.all(bf16 == t16) and np.any(f32 < t32)
+    piece, last = begin(params, padded(SOURCES), MAX_LEN)
+    found[dtype, chunk_rows] = (np.asarray(piece.state.computed), int(piece.state.t), last)
+  (whole, t_whole, last_whole), (f32, t32, _), (chunked, t_chunked, last_chunked) = found.values()
+  assert np.all(whole == t_whole) and np.any(f32 < t32) and np.any(chunked < t_chunked)
+  np.testing.assert_array_equal(_arrays(last_chunked)[0], _arrays(last_whole)[0])
 
 
 def test_spare_entries_of_a_joined_piece_are_not_stepped(tiny, monkeypatch):
