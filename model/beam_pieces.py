@@ -172,7 +172,7 @@ def _run(model, params, piece, settings, max_decode_len, start, until, outputs, 
   pausing_first = not start and until < max_decode_len  # all rows (module doc)
   chunk = None
   if kept and not pausing_first:
-    chunk = live_chunks.chunk_size(*shape, model.config.compute_dtype)
+    chunk = live_chunks.chunk_size(*shape)
   if chunk:  # only the chunks of sentences still searching (model/live_chunks.py)
     source = lambda idx: jax.tree_util.tree_map(lambda x: x[idx], piece.source)
     step_for = lambda idx: only_ids_below(cached_step(model, params, source(idx)), num_ids)

@@ -16,8 +16,8 @@ It needs a cache kept in place (model/ancestry.py), whose rows a chunk reads thr
 and writes one position of, wherever its sentences' rows are. A chunk's products run over
 `chunk x beam` rows instead of the batch's, which XLA:CPU may round differently in the last bits
 (docs/experiments.md): the same texts, scores a few units in the last place apart. `chunk_size`
-picks the chunk: rows enough for the products (CHUNK_ROWS; in bfloat16 all of them), a divisor
-of the batch, smaller than it.
+picks the chunk: rows enough for the products (MIN_CHUNK_ROWS to CHUNK_ROWS), a divisor of the
+batch, smaller than it.
 """
 
 from __future__ import annotations
@@ -30,25 +30,22 @@ from jax import lax
 
 from model import ancestry, cache_kinds, search
 
-# Rows a chunk holds at most and, halved, at least: the most rows per chunk that still leaves out
-# finished sentences at a fine grain; fewer than half of it cost more per row than they save
-# (docs/experiments.md, "Steps over the sentences still searching").
+# Rows a chunk holds at most, and at least: the most rows per chunk that still leaves out finished
+# sentences at a fine grain; with fewer, a chunk's own calls (each product packing its weights
+# again, its rows gathered and written back) cost more than the rows it leaves out (20 rows did in
+# float32, bfloat16 and int8; docs/experiments.md, "Steps over the sentences still searching").
 CHUNK_ROWS = 40
+MIN_CHUNK_ROWS = 30
 _AT = "live_chunks"  # the loop's own entry in the cache while it runs (`run`)
 
 
-def chunk_size(batch: int, beam: int, dtype) -> int | None:
-  """Sentences per chunk for a batch of `batch` sentences of `beam` rows computed in `dtype`: the
-  largest divisor of `batch` below it with at most `CHUNK_ROWS` rows, if it has at least half as
-  many (in bfloat16 as many); else None (the batch is stepped whole). A bfloat16 row costs about
-  0.6x a float32 one, so a chunk's own work (its rows gathered and written back) takes more rows
-  to pay for: chunks of 20 rows cost it more than the rows they leave out, chunks of 40 less
-  (docs/experiments.md)."""
-  rows = CHUNK_ROWS
-  least = rows if dtype == jnp.bfloat16 else rows // 2
-  for size in range(min(batch - 1, rows // beam), 0, -1):
+def chunk_size(batch: int, beam: int) -> int | None:
+  """Sentences per chunk for a batch of `batch` sentences of `beam` rows: the largest divisor of
+  `batch` below it with at most `CHUNK_ROWS` rows, if it has at least `MIN_CHUNK_ROWS`; else None
+  (the batch is stepped whole)."""
+  for size in range(min(batch - 1, CHUNK_ROWS // beam), 0, -1):
     if batch % size == 0:
-      return size if size * beam >= least else None
+      return size if size * beam >= MIN_CHUNK_ROWS else None
   return None
 
 

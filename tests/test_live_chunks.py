@@ -8,7 +8,6 @@ place."""
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -35,6 +34,12 @@ def _same_search(found: list, expected: list):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
+def _chunks_of(monkeypatch, rows: int):
+  """Chunks of `rows` rows, at most and at least (the tiny batches are short)."""
+  monkeypatch.setattr(live_chunks, "CHUNK_ROWS", rows)
+  monkeypatch.setattr(live_chunks, "MIN_CHUNK_ROWS", rows)
+
+
 @pytest.fixture(scope="module")
 def tiny():
   from tests.test_generate import random_model
@@ -43,18 +48,14 @@ def tiny():
 
 
 def test_a_chunk_is_a_divisor_of_the_batch_with_rows_enough(monkeypatch):
-  """The largest divisor of the batch below it with at most CHUNK_ROWS rows, at least half as
-  many (in bfloat16 as many); None when there is none (the batch is stepped whole)."""
-  size = lambda batch, beam, dtype=jnp.float32: live_chunks.chunk_size(batch, beam, dtype)
-  assert live_chunks.CHUNK_ROWS == 40
-  assert [size(16, 5, jnp.bfloat16), size(8, 5, jnp.bfloat16), size(64, 4, jnp.bfloat16)] == [
-    8,
-    None,  # 20 rows: enough in float32 only
-    None,  # chunks of 8 hold 32 rows
-  ]
-  assert [size(16, 5), size(64, 5), size(8, 5), size(16, 4), size(8, 8)] == [8, 8, 4, 8, 4]
-  assert [size(6, 5), size(4, 5), size(9, 5), size(16, 1), size(1, 5)] == [None] * 5
+  """The largest divisor of the batch below it with at most CHUNK_ROWS rows, at least
+  MIN_CHUNK_ROWS; None when there is none (the batch is stepped whole)."""
+  size = live_chunks.chunk_size
+  assert (live_chunks.CHUNK_ROWS, live_chunks.MIN_CHUNK_ROWS) == (40, 30)
+  assert [size(16, 5), size(64, 5), size(16, 4), size(8, 8), size(24, 5)] == [8, 8, 8, 4, 8]
+  assert [size(8, 5), size(6, 5), size(4, 5), size(9, 5), size(16, 1), size(1, 5)] == [None] * 6
   monkeypatch.setattr(live_chunks, "CHUNK_ROWS", 8)
+  monkeypatch.setattr(live_chunks, "MIN_CHUNK_ROWS", 4)
   assert [size(8, 3), size(8, 4), size(8, 2), size(7, 2)] == [2, 2, 4, None]
 
 
@@ -65,9 +66,9 @@ def test_chunks_give_the_whole_batchs_search_with_fewer_rows(tiny, name, monkeyp
   loop, sentences done being left out."""
   model, params = tiny
   settings, outputs = SETTINGS[name]
-  monkeypatch.setattr(live_chunks, "CHUNK_ROWS", 2 * settings.beam_size)
+  _chunks_of(monkeypatch, 2 * settings.beam_size)
   x = padded(SOURCES)  # 8 sentences: 4 chunks of 2
-  assert live_chunks.chunk_size(len(SOURCES), settings.beam_size, jnp.float32) == 2
+  assert live_chunks.chunk_size(len(SOURCES), settings.beam_size) == 2
   found, steps = jax.jit(
     lambda p, x: generate(
       model, p, x, None, settings, MAX_LEN, outputs, segment=SEGMENT, count_steps=True
@@ -96,7 +97,7 @@ def test_translate_all_counts_the_rows_chunks_computed(tiny, monkeypatch):
   )
   rows = []
   for chunk_rows in (live_chunks.CHUNK_ROWS, 2 * settings.beam_size):
-    monkeypatch.setattr(live_chunks, "CHUNK_ROWS", chunk_rows)
+    _chunks_of(monkeypatch, chunk_rows)
     generator = Generator(model, segment=SEGMENT)
     found = generator.translate_all(params, sentences, settings, **options)
     for (ids, scores, _), (want_ids, want_scores, _) in zip(_nested(found), _nested(expected)):
@@ -113,7 +114,7 @@ def test_a_first_piece_that_pauses_steps_every_row(tiny, monkeypatch):
   search in one piece, leave the finished sentences out (chunks of one sentence here)."""
   model, params = tiny
   settings, outputs = SETTINGS["gnmt-finished"]
-  monkeypatch.setattr(live_chunks, "CHUNK_ROWS", settings.beam_size)
+  _chunks_of(monkeypatch, settings.beam_size)
   x = padded(SOURCES)
   begin, resume, _ = _pieces(model, settings, outputs)
   first, _ = begin(params, x, 8)
@@ -126,23 +127,20 @@ def test_a_first_piece_that_pauses_steps_every_row(tiny, monkeypatch):
   assert np.any(np.asarray(one.state.computed) < int(one.state.t))
 
 
-def test_bfloat16_steps_chunks_of_chunk_rows_only(tiny, monkeypatch):
-  """In bfloat16 a chunk holds CHUNK_ROWS rows or the batch steps every row (its cheaper rows pay
-  for a chunk's own work in full chunks only), where float32 takes chunks of half as many; chunked
-  or whole, bfloat16 finds the same ids."""
+def test_bfloat16_leaves_finished_sentences_out_too(tiny, monkeypatch):
+  """bfloat16 steps chunks as float32 does, and finds the ids its whole-batch steps find."""
   model, params = tiny
   settings, outputs = SETTINGS["gnmt-finished"]
-  beam = settings.beam_size
-  found = {}
-  for dtype, chunk_rows in (("bfloat16", 3 * beam), ("float32", 3 * beam), ("bfloat16", 2 * beam)):
-    monkeypatch.setattr(live_chunks, "CHUNK_ROWS", chunk_rows)  # 8 sentences: chunks of 2
-    typed = type(model)(dataclasses.replace(model.config, dtype=dtype))
-    begin, _, _ = _pieces(typed, settings, outputs)
+  typed = type(model)(dataclasses.replace(model.config, dtype="bfloat16"))
+  found = []
+  for rows in (2 * settings.beam_size, 3 * settings.beam_size):  # 8 sentences: chunks of 2, none
+    _chunks_of(monkeypatch, rows)
+    begin, _, _ = _pieces(typed, settings, outputs)  # traced anew: the chunk is chosen then
     piece, last = begin(params, padded(SOURCES), MAX_LEN)
-    found[dtype, chunk_rows] = (np.asarray(piece.state.computed), int(piece.state.t), last)
-  (whole, t_whole, last_whole), (f32, t32, _), (chunked, t_chunked, last_chunked) = found.values()
-  assert np.all(whole == t_whole) and np.any(f32 < t32) and np.any(chunked < t_chunked)
-  np.testing.assert_array_equal(_arrays(last_chunked)[0], _arrays(last_whole)[0])
+    found.append((np.asarray(piece.state.computed), int(piece.state.t), _arrays(last)[0]))
+  (chunked, t_chunked, ids_chunked), (whole, t_whole, ids_whole) = found
+  assert np.any(chunked < t_chunked) and np.all(whole == t_whole)
+  np.testing.assert_array_equal(ids_chunked, ids_whole)
 
 
 def test_spare_entries_of_a_joined_piece_are_not_stepped(tiny, monkeypatch):
@@ -151,7 +149,7 @@ def test_spare_entries_of_a_joined_piece_are_not_stepped(tiny, monkeypatch):
   gets beside copies of itself that search, and the spare rows compute no step."""
   model, params = tiny
   settings, outputs = SETTINGS["gnmt-exact"]
-  monkeypatch.setattr(live_chunks, "CHUNK_ROWS", settings.beam_size)  # chunks of one sentence
+  _chunks_of(monkeypatch, settings.beam_size)  # chunks of one sentence
   begin, resume, _ = _pieces(model, settings, outputs)
   first, _ = begin(params, padded(SOURCES), 4)
   host = jax.tree_util.tree_map(np.asarray, first)
