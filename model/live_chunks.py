@@ -15,9 +15,9 @@ outputs are final (model/search.py's `beam_best` reads no live row of it); one d
 It needs a cache kept in place (model/ancestry.py), whose rows a chunk reads through the table
 and writes one position of, wherever its sentences' rows are. A chunk's products run over
 `chunk x beam` rows instead of the batch's, which XLA:CPU may round differently in the last bits
-(docs/experiments.md): the same texts, scores a few units in the last place apart. `chunk_size`
-picks the chunk: rows enough for the products (MIN_CHUNK_ROWS to CHUNK_ROWS), a divisor of the
-batch, smaller than it.
+(docs/experiments.md): in float32 the same texts, scores a few units in the last place apart;
+in int8 a rare text may part too (one line of 5,000). `chunk_size` picks the chunk: rows enough
+for the products (MIN_CHUNK_ROWS to CHUNK_ROWS), a divisor of the batch, smaller than it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from model import ancestry, cache_kinds, search
 # Rows a chunk holds at most, and at least: the most rows per chunk that still leaves out finished
 # sentences at a fine grain; with fewer, a chunk's own calls (each product packing its weights
 # again, its rows gathered and written back) cost more than the rows it leaves out (20 rows did in
-# float32, bfloat16 and int8; docs/experiments.md, "Steps over the sentences still searching").
+# float32, bfloat16 and int8; docs/experiments.md, "Chunks by their rows, not by the dtype").
 CHUNK_ROWS = 40
 MIN_CHUNK_ROWS = 30
 _AT = "live_chunks"  # the loop's own entry in the cache while it runs (`run`)
