@@ -34,7 +34,6 @@ from model.decoder_state import (
   grow_target,
   initial_cache,
   matrices_for_decoding,
-  only_ids_below,
 )
 from model.generate import OUTPUTS, best_outputs
 from model.search_settings import MARIAN, SearchSettings
@@ -175,17 +174,17 @@ def _run(model, params, piece, settings, max_decode_len, start, until, outputs, 
     chunk = live_chunks.chunk_size(*shape)
   if chunk:  # only the chunks of sentences still searching (model/live_chunks.py)
     source = lambda idx: jax.tree_util.tree_map(lambda x: x[idx], piece.source)
-    step_for = lambda idx: only_ids_below(cached_step(model, params, source(idx)), num_ids)
+    step_for = lambda idx: cached_step(model, params, source(idx), num_ids)
     segments = (first, grow, start, until)
     state = live_chunks.run(
       step_for, piece.state, max_decode_len, chunk, segments, max_lens=piece.max_lens, **rules
     )
   else:
-    step, reorder = cached_step(model, params, piece.source), None
+    step, reorder = cached_step(model, params, piece.source, num_ids), None
     if kept:
       step, reorder = ancestry.in_place_step(step), ancestry.reorder
     state = search.beam_resume(
-      only_ids_below(step, num_ids),
+      step,
       piece.state,
       max_decode_len,
       start=start,

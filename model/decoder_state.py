@@ -23,18 +23,24 @@ from model.quantize import MATRICES, quantize_matrices
 from model.special_tokens import EOS_ID
 
 
-def cached_step(model, params, source=None):
-  """step_fn over the model's decoding cache: one decoder position per call. The search carries
-  the `STATE` and `TARGET` entries ({kind: tree}); `source` holds the `SOURCE` entries, shared by
-  all beams of a sentence (closed over, so search neither copies them per beam nor reorders them
-  each step). model/cache_kinds.py says which entry is which."""
+def cached_step(model, params, source=None, num_ids: int | None = None):
+  """step_fn over the model's decoding cache: one decoder position per call, its logits float32
+  with PAD (and with `num_ids` every id >= num_ids) at -inf (`distribution.mask`; a model with
+  `masks_logits` masks them in its own `decode_step`). The search carries the `STATE` and
+  `TARGET` entries ({kind: tree}); `source` holds the `SOURCE` entries, shared by all beams of a
+  sentence (closed over, so search neither copies them per beam nor reorders them each step).
+  model/cache_kinds.py says which entry is which."""
+  own = {"masked": True, "num_ids": num_ids} if getattr(model, "masks_logits", False) else None
 
   def step(ids, carried):
     variables = {"params": params, **carried}
     if source:
       variables[cache_kinds.SOURCE] = source
-    logits, state = model.apply(variables, ids, method="decode_step", mutable=cache_kinds.CARRIED)
-    return distribution.mask(logits), {kind: state.get(kind, {}) for kind in cache_kinds.CARRIED}
+    logits, state = model.apply(
+      variables, ids, **(own or {}), method="decode_step", mutable=cache_kinds.CARRIED
+    )
+    logits = logits if own else distribution.mask(logits, num_ids)
+    return logits, {kind: state.get(kind, {}) for kind in cache_kinds.CARRIED}
 
   return step
 

@@ -2,6 +2,7 @@
 from, written once.
 
     logits = mask(logits, num_ids)              # PAD (and ids >= num_ids) impossible, float32
+    never = impossible(vocab, num_ids)          # [vocab] bool: those ids (a model's own mask)
     logp = log_probs(logits)                    # log-softmax in float32 [n, vocab]
     logp = mix(member_logp)                     # an ensemble: log of the members' mean probability
     logp, aux = mixed(member, params, *args)    # each member run (vmap), checked, then mixed
@@ -25,6 +26,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from model.special_tokens import EOS_ID, PAD_ID
+
+
+def impossible(vocab: int, num_ids: int | None = None):
+  """[vocab] bool: the ids `mask` makes impossible (PAD, and with `num_ids` every id >= num_ids)."""
+  ids = jnp.arange(vocab)
+  return (ids == PAD_ID) if num_ids is None else (ids == PAD_ID) | (ids >= num_ids)
 
 
 def mask(logits, num_ids: int | None = None):

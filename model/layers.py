@@ -105,10 +105,26 @@ class Embed(nn.Module):
     rows = take_rows(table, tokens) if isinstance(table, Int8Matrix) else jnp.take(table, tokens, 0)
     return (rows * jnp.sqrt(self.d_model)).astype(self.dtype)
 
-  def attend(self, x: jax.Array, out_dtype=None) -> jax.Array:
+  def attend(self, x: jax.Array, out_dtype=None, impossible=None) -> jax.Array:
     """[batch, length, d_model] -> [batch, length, vocab] logits (x Eᵀ), in `out_dtype` (default
-    the computation dtype)."""
-    return product("bld,vd->blv", x, self.embedding, self.dtype, out_dtype)
+    the computation dtype). `impossible` ([vocab] bool, or None): ids whose logits are -inf.
+
+    Those are folded into the product: x gets a last feature of 1, E a last column of 0, or -inf
+    at an impossible id. Every other logit is then the same sum over d_model, in the same order,
+    plus an exact 0: the same bits as without the mask (checked in tests/test_model.py), and no
+    pass over the logits to mask them, which XLA:CPU would copy the logits for when several
+    readers follow (beam search's top-k, model/top_k.py). An int8 table is masked after the
+    product."""
+    table = self.embedding
+    if impossible is None:
+      return product("bld,vd->blv", x, table, self.dtype, out_dtype)
+    if isinstance(table, Int8Matrix):
+      logits = product("bld,vd->blv", x, table, self.dtype, out_dtype)
+      return jnp.where(impossible, jnp.asarray(-jnp.inf, logits.dtype), logits)
+    one = jnp.ones(x.shape[:-1] + (1,), x.dtype)
+    column = jnp.where(impossible, -jnp.inf, 0.0).astype(table.dtype)[:, None]
+    both = (jnp.concatenate([x, one], -1), jnp.concatenate([table, column], 1))
+    return product("bld,vd->blv", *both, self.dtype, out_dtype)
 
 
 class Dense(nn.Module):

@@ -62,9 +62,12 @@ which itself costs log-prob 0 (the 'fairseq' penalty ends a step earlier: below)
 still live at ``max_len`` (no EOS) has ``len = max_len``.
 
 Each step expands every live beam over the vocabulary and takes the top ``2*beam``
-candidates. EOS candidates ranked within the top ``beam`` (i.e. ones that would occupy
-a beam) move to the finished set, which keeps the ``beam`` best scores; the live set
-is the top ``beam`` non-EOS candidates (there are always enough among ``2*beam``).
+candidates; without a prefix, from the logits themselves (``top_k.log_softmax_top_k``: the
+values and ties of the written-out log-probabilities), which step functions hand over with
+their impossible ids at -inf (model/decoder_state.py `cached_step`). EOS candidates ranked
+within the top ``beam`` (i.e. ones that would occupy a beam) move to the finished set, which
+keeps the ``beam`` best scores; the live set is the top ``beam`` non-EOS candidates (there are
+always enough among ``2*beam``).
 With the 'exact' stopping rule (GNMT's default) a batch entry is done, and its finished set
 frozen, once the set is full and the best live ``logp`` divided by the largest length penalty
 it can still get (at most ``min(max_lens, max_len)`` tokens) cannot beat the worst finished
@@ -108,7 +111,7 @@ from model.token_step import (
   token_advance,
   write_step,
 )
-from model.top_k import beams_top_k
+from model.top_k import beams_top_k, log_softmax_top_k
 
 __all__ = [
   "PAD_ID",
@@ -420,19 +423,43 @@ def _candidates(s: _BeamState, logp, eos_id: int, prefix, keep: bool) -> _Candid
   b, k, vocab = logp.shape
   t = s.t
   vals, flat = beams_top_k(s.live_logp[:, :, None] + logp, 2 * k)  # [b, 2k]
-  src, tok = flat // vocab, (flat % vocab).astype(jnp.int32)
-  is_eos = tok == eos_id
   dropped = None
   if prefix is not None and not keep:
     first = jnp.asarray(t) == jnp.sum(prefix != PAD_ID, axis=1)  # [b]
-    dropped = first[:, None] & is_eos & (jnp.arange(2 * k) > 0)
+    dropped = first[:, None] & (flat % vocab == eos_id) & (jnp.arange(2 * k) > 0)
+  gain = None
+  if s.live_tokp is not None:  # each candidate's own token log-probability
+    gain = jnp.take_along_axis(logp.reshape(b, k * vocab), flat, axis=1)  # [b, 2k]
+  return _candidate_paths(s, vals, flat, vocab, gain, eos_id, dropped)
+
+
+def _candidate_paths(s: _BeamState, vals, flat, vocab: int, gain, eos_id: int, dropped=None):
+  """`_Candidates` of the top ``2*beam`` (``vals``, ``flat`` indices into ``beam * vocab``), their
+  tokens written at step ``s.t``, as are their own log-probabilities ``gain`` when tracked."""
+  src, tok = flat // vocab, (flat % vocab).astype(jnp.int32)
+  is_eos = tok == eos_id
+  if dropped is not None:
     is_eos, vals = is_eos & ~dropped, jnp.where(dropped, NEG_INF, vals)
   tokp = None
-  if s.live_tokp is not None:  # each candidate's own token log-probability, written at step t
-    gain = jnp.take_along_axis(logp.reshape(b, k * vocab), flat, axis=1)  # [b, 2k]
-    tokp = write_step(_take_beams(s.live_tokp, src), gain, t)
-  seqs = write_step(_take_beams(s.live_seqs, src), tok, t)
+  if s.live_tokp is not None:
+    tokp = write_step(_take_beams(s.live_tokp, src), gain, s.t)
+  seqs = write_step(_take_beams(s.live_seqs, src), tok, s.t)
   return _Candidates(vals, src, tok, seqs, tokp, is_eos, dropped)
+
+
+def _candidates_of_logits(s: _BeamState, logits, max_lens, eos_id: int) -> _Candidates:
+  """``_candidates`` of ``next_log_probs(logits, s.t, max_lens=max_lens, beam=beam)`` (no prefix),
+  identical, without the log-softmax written out (``top_k.log_softmax_top_k``)."""
+  b, k = s.tok.shape
+  # The step's logits come masked (model/decoder_state.py `cached_step`): a mask written here
+  # would be copied by XLA:CPU for each of their readers.
+  x = logits.astype(jnp.float32).reshape(b, k, -1)
+  forced = None
+  if max_lens is not None:  # at the length limit EOS is the only token
+    at_limit = jnp.broadcast_to(s.t + 1 >= jnp.asarray(max_lens, jnp.int32), (b,))
+    forced = jnp.broadcast_to(at_limit[:, None], (b, k))
+  vals, flat, gain = log_softmax_top_k(x, s.live_logp, 2 * k, only=forced, only_id=eos_id)
+  return _candidate_paths(s, vals, flat, x.shape[-1], gain, eos_id)
 
 
 def _finish(s: _BeamState, c: _Candidates, lp_now, last=None):
@@ -500,10 +527,13 @@ def beam_advance(
   b, k = s.tok.shape
   t = s.t
   keep = check_prefix_rule(prefix_rule) == "forced"
-  logp = next_log_probs(
-    logits, t, max_lens=max_lens, prefix=prefix, keep=keep, eos_id=eos_id, beam=k
-  )
-  c = _candidates(s, logp, eos_id, prefix, keep)
+  if prefix is None:
+    c = _candidates_of_logits(s, logits, max_lens, eos_id)
+  else:
+    logp = next_log_probs(
+      logits, t, max_lens=max_lens, prefix=prefix, keep=keep, eos_id=eos_id, beam=k
+    )
+    c = _candidates(s, logp, eos_id, prefix, keep)
   limits = None if max_lens is None else jnp.asarray(max_lens, jnp.int32)
   last = None  # the 'fairseq' penalty's entries at their last step: CTranslate2's rule
   if penalty == "fairseq" and limits is not None:

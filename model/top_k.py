@@ -3,6 +3,7 @@ stages that run faster on CPU than one `top_k` over a long axis, as beam search 
 step (model/search.py).
 
     values, flat = beams_top_k(x, n)           # x [batch, beam, vocab]: flat index into beam*vocab
+    values, flat, logp = log_softmax_top_k(logits, offset, n)   # the same of offset + log-softmax
 
 XLA:CPU runs `lax.top_k` as a library call (a partial sort) only while every consumer takes all
 `n` results; one taking fewer (`values[:, :k]`) turns it into a full sort of the row, several
@@ -77,3 +78,48 @@ def beams_top_k(x, n: int, chunk: int = 64):
   over the ``beam * n`` survivors.
   """
   return _sliced_top_k(x, n, chunk)
+
+
+def log_softmax_top_k(x, offset, n: int, chunk: int = 64, only=None, only_id: int = 0):
+  """``beams_top_k(offset[..., None] + jax.nn.log_softmax(x), n)`` and the chosen entries'
+  log-probabilities, identical including ties, without the log-softmax written out: ``x``
+  ``[batch, beam, vocab]`` float32 logits, ``offset`` ``[batch, beam]``. ``only`` (``[batch,
+  beam]`` bool, or None): rows whose log-probabilities are 0 at ``only_id`` and -inf elsewhere,
+  whatever ``x`` (model/token_step.py's forced EOS). Returns values and flat int32 indices into
+  ``beam * vocab`` (``[batch, n]``), and the log-probabilities of the chosen entries.
+
+  An entry's score ``offset + ((x - max) - lse)``, rounded as log-softmax and the sum round it, is
+  non-decreasing in ``x`` within a row, so a slice's best score is the score of its largest
+  logit: the slice maxima are taken of ``x`` (a plain max, no pass writing the log-softmax and
+  another the scores, each the size of the logits), then scored; the chosen slices' logits are
+  scored as ``beams_top_k`` would have them."""
+  b, k, vocab = x.shape
+  slices = vocab // chunk
+  whole = not (vocab % chunk or k * vocab <= 4 * chunk or n > k * slices)
+  if whole:  # slices tile each row: its maximum is theirs
+    maxima = jnp.max(x.reshape(b, k, slices, chunk), axis=-1)
+    top = jnp.max(maxima, axis=-1)
+  else:
+    top = jnp.max(x, axis=-1)  # [b, k] as jax.nn.log_softmax shifts and sums
+  lse = jnp.log(jnp.sum(jnp.exp(x - top[..., None]), axis=-1))
+  forced = jnp.zeros((b, k), bool) if only is None else only
+
+  def score(v, top, lse, offset, forced, is_only):  # v and is_only [b, ..., m]; the rest [b, ...]
+    logp = (v - top[..., None]) - lse[..., None]
+    logp = jnp.where(forced[..., None], jnp.where(is_only, 0.0, -jnp.inf), logp)
+    return offset[..., None] + logp, logp
+
+  if not whole:
+    scores, logp = score(x, top, lse, offset, forced, jnp.arange(vocab) == only_id)
+    values, flat = beams_top_k(scores, n, chunk)
+    return values, flat, jnp.take_along_axis(logp.reshape(b, k * vocab), flat, axis=1)
+  best, _ = score(maxima, top, lse, offset, forced, jnp.arange(slices) == only_id // chunk)
+  _, chosen = _top_k(best.reshape(b, k * slices), n)
+  chosen = jnp.sort(chosen, axis=-1)  # [b, n] slice numbers, in flat index order
+  cand = jnp.take_along_axis(x.reshape(b, k * slices, chunk), chosen[..., None], axis=1)
+  row = lambda a: jnp.take_along_axis(a, chosen // slices, axis=1)  # [b, k] -> [b, n]
+  ids = (chosen % slices)[..., None] * chunk + jnp.arange(chunk)  # [b, n, chunk]
+  scores, logp = score(cand, row(top), row(lse), row(offset), row(forced), ids == only_id)
+  values, j = _top_k(scores.reshape(b, n * chunk), n)
+  flat = jnp.take_along_axis(chosen, j // chunk, axis=-1) * chunk + j % chunk
+  return values, flat.astype(jnp.int32), jnp.take_along_axis(logp.reshape(b, -1), j, axis=1)

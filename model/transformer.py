@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from model import cache_kinds, masks
+from model import cache_kinds, distribution, masks
 from model.config import TransformerConfig
 from model.dropout import Dropout
 from model.layers import (
@@ -98,10 +98,12 @@ class Decoder(nn.Module):
     decode=False,
     return_weights=False,
     project_from=0,
+    impossible=None,
   ):
     """decoder_inputs: [batch, tgt_len] ids (already shifted) -> [batch, tgt_len - project_from,
     vocab] logits of the positions from `project_from` on (the others are never projected).
-    With `decode` and a cache, the positions are the cache's next `tgt_len` ones."""
+    With `decode` and a cache, the positions are the cache's next `tgt_len` ones. `impossible`
+    ([vocab] bool, or None): ids whose logits are -inf (`Embed.attend`)."""
     cfg = self.config
     # The position of each incremental step is counted in the cache: [] shared by all rows, or
     # [batch], each row its own (continuous batching, model/pool.py).
@@ -134,7 +136,7 @@ class Decoder(nn.Module):
       y = y[:, project_from:]
     # Decoding takes float32 logits straight from the product's float32 sums.
     if cfg.share_embeddings:
-      logits = embed.attend(y, jnp.float32 if decode else None)
+      logits = embed.attend(y, jnp.float32 if decode else None, impossible)
       if cfg.output_bias:
         init = nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",))
         bias = self.param("logits_bias", init, (cfg.vocab_size,), jnp.float32)
@@ -144,6 +146,8 @@ class Decoder(nn.Module):
       logits = Dense(
         cfg.vocab_size, ("embed", "vocab"), cfg.compute_dtype, out_dtype=out_dtype, name="logits"
       )(y)
+      if impossible is not None:
+        logits = jnp.where(impossible, jnp.asarray(-jnp.inf, logits.dtype), logits)
     return logits
 
 
@@ -257,14 +261,19 @@ class Transformer(nn.Module):
     cross = masks.cross_mask(dummy, inputs)
     self.decoder(dummy, default_positions(dummy), encoded, None, cross, True, decode=True)
 
-  def decode_step(self, ids, return_weights=False):
+  # `decode_step(masked=True)` gives the searches' masked logits itself (model/decoder_state.py).
+  masks_logits = True
+
+  def decode_step(self, ids, return_weights=False, masked=False, num_ids=None):
     """One decoding step from the cache (call with `mutable=model.cache_kinds.CARRIED`).
 
     ids: [batch, 1], the previous target token (0 at the first step). Returns [batch, vocab].
+    With `masked`, float32 logits with the ids `distribution.mask(logits, num_ids)` makes
+    impossible at -inf, the rest unchanged (folded into the output product: `Embed.attend`).
     """
     if ids.ndim != 2 or ids.shape[1] != 1:
       raise ValueError(f"Transformer.decode_step: ids must be [batch, 1], got {ids.shape}")
-    logits = self.decoder(
-      ids, None, None, None, None, True, decode=True, return_weights=return_weights
-    )
+    never = distribution.impossible(self.config.vocab_size, num_ids) if masked else None
+    rest = dict(decode=True, return_weights=return_weights, impossible=never)
+    logits = self.decoder(ids, None, None, None, None, True, **rest)
     return logits[:, 0, :]

@@ -26,7 +26,7 @@ from model.search import (
   sample,
 )
 from model.search_settings import PENALTIES, STOPPING
-from model.top_k import beams_top_k
+from model.top_k import beams_top_k, log_softmax_top_k
 from tests.helpers import Compilations
 
 PAD, EOS = 0, 1
@@ -360,6 +360,52 @@ def test_beams_top_k_equals_flat_top_k(batch, beam, vocab, chunk):
     np.testing.assert_array_equal(vals, ref_vals)
     np.testing.assert_array_equal(flat, ref_flat)
     assert flat.dtype == np.int32
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _scores_top_k_two_ways(x, offset, forced, n, chunk):
+  """log_softmax_top_k of logits x [batch, beam, vocab], and beam search's reference: the
+  log-softmax written out (EOS, id 3, the only token of a `forced` row), the offsets added,
+  beams_top_k of that and the chosen entries' log-probabilities."""
+  logp = jax.nn.log_softmax(x)
+  eos_only = jnp.where(jnp.arange(x.shape[-1]) == 3, 0.0, -INF)
+  logp = jnp.where(forced[..., None], eos_only, logp)
+  vals, flat = beams_top_k(offset[..., None] + logp, n, chunk)
+  gain = jnp.take_along_axis(logp.reshape(x.shape[0], -1), flat, axis=1)
+  got = log_softmax_top_k(x, offset, n, chunk, only=forced, only_id=3)
+  return got, (vals, flat, gain)
+
+
+@pytest.mark.parametrize(
+  "batch,beam,vocab,chunk",
+  [(3, 4, 50, 64), (2, 5, 37, 8), (2, 5, 64, 16), (2, 3, 1001, 64), (2, 5, 8000, 64)],
+)
+def test_log_softmax_top_k_is_beams_top_k_of_the_scores(batch, beam, vocab, chunk):
+  """The beams' top-k taken from the logits (slice maxima of the logits, only the chosen slices
+  scored) equals the top-k of the written-out scores to the bit, ties included (lower flat index
+  first): PAD at -inf, beams at -inf (a first step), rows forced to EOS, equal logits."""
+  rng = np.random.default_rng(batch + beam + vocab + chunk)
+  shape = (batch, beam, vocab)
+  pad = np.where(np.arange(vocab) == 0, -INF, 0.0)  # the step's PAD mask
+  offsets = [
+    np.zeros((batch, beam)),
+    -np.abs(rng.standard_normal((batch, beam))) * 4,
+    np.where(np.arange(beam) > 0, -INF, 0.0) * np.ones((batch, 1)),  # one live beam
+  ]
+  logits = [
+    rng.standard_normal(shape) * 3,
+    rng.integers(0, 3, shape).astype(np.float64),  # ties within and across beams
+    np.where(rng.random(shape) < 0.9, -30.0, rng.standard_normal(shape)),
+  ]
+  forced = [np.zeros((batch, beam), bool), rng.random((batch, beam)) < 0.5]
+  for x in logits:
+    for offset in offsets:
+      for f in forced:
+        args = ((x + pad).astype(np.float32), offset.astype(np.float32), f, 2 * beam, chunk)
+        got, want = _scores_top_k_two_ways(*args)
+        for a, b in zip(got, want):
+          np.testing.assert_array_equal(a, b)
+        assert got[1].dtype == np.int32
 
 
 def test_beams_top_k_stays_a_library_top_k_on_cpu():
