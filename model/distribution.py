@@ -3,6 +3,7 @@ from, written once.
 
     logits = mask(logits, num_ids)              # PAD (and ids >= num_ids) impossible, float32
     never = impossible(vocab, num_ids)          # [vocab] bool: those ids (a model's own mask)
+    logits = mask_where(logits, never)          # the same values, by a select
     logp = log_probs(logits)                    # log-softmax in float32 [n, vocab]
     logp = mix(member_logp)                     # an ensemble: log of the members' mean probability
     logp, aux = mixed(member, params, *args)    # each member run (vmap), checked, then mixed
@@ -32,6 +33,11 @@ def impossible(vocab: int, num_ids: int | None = None):
   """[vocab] bool: the ids `mask` makes impossible (PAD, and with `num_ids` every id >= num_ids)."""
   ids = jnp.arange(vocab)
   return (ids == PAD_ID) if num_ids is None else (ids == PAD_ID) | (ids >= num_ids)
+
+
+def mask_where(logits, never):
+  """`logits` [..., vocab] with the ids `never` ([vocab] bool, `impossible`) marks at -inf."""
+  return jnp.where(never, jnp.asarray(-jnp.inf, logits.dtype), logits)
 
 
 def mask(logits, num_ids: int | None = None):

@@ -16,7 +16,7 @@ import numpy as np
 from flax.linen import initializers
 
 from model import attention as attn
-from model import cache_kinds
+from model import cache_kinds, distribution
 from model.config import TransformerConfig
 from model.dropout import Dropout
 from model.quantize import Int8Matrix, int8_product, take_rows
@@ -116,11 +116,9 @@ class Embed(nn.Module):
     logits to mask them, which XLA:CPU would copy the logits for when several readers follow
     (beam search's top-k, model/top_k.py). An int8 table is masked after the product."""
     table = self.embedding
-    if impossible is None:
-      return product("bld,vd->blv", x, table, self.dtype, out_dtype)
-    if isinstance(table, Int8Matrix):
+    if impossible is None or isinstance(table, Int8Matrix):
       logits = product("bld,vd->blv", x, table, self.dtype, out_dtype)
-      return jnp.where(impossible, jnp.asarray(-jnp.inf, logits.dtype), logits)
+      return logits if impossible is None else distribution.mask_where(logits, impossible)
     one = jnp.ones(x.shape[:-1] + (1,), x.dtype)
     column = jnp.where(impossible, -jnp.inf, 0.0).astype(table.dtype)[:, None]
     both = (jnp.concatenate([x, one], -1), jnp.concatenate([table, column], 1))

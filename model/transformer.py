@@ -147,7 +147,7 @@ class Decoder(nn.Module):
         cfg.vocab_size, ("embed", "vocab"), cfg.compute_dtype, out_dtype=out_dtype, name="logits"
       )(y)
       if impossible is not None:
-        logits = jnp.where(impossible, jnp.asarray(-jnp.inf, logits.dtype), logits)
+        logits = distribution.mask_where(logits, impossible)
     return logits
 
 

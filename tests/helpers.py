@@ -22,8 +22,10 @@ import numpy as np
 from absl import app as absl_app
 from absl import command_name, flags
 from absl import logging as absl_logging
+from flax import traverse_util
 
 from configs import common
+from model.build import abstract_params
 from training import checkpoint as ckpt
 from training.loop import train
 
@@ -56,6 +58,20 @@ def tiny_config(**overrides):
   c.checkpoint.async_save = False
   c.update_from_flattened_dict(overrides)
   return c
+
+
+def random_params(config, seed=0):
+  """numpy parameters of the model `config` describes: matrices and biases drawn at 1/sqrt(fan)
+  scale, LayerNorm scales 1."""
+  rng = np.random.default_rng(seed)
+  flat = traverse_util.flatten_dict(abstract_params(config))
+  draw = lambda x: rng.standard_normal(x.shape) / np.sqrt(x.shape[-1])
+  return traverse_util.unflatten_dict(
+    {
+      p: (np.ones(x.shape) if p[-1] == "scale" else draw(x)).astype(np.float32)
+      for p, x in flat.items()
+    }
+  )
 
 
 def fixed_batches(n=5, rows=16, length=8, seed=0):

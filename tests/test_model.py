@@ -6,12 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import attention, cache_kinds, masks
+from model import attention, cache_kinds, decoder_state, distribution, masks
+from model.build import build_model
 from model.config import TransformerConfig
 from model.layers import sinusoidal_encoding
 from model.loss import smoothed_cross_entropy, token_accuracy
 from model.transformer import Transformer, shift_right
-from tests.helpers import run_in_process, run_py
+from tests.helpers import random_params, run_in_process, run_py, tiny_config
 
 TINY = TransformerConfig(
   vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_layers=2, dropout_rate=0.0, max_len=64
@@ -528,18 +529,10 @@ def test_a_masked_step_is_the_searches_mask_of_the_step(dtype, shared):
   sums: within 2 ulp whatever the kernel, equal to the bit where the product sums d_model in
   order (YNNPACK on the AMX Xeon at this vocabulary, not at 1,000), and where the mask comes
   after the product (an int8 table, an output layer of its own)."""
-  from flax import traverse_util
-
-  from model import decoder_state, distribution
-  from model.build import abstract_params, build_model
-  from tests.helpers import tiny_config
-
   overrides = {"model.d_model": 128, "model.d_ff": 256, "model.vocab_size": 8000}
   config = tiny_config(**overrides, **{"model.share_embeddings": shared}).model.to_dict()
   rng = np.random.default_rng(7)
-  flat = traverse_util.flatten_dict(abstract_params(config))
-  draw = lambda x: (rng.standard_normal(x.shape) / np.sqrt(x.shape[-1])).astype(np.float32)
-  params = traverse_util.unflatten_dict({p: draw(x) for p, x in flat.items()})
+  params = random_params(config, 7)
   model = build_model(dict(config, dtype=dtype))
   params = decoder_state.matrices_for_decoding(model, params)
   cuts = (None, 7000)

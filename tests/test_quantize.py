@@ -9,9 +9,9 @@ import pytest
 from flax import traverse_util
 
 from model import decoder_state
-from model.build import abstract_params, build_model
+from model.build import build_model
 from model.quantize import Int8Matrix, dequantize, int8_product, quantize, quantize_matrices
-from tests.helpers import tiny_config
+from tests.helpers import random_params, tiny_config
 
 CONFIG = tiny_config(**{"model.num_layers": 2}).model.to_dict()  # d_model 32, 4 heads, d_ff 64
 VOCAB = CONFIG["vocab_size"]
@@ -28,19 +28,6 @@ def _np_int8_product(x, w):
   xq, sx = q(x, 1)
   wq, sw = q(w, 0)
   return (xq @ wq).astype(np.float32) * sx * sw
-
-
-def _random_params(config, seed=0):
-  """Matrices and biases drawn at 1/sqrt(fan) scale; LayerNorm scales 1."""
-  rng = np.random.default_rng(seed)
-  flat = traverse_util.flatten_dict(abstract_params(config))
-  draw = lambda x: rng.standard_normal(x.shape) / np.sqrt(x.shape[-1])
-  return traverse_util.unflatten_dict(
-    {
-      p: (np.ones(x.shape) if p[-1] == "scale" else draw(x)).astype(np.float32)
-      for p, x in flat.items()
-    }
-  )
 
 
 def test_quantize_keeps_each_entry_within_half_a_step():
@@ -83,7 +70,7 @@ def test_the_int8_product_over_two_summed_axes_and_its_errors():
 @pytest.mark.parametrize("share_embeddings", [True, False])
 def test_every_matrix_is_quantized_over_the_axes_its_product_sums(share_embeddings):
   config = dict(CONFIG, share_embeddings=share_embeddings)
-  params = _random_params(config)
+  params = random_params(config)
   flat = traverse_util.flatten_dict(
     quantize_matrices(params), is_leaf=lambda p, x: isinstance(x, Int8Matrix)
   )
@@ -102,7 +89,7 @@ def test_every_matrix_is_quantized_over_the_axes_its_product_sums(share_embeddin
     flat[("decoder", "layer_0", "ffn", "wi", "kernel")].values,
   )
   # An ensemble's members stacked on a leading axis: each quantized as it would be alone.
-  members = [params, _random_params(config, 1)]
+  members = [params, random_params(config, 1)]
   stacked = quantize_matrices(jax.tree_util.tree_map(lambda *a: np.stack(a), *members), leading=1)
   for i, member in enumerate(members):
     alone = jax.tree_util.tree_leaves(quantize_matrices(member))
@@ -115,7 +102,7 @@ def test_a_model_decoding_in_int8_stays_close_to_float32(kind):
   """decode_step's logits through the int8 matrices `matrices_for_decoding` makes, against the
   float32 model: close, and the same argmax for most rows."""
   config = dict(CONFIG, type=kind)
-  params = _random_params(config, 3)
+  params = random_params(config, 3)
   f32, i8 = build_model(config), build_model(dict(config, dtype="int8"))
   quantized = decoder_state.matrices_for_decoding(i8, params)
   assert isinstance(quantized["decoder"]["layer_0"]["ffn"]["wo"]["kernel"], Int8Matrix)
