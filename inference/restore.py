@@ -39,6 +39,9 @@ from inference.params_copy import ParamsCopies
 from inference.program_store import ProgramStore
 from model.build import build_model
 from model.config import INT8
+from model.decoder_state import matrices_for_decoding
+from model.distribution import useful_num_ids
+from model.output_table import fold_tables
 from model.quantize import quantize_matrices
 from training.average import AVERAGE_DIR, average_params, report_average
 from training.checkpoint import (
@@ -152,7 +155,10 @@ PARAMS = "params"  # copies of the parameters (inference/params_copy.py) are kep
 class Loaded:
   """A restored model on its devices: `model` built with the decoding `dtype` (`dtype_reason`:
   why that one), `params` placed on every device of `devices` (replicated), `rows` the sharding
-  that splits a batch's rows over them."""
+  that splits a batch's rows over them. `search_params`: `params` as the searches take them,
+  made once here where each search program would make them again at every call: bfloat16's
+  matrices cast (`model.decoder_state.matrices_for_decoding`), the output table with the
+  searches' mask folded in (`model.output_table.fold_tables`)."""
 
   model: object
   dtype: str
@@ -160,6 +166,7 @@ class Loaded:
   devices: list
   params: object
   rows: NamedSharding
+  search_params: object
 
 
 def restore(
@@ -223,6 +230,14 @@ def place(restored: Restored, *, dtype: str | None = "auto", devices=None) -> Lo
   params = restored.params
   if dtype == INT8:  # once, on the host (numpy: nothing to compile), not in every decoding call
     params = quantize_matrices(params, int(restored.ensemble))
-  params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+  model = build_model(model_cfg)
+  replicated = NamedSharding(mesh, PartitionSpec())
+  # The searches' copy, made once on the host (numpy: nothing to compile): bfloat16's matrices
+  # cast, the output table folded (model/output_table.py).
+  ensemble = int(restored.ensemble)
+  cast = params if dtype == INT8 else matrices_for_decoding(model, params, ensemble)
+  cast = fold_tables(model, cast, useful_num_ids(restored.vocab.vocab_size, model_cfg.vocab_size))
+  placed = jax.device_put(params, replicated)
+  search_params = placed if cast is params else jax.device_put(cast, replicated)
   rows = NamedSharding(mesh, PartitionSpec("batch"))
-  return Loaded(build_model(model_cfg), model_cfg.dtype, reason, list(devices), params, rows)
+  return Loaded(model, model_cfg.dtype, reason, list(devices), placed, rows, search_params)

@@ -290,7 +290,7 @@ class Translator:
     """The translations of `ids` in batches of similar length (inference/generator.py), placed
     on this translator's devices, in input order."""
     return self.generator.translate_all(
-      self.params,
+      self.loaded.search_params,
       ids,
       settings,
       rng=rng,
@@ -334,7 +334,7 @@ class Translator:
     outputs: list = [None] * len(ids)
     found = decode_continuous(
       self.model,
-      self.params,
+      self.loaded.search_params,
       ids,
       settings,
       source_len=bucket_length(max((len(s) for s in ids), default=1)),

@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from model.special_tokens import EOS_ID, PAD_ID
 
 
-def impossible(vocab: int, num_ids: int | None = None):
-  """[vocab] bool: the ids `mask` makes impossible (PAD, and with `num_ids` every id >= num_ids)."""
-  ids = jnp.arange(vocab)
+def impossible(vocab: int, num_ids: int | None = None) -> np.ndarray:
+  """[vocab] bool: the ids `mask` makes impossible (PAD, and with `num_ids` every id >= num_ids);
+  numpy, so a program that folds it knows it when traced (model/output_table.py)."""
+  ids = np.arange(vocab)
   return (ids == PAD_ID) if num_ids is None else (ids == PAD_ID) | (ids >= num_ids)
 
 

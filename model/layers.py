@@ -19,6 +19,7 @@ from model import attention as attn
 from model import cache_kinds, distribution
 from model.config import TransformerConfig
 from model.dropout import Dropout
+from model.output_table import FoldedTable, fold
 from model.quantize import Int8Matrix, int8_product, take_rows
 
 _dense_init = initializers.xavier_uniform()
@@ -102,6 +103,7 @@ class Embed(nn.Module):
   def __call__(self, tokens: jax.Array) -> jax.Array:
     """[batch, length] ids -> [batch, length, d_model]."""
     table = self.embedding
+    table = table.table if isinstance(table, FoldedTable) else table
     rows = take_rows(table, tokens) if isinstance(table, Int8Matrix) else jnp.take(table, tokens, 0)
     return (rows * jnp.sqrt(self.d_model)).astype(self.dtype)
 
@@ -114,15 +116,20 @@ class Embed(nn.Module):
     same bits wherever the product's kernel sums d_model in order (measured at real vocabularies,
     docs/experiments.md; within 2 ulp in any case, tests/test_model.py), and no pass over the
     logits to mask them, which XLA:CPU would copy the logits for when several readers follow
-    (beam search's top-k, model/top_k.py). An int8 table is masked after the product."""
-    table = self.embedding
+    (beam search's top-k, model/top_k.py). An int8 table is masked after the product. A
+    `FoldedTable` (model/output_table.py) brings its folded table, made once per decoding."""
+    table, once = self.embedding, None
+    if isinstance(table, FoldedTable):  # folded once per decoding (model/output_table.py)
+      once = table if impossible is not None and table.holds(impossible) else None
+      table = table.table
     if impossible is None or isinstance(table, Int8Matrix):
       logits = product("bld,vd->blv", x, table, self.dtype, out_dtype)
       return logits if impossible is None else distribution.mask_where(logits, impossible)
-    one = jnp.ones(x.shape[:-1] + (1,), x.dtype)
-    column = jnp.where(impossible, -jnp.inf, 0.0).astype(table.dtype)[:, None]
-    both = (jnp.concatenate([x, one], -1), jnp.concatenate([table, column], 1))
-    return product("bld,vd->blv", *both, self.dtype, out_dtype)
+    x = jnp.concatenate([x, jnp.ones(x.shape[:-1] + (1,), x.dtype)], -1)
+    if once is None:
+      return product("bld,vd->blv", x, fold(table, impossible), self.dtype, out_dtype)
+    subscripts = "bld,dv->blv" if once.transposed else "bld,vd->blv"
+    return product(subscripts, x, once.folded, self.dtype, out_dtype)
 
 
 class Dense(nn.Module):

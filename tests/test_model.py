@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import attention, cache_kinds, decoder_state, distribution, masks
+from model import attention, cache_kinds, decoder_state, distribution, masks, output_table
 from model.build import build_model
 from model.config import TransformerConfig
 from model.layers import sinusoidal_encoding
@@ -528,28 +528,41 @@ def test_a_masked_step_is_the_searches_mask_of_the_step(dtype, shared):
   real searches (d_model 128, 5 and 80 rows): the impossible ids at -inf, the others the same
   sums: within 2 ulp whatever the kernel, equal to the bit where the product sums d_model in
   order (YNNPACK on the AMX Xeon at this vocabulary, not at 1,000), and where the mask comes
-  after the product (an int8 table, an output layer of its own)."""
+  after the product (an int8 table, an output layer of its own). With the table folded once
+  (`output_table.fold_tables`, for num_ids None): the same values as the step folding it itself
+  (to the bit), and a step with another mask folds its own."""
   overrides = {"model.d_model": 128, "model.d_ff": 256, "model.vocab_size": 8000}
   config = tiny_config(**overrides, **{"model.share_embeddings": shared}).model.to_dict()
   rng = np.random.default_rng(7)
   params = random_params(config, 7)
   model = build_model(dict(config, dtype=dtype))
   params = decoder_state.matrices_for_decoding(model, params)
+  folded = output_table.fold_tables(model, params, None)
+  assert (folded is params) == (dtype == "int8" or not shared)
   cuts = (None, 7000)
 
   @jax.jit
-  def both(params, inputs, ids):
-    cache = decoder_state.initial_cache(model, params, inputs, 4)
-    step = lambda **kw: model.apply(
-      {"params": params, **cache}, ids, **kw, method="decode_step", mutable=cache_kinds.CARRIED
-    )[0]
-    plain = step()
-    return [(distribution.mask(plain, n), step(masked=True, num_ids=n)) for n in cuts]
+  def both(params, folded, inputs, ids):
+    def step(params, **kw):
+      cache = decoder_state.initial_cache(model, params, inputs, 4)
+      return model.apply(
+        {"params": params, **cache}, ids, **kw, method="decode_step", mutable=cache_kinds.CARRIED
+      )[0]
+
+    plain = step(params)
+    return [
+      (
+        distribution.mask(plain, n),
+        step(params, masked=True, num_ids=n),
+        step(folded, masked=True, num_ids=n),
+      )
+      for n in cuts
+    ]
 
   for rows in (5, 80):
     inputs = jnp.asarray(rng.integers(3, 8000, (rows, 9)), jnp.int32)
     ids = jnp.asarray(rng.integers(3, 8000, (rows, 1)), jnp.int32)
-    for n, (want, got) in zip(cuts, both(params, inputs, ids)):
+    for n, (want, got, once) in zip(cuts, both(params, folded, inputs, ids)):
       want, got = np.asarray(want), np.asarray(got)
       never = np.asarray(distribution.impossible(8000, n))
       assert got.dtype == np.float32 and never[0] and never[7000:].all() == (n == 7000)
@@ -557,3 +570,4 @@ def test_a_masked_step_is_the_searches_mask_of_the_step(dtype, shared):
       np.testing.assert_array_max_ulp(want[:, ~never], got[:, ~never], maxulp=2)
       if dtype == "int8" or not shared:  # masked after the product: the very same values
         assert np.array_equal(want, got), (rows, n)
+      assert np.array_equal(np.asarray(once), got), (rows, n)

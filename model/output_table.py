@@ -1,0 +1,82 @@
+"""The searches' output table: the shared embedding with their mask folded in, made once per
+decoding rather than in every search program.
+
+The searches' step masks the impossible ids (`distribution.impossible`) inside the output
+product (`layers.Embed.attend`): x gets a last feature of 1, the embedding E a last column of 0,
+or -inf at an impossible id. Built inside a program, that [vocab, d_model + 1] table is made again
+at every call, and in bfloat16 converted and laid out again too (docs/experiments.md measures
+it). `fold_tables` makes it once, on the host, beside the table itself:
+
+    params = fold_tables(model, params, num_ids)  # each `embedding` leaf -> FoldedTable
+    logits = embed.attend(x, impossible=distribution.impossible(vocab, num_ids))  # reads it
+
+`Embed` looks ids up in `table` and takes `folded` for a product whose mask is the one the
+table was folded for (`FoldedTable.holds`); any other mask is folded in the program as before.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from model import distribution
+from model.config import INT8
+
+
+@struct.dataclass
+class FoldedTable:
+  """An embedding `table` [..., vocab, d_model] and `folded`: the table with a last column of 0,
+  -inf at the ids `distribution.impossible(vocab, num_ids)`, [..., vocab, d_model + 1], or with
+  `transposed` [..., d_model + 1, vocab] (bfloat16's: XLA:CPU lays a bfloat16 table out so for
+  its product, at every call; a float32 product reads [vocab, d_model + 1] as it is, and sums
+  the transposed one in another order)."""
+
+  table: jax.Array
+  folded: jax.Array
+  num_ids: int | None = struct.field(pytree_node=False, default=None)
+  transposed: bool = struct.field(pytree_node=False, default=False)
+
+  def holds(self, never) -> bool:
+    """Whether `folded`'s column is the mask `never` ([vocab] bool, as
+    `distribution.impossible` gives it: numpy, known when the program is traced)."""
+    vocab = self.table.shape[-2]
+    return (
+      isinstance(never, np.ndarray)
+      and never.shape == (vocab,)
+      and np.array_equal(never, distribution.impossible(vocab, self.num_ids))
+    )
+
+
+def fold(table, never):
+  """`table` [..., vocab, d] with a last column of 0, -inf where `never` ([vocab] bool): [...,
+  vocab, d + 1] in the table's dtype (numpy for a numpy table)."""
+  xp = np if isinstance(table, np.ndarray) else jnp
+  column = xp.where(never, -np.inf, 0.0).astype(table.dtype)[:, None]
+  column = xp.broadcast_to(column, table.shape[:-1] + (1,))
+  return xp.concatenate([table, column], -1)
+
+
+def fold_tables(model, params, num_ids: int | None):
+  """`params` (as `decoder_state.matrices_for_decoding` gives them) with every `embedding` leaf a
+  `FoldedTable` for the mask of `num_ids` (`distribution.useful_num_ids`'s), for a model that
+  masks its logits in its output product (`masks_logits`, shared embeddings, not int8); else
+  `params` itself. Numpy leaves are folded by numpy (on the host, nothing compiled)."""
+  config = model.config
+  if not getattr(model, "masks_logits", False) or not getattr(config, "share_embeddings", False):
+    return params
+  if getattr(config, "dtype", None) == INT8:  # an int8 table is masked after the product
+    return params
+
+  def folded(path, x):
+    if getattr(path[-1], "key", None) != "embedding" or isinstance(x, FoldedTable):
+      return x
+    never = distribution.impossible(x.shape[-2], num_ids)
+    table, transposed = fold(x, never), x.dtype != np.float32
+    if transposed:
+      table = table.swapaxes(-1, -2)
+      table = np.ascontiguousarray(table) if isinstance(x, np.ndarray) else table
+    return FoldedTable(x, table, num_ids, transposed)
+
+  return jax.tree_util.tree_map_with_path(folded, params)
