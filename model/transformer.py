@@ -115,7 +115,9 @@ class Decoder(nn.Module):
         after = jnp.reshape(position.value, (-1, 1))
         if steps > 1:  # a prompt filling the cache in one call (model/decoder_only.py)
           after = after + jnp.arange(steps, dtype=jnp.int32)
-        positions = jnp.broadcast_to(after, decoder_inputs.shape)
+        # A position shared by all rows is encoded once ([1, steps]), not once per row.
+        shared = jnp.ndim(position.value) == 0
+        positions = after if shared else jnp.broadcast_to(after, decoder_inputs.shape)
         position.value = position.value + steps
     embed = self.embed
     if embed is None:

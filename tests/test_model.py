@@ -519,6 +519,40 @@ def test_config_errors_are_clear():
   assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_position_shared_by_all_rows_steps_as_one_per_row(dtype):
+  """A decoding step whose cache counts one position for all rows (a search's) encodes that
+  position once; its logits are those of the same step with each row's own counters
+  (continuous batching's [batch] counters, all equal), to the bit, at steps 0 and 3."""
+  config = tiny_config(**{"model.d_model": 64, "model.vocab_size": 50}).model.to_dict()
+  model = build_model(dict(config, dtype=dtype))
+  params = random_params(config, 3)
+  rng = np.random.default_rng(3)
+  inputs = jnp.asarray(rng.integers(3, 50, (6, 7)), jnp.int32)
+  ids = jnp.asarray(rng.integers(3, 50, (6, 4)), jnp.int32)
+
+  @jax.jit
+  def both(params, inputs, ids):
+    cache = decoder_state.initial_cache(model, params, inputs, 8)
+    carried = {kind: cache[kind] for kind in cache_kinds.CARRIED}
+    rows = jax.tree_util.tree_map(lambda x: jnp.full((6,), x) if x.ndim == 0 else x, carried)
+    out = []
+    for t in range(4):
+      step = lambda carried: model.apply(
+        {"params": params, **cache, **carried},
+        ids[:, t : t + 1],
+        method="decode_step",
+        mutable=cache_kinds.CARRIED,
+      )
+      (a, carried), (b, rows) = step(carried), step(rows)
+      out.append((a, b))
+    return out
+
+  for t, (shared, per_row) in enumerate(both(params, inputs, ids)):
+    if t in (0, 3):
+      assert np.array_equal(np.asarray(shared), np.asarray(per_row)), t
+
+
 @pytest.mark.parametrize(
   "dtype,shared", [("float32", True), ("bfloat16", True), ("int8", True), ("float32", False)]
 )
