@@ -35,8 +35,8 @@ class FoldedTable:
 
   table: jax.Array
   folded: jax.Array
-  num_ids: int | None = struct.field(pytree_node=False, default=None)
-  transposed: bool = struct.field(pytree_node=False, default=False)
+  num_ids: int | None = struct.field(pytree_node=False)
+  transposed: bool = struct.field(pytree_node=False)
 
   def holds(self, never) -> bool:
     """Whether `folded`'s column is the mask `never` ([vocab] bool, as
@@ -69,8 +69,8 @@ def fold_tables(model, params, num_ids: int | None):
   if getattr(config, "dtype", None) == INT8:  # an int8 table is masked after the product
     return params
 
-  def folded(path, x):
-    if getattr(path[-1], "key", None) != "embedding" or isinstance(x, FoldedTable):
+  def folded(path, x):  # a FoldedTable's own leaves end in attribute names: left as they are
+    if getattr(path[-1], "key", None) != "embedding":
       return x
     never = distribution.impossible(x.shape[-2], num_ids)
     table, transposed = fold(x, never), x.dtype != np.float32
