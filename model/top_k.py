@@ -97,7 +97,10 @@ def log_softmax_top_k(x, offset, n: int, chunk: int = 64, only=None, only_id: in
   slices = vocab // chunk
   whole = not (vocab % chunk or k * vocab <= 4 * chunk or n > k * slices)
   if whole:  # slices tile each row: its maximum is theirs
-    maxima = jnp.max(x.reshape(b, k, slices, chunk), axis=-1)
+    # Behind a barrier, the maxima are written once and both readers take them: else XLA merges
+    # the two maxima into one reduction over the logits and computes the slices' again for the
+    # scores, a pass more over [batch, beam, vocab] each step.
+    maxima = lax.optimization_barrier(jnp.max(x.reshape(b, k, slices, chunk), axis=-1))
     top = jnp.max(maxima, axis=-1)
   else:
     top = jnp.max(x, axis=-1)  # [b, k] as jax.nn.log_softmax shifts and sums
