@@ -103,8 +103,12 @@ class Embed(nn.Module):
   def __call__(self, tokens: jax.Array) -> jax.Array:
     """[batch, length] ids -> [batch, length, d_model]."""
     table = self.embedding
-    table = table.table if isinstance(table, FoldedTable) else table
-    rows = take_rows(table, tokens) if isinstance(table, Int8Matrix) else jnp.take(table, tokens, 0)
+    if isinstance(table, FoldedTable):
+      rows = table.rows(tokens)
+    elif isinstance(table, Int8Matrix):
+      rows = take_rows(table, tokens)
+    else:
+      rows = jnp.take(table, tokens, 0)
     return (rows * jnp.sqrt(self.d_model)).astype(self.dtype)
 
   def attend(self, x: jax.Array, out_dtype=None, impossible=None) -> jax.Array:

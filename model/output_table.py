@@ -31,10 +31,13 @@ class FoldedTable:
   -inf at the ids `distribution.impossible(vocab, num_ids)`, [..., vocab, d_model + 1], or with
   `transposed` [..., d_model + 1, vocab] (bfloat16's: XLA:CPU lays a bfloat16 table out so for
   its product, at every call; a float32 product reads [vocab, d_model + 1] as it is, and sums
-  the transposed one in another order)."""
+  the transposed one in another order). `bits`: a bfloat16 table's bits, whose rows XLA:CPU
+  gathers as they are, where it gathers bfloat16 rows from the whole table made float32 at
+  every call."""
 
   table: jax.Array
   folded: jax.Array
+  bits: jax.Array | None  # bfloat16's table as uint16, for `bits_rows` (None in float32)
   num_ids: int | None = struct.field(pytree_node=False)
   transposed: bool = struct.field(pytree_node=False)
 
@@ -47,6 +50,12 @@ class FoldedTable:
       and never.shape == (vocab,)
       and np.array_equal(never, distribution.impossible(vocab, self.num_ids))
     )
+
+  def rows(self, ids):
+    """`jnp.take(self.table, ids, 0)`, the same bits: [*ids.shape, d_model]."""
+    if self.bits is None:
+      return jnp.take(self.table, ids, 0)
+    return jax.lax.bitcast_convert_type(jnp.take(self.bits, ids, 0), self.table.dtype)
 
 
 def fold(table, never):
@@ -77,6 +86,11 @@ def fold_tables(model, params, num_ids: int | None):
     if transposed:
       table = table.swapaxes(-1, -2)
       table = np.ascontiguousarray(table) if isinstance(x, np.ndarray) else table
-    return FoldedTable(x, table, num_ids, transposed)
+    bits = None
+    if transposed and isinstance(x, np.ndarray) and x.dtype.itemsize == 2:
+      bits = x.view(np.uint16)
+    elif transposed and x.dtype.itemsize == 2:
+      bits = jax.lax.bitcast_convert_type(x, jnp.uint16)
+    return FoldedTable(x, table, bits, num_ids, transposed)
 
   return jax.tree_util.tree_map_with_path(folded, params)
