@@ -151,11 +151,12 @@ def _no_jax_cache_writes(change: int) -> None:
 
 
 def _inputs(compiled: jax.stages.Compiled) -> str:
-  """The shapes of a program's integer arguments (the batch's token ids), for the log."""
+  """The shapes of a program's int32 and int64 arguments (the batch's token ids), for the log:
+  not the parameters' int8 weights or a bfloat16 table's uint16 bits (model/output_table.py)."""
   shapes = [
     f"{x.dtype}[{','.join(map(str, x.shape))}]"
     for x in jax.tree_util.tree_leaves(compiled.args_info)
-    if x.shape and jax.dtypes.issubdtype(x.dtype, np.integer)
+    if x.shape and x.dtype in (np.int32, np.int64)
   ]
   return ", ".join(shapes) or "scalar arguments"
 
