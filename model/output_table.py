@@ -10,8 +10,10 @@ it). `fold_tables` makes it once, on the host, beside the table itself:
     params = fold_tables(model, params, num_ids)  # each `embedding` leaf -> FoldedTable
     logits = embed.attend(x, impossible=distribution.impossible(vocab, num_ids))  # reads it
 
-`Embed` looks ids up in `table` and takes `folded` for a product whose mask is the one the
-table was folded for (`FoldedTable.holds`); any other mask is folded in the program as before.
+`Embed` looks ids up in `table` (`FoldedTable.rows`: a bfloat16 table's rows through its
+`bits`, which XLA:CPU gathers without converting the whole table) and takes `folded` for a
+product whose mask is the one the table was folded for (`FoldedTable.holds`); any other mask is
+folded in the program as before.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class FoldedTable:
 
   table: jax.Array
   folded: jax.Array
-  bits: jax.Array | None  # bfloat16's table as uint16, for `bits_rows` (None in float32)
+  bits: jax.Array | None  # a bfloat16 table as uint16, for `rows` (None in float32)
   num_ids: int | None = struct.field(pytree_node=False)
   transposed: bool = struct.field(pytree_node=False)
 
