@@ -89,10 +89,9 @@ def fold_tables(model, params, num_ids: int | None):
       table = table.swapaxes(-1, -2)
       table = np.ascontiguousarray(table) if isinstance(x, np.ndarray) else table
     bits = None
-    if transposed and isinstance(x, np.ndarray) and x.dtype.itemsize == 2:
-      bits = x.view(np.uint16)
-    elif transposed and x.dtype.itemsize == 2:
-      bits = jax.lax.bitcast_convert_type(x, jnp.uint16)
+    if x.dtype.itemsize == 2:  # bfloat16: its rows looked up by their bits (`rows`)
+      numpy = isinstance(x, np.ndarray)
+      bits = x.view(np.uint16) if numpy else jax.lax.bitcast_convert_type(x, jnp.uint16)
     return FoldedTable(x, table, bits, num_ids, transposed)
 
   return jax.tree_util.tree_map_with_path(folded, params)

@@ -572,6 +572,10 @@ def test_a_masked_step_is_the_searches_mask_of_the_step(dtype, shared):
   params = decoder_state.matrices_for_decoding(model, params)
   folded = output_table.fold_tables(model, params, None)
   assert (folded is params) == (dtype == "int8" or not shared)
+  on_device = output_table.fold_tables(model, jax.tree_util.tree_map(jnp.asarray, params), None)
+  leaves = jax.tree_util.tree_leaves
+  assert len(leaves(on_device)) == len(leaves(folded))  # numpy's and jax's folds, bits included
+  assert all(np.array_equal(np.asarray(a), b) for a, b in zip(leaves(on_device), leaves(folded)))
   cuts = (None, 7000)
 
   @jax.jit
