@@ -130,10 +130,8 @@ class Embed(nn.Module):
       logits = product("bld,vd->blv", x, table, self.dtype, out_dtype)
       return logits if impossible is None else distribution.mask_where(logits, impossible)
     x = jnp.concatenate([x, jnp.ones(x.shape[:-1] + (1,), x.dtype)], -1)
-    if once is None:
-      return product("bld,vd->blv", x, fold(table, impossible), self.dtype, out_dtype)
-    subscripts = "bld,dv->blv" if once.transposed else "bld,vd->blv"
-    return product(subscripts, x, once.folded, self.dtype, out_dtype)
+    folded = fold(table, impossible) if once is None else once.folded
+    return product("bld,dv->blv", x, folded, self.dtype, out_dtype)
 
 
 class Dense(nn.Module):

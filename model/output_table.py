@@ -29,19 +29,15 @@ from model.config import INT8
 
 @struct.dataclass
 class FoldedTable:
-  """An embedding `table` [..., vocab, d_model] and `folded`: the table with a last column of 0,
-  -inf at the ids `distribution.impossible(vocab, num_ids)`, [..., vocab, d_model + 1], or with
-  `transposed` [..., d_model + 1, vocab] (bfloat16's: XLA:CPU lays a bfloat16 table out so for
-  its product, at every call; a float32 product reads [vocab, d_model + 1] as it is, and sums
-  the transposed one in another order). `bits`: a bfloat16 table's bits, whose rows XLA:CPU
-  gathers as they are, where it gathers bfloat16 rows from the whole table made float32 at
-  every call."""
+  """An embedding `table` [..., vocab, d_model] and `folded`: `fold(table, never)` transposed,
+  [..., d_model + 1, vocab] (`fold`), for the ids `never = distribution.impossible(vocab,
+  num_ids)`. `bits`: a bfloat16 table's bits, whose rows XLA:CPU gathers as they are, where it
+  gathers bfloat16 rows from the whole table made float32 at every call."""
 
   table: jax.Array
   folded: jax.Array
   bits: jax.Array | None  # a bfloat16 table as uint16, for `rows` (None in float32)
   num_ids: int | None = struct.field(pytree_node=False)
-  transposed: bool = struct.field(pytree_node=False)
 
   def holds(self, never) -> bool:
     """Whether `folded`'s column is the mask `never` ([vocab] bool, as
@@ -61,12 +57,18 @@ class FoldedTable:
 
 
 def fold(table, never):
-  """`table` [..., vocab, d] with a last column of 0, -inf where `never` ([vocab] bool): [...,
-  vocab, d + 1] in the table's dtype (numpy for a numpy table)."""
+  """`table` [..., vocab, d] with a last column of 0, -inf where `never` ([vocab] bool), laid out
+  transposed for the output product: [..., d + 1, vocab] in the table's dtype (numpy, contiguous,
+  for a numpy table; in a program, behind an optimization barrier, so that XLA keeps the
+  transposed copy rather than folding the transpose into the product). XLA:CPU's products read
+  [d + 1, vocab] faster than [vocab, d + 1] at a search's rows, and sum its d + 1 in another
+  order in float32 (the last bits of some logits): made so in and out of a program alike, a
+  table folded once (`fold_tables`) gives the step the same bits as one folded in it."""
   xp = np if isinstance(table, np.ndarray) else jnp
   column = xp.where(never, -np.inf, 0.0).astype(table.dtype)[:, None]
   column = xp.broadcast_to(column, table.shape[:-1] + (1,))
-  return xp.concatenate([table, column], -1)
+  folded = xp.concatenate([table, column], -1).swapaxes(-1, -2)
+  return np.ascontiguousarray(folded) if xp is np else jax.lax.optimization_barrier(folded)
 
 
 def fold_tables(model, params, num_ids: int | None):
@@ -84,14 +86,10 @@ def fold_tables(model, params, num_ids: int | None):
     if getattr(path[-1], "key", None) != "embedding":
       return x
     never = distribution.impossible(x.shape[-2], num_ids)
-    table, transposed = fold(x, never), x.dtype != np.float32
-    if transposed:
-      table = table.swapaxes(-1, -2)
-      table = np.ascontiguousarray(table) if isinstance(x, np.ndarray) else table
     bits = None
     if x.dtype.itemsize == 2:  # bfloat16: its rows looked up by their bits (`rows`)
       numpy = isinstance(x, np.ndarray)
       bits = x.view(np.uint16) if numpy else jax.lax.bitcast_convert_type(x, jnp.uint16)
-    return FoldedTable(x, table, bits, num_ids, transposed)
+    return FoldedTable(x, fold(x, never), bits, num_ids)
 
   return jax.tree_util.tree_map_with_path(folded, params)
