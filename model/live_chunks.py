@@ -17,7 +17,8 @@ and writes one position of, wherever its sentences' rows are. A chunk's products
 `chunk x beam` rows instead of the batch's, which XLA:CPU may round differently in the last bits
 (docs/experiments.md): in float32 the same texts, scores a few units in the last place apart;
 in int8 a rare text may part too (one line of 5,000). `chunk_size` picks the chunk: rows enough
-for the products (MIN_CHUNK_ROWS to CHUNK_ROWS), a divisor of the batch, smaller than it.
+for the products (MIN_CHUNK_ROWS to CHUNK_ROWS), a divisor of the batch, at most a quarter of it
+(MIN_CHUNKS).
 """
 
 from __future__ import annotations
@@ -30,20 +31,23 @@ from jax import lax
 
 from model import ancestry, cache_kinds, search
 
-# Rows a chunk holds at most, and at least: the most rows per chunk that still leaves out finished
-# sentences at a fine grain; with fewer, a chunk's own calls (each product packing its weights
-# again, its rows gathered and written back) cost more than the rows it leaves out (20 rows did in
-# float32, bfloat16 and int8; docs/experiments.md, "Chunks by their rows, not by the dtype").
+# Rows a chunk holds at most and at least, and the fewest chunks a batch splits into: a batch of
+# 16 sentences of beam 5 steps chunks of 4 sentences (20 rows), one of 8 steps whole. Two chunks of
+# a batch leave out too few finished sentences for what a chunk's own calls cost (each product
+# reading its weights again, its rows gathered and written back): 20-row halves of 8 long
+# sentences were slower than the whole batch, 20-row quarters of 16 faster than 40-row halves
+# (docs/experiments.md, "Chunks by their rows, not by the dtype" and "Quarters of a piece").
 CHUNK_ROWS = 40
-MIN_CHUNK_ROWS = 30
+MIN_CHUNK_ROWS = 16
+MIN_CHUNKS = 4
 _AT = "live_chunks"  # the loop's own entry in the cache while it runs (`run`)
 
 
 def chunk_size(batch: int, beam: int) -> int | None:
   """Sentences per chunk for a batch of `batch` sentences of `beam` rows: the largest divisor of
-  `batch` below it with at most `CHUNK_ROWS` rows, if it has at least `MIN_CHUNK_ROWS`; else None
-  (the batch is stepped whole)."""
-  for size in range(min(batch - 1, CHUNK_ROWS // beam), 0, -1):
+  `batch` with at most `CHUNK_ROWS` rows and at most `batch // MIN_CHUNKS` sentences, if it has at
+  least `MIN_CHUNK_ROWS` rows; else None (the batch is stepped whole)."""
+  for size in range(min(batch // MIN_CHUNKS, CHUNK_ROWS // beam), 0, -1):
     if batch % size == 0:
       return size if size * beam >= MIN_CHUNK_ROWS else None
   return None

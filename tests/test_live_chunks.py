@@ -48,15 +48,15 @@ def tiny():
 
 
 def test_a_chunk_is_a_divisor_of_the_batch_with_rows_enough(monkeypatch):
-  """The largest divisor of the batch below it with at most CHUNK_ROWS rows, at least
-  MIN_CHUNK_ROWS; None when there is none (the batch is stepped whole)."""
+  """The largest divisor of the batch with at most CHUNK_ROWS rows and a MIN_CHUNKS-th of the
+  batch's sentences, at least MIN_CHUNK_ROWS rows; None when there is none (stepped whole)."""
   size = live_chunks.chunk_size
-  assert (live_chunks.CHUNK_ROWS, live_chunks.MIN_CHUNK_ROWS) == (40, 30)
-  assert [size(16, 5), size(64, 5), size(16, 4), size(8, 8), size(24, 5)] == [8, 8, 8, 4, 8]
+  assert (live_chunks.CHUNK_ROWS, live_chunks.MIN_CHUNK_ROWS, live_chunks.MIN_CHUNKS) == (40, 16, 4)
+  assert [size(16, 5), size(64, 5), size(16, 4), size(8, 8), size(24, 5)] == [4, 8, 4, 2, 6]
   assert [size(8, 5), size(6, 5), size(4, 5), size(9, 5), size(16, 1), size(1, 5)] == [None] * 6
   monkeypatch.setattr(live_chunks, "CHUNK_ROWS", 8)
   monkeypatch.setattr(live_chunks, "MIN_CHUNK_ROWS", 4)
-  assert [size(8, 3), size(8, 4), size(8, 2), size(7, 2)] == [2, 2, 4, None]
+  assert [size(8, 3), size(8, 4), size(8, 2), size(7, 2), size(16, 2)] == [2, 2, 2, None, 4]
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
