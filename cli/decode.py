@@ -94,9 +94,9 @@ def _define_model_flags(flag_values: flags.FlagValues) -> None:
     "dtype",
     "auto",
     list(DTYPES),
-    "Computation dtype; auto: bfloat16 where the devices multiply it natively (GPUs, TPUs, CPUs "
-    "with AMX or AVX512-BF16), else float32 (core/cpu.py); int8: int8 products from matrices "
-    "quantized per output channel, as CTranslate2's int8 (Transformer models).",
+    "Computation dtype; auto: bfloat16 where the devices multiply it faster (GPUs, TPUs, CPUs "
+    "with AMX, AMD's with AVX512-BF16), else float32 (core/cpu.py); int8: int8 products from "
+    "matrices quantized per output channel, as CTranslate2's int8 (Transformer models).",
     **f,
   )
   flags.DEFINE_string(

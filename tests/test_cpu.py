@@ -1,35 +1,34 @@
-"""The dtype 'auto' resolves to (core/cpu.py): bfloat16 where the products are native (GPUs,
-TPUs, x86 CPUs with AMX or AVX512-BF16), float32 elsewhere, for given CPU flag sets."""
+"""The dtype 'auto' resolves to (core/cpu.py): bfloat16 where the products are native and faster
+than float32's (GPUs, TPUs, x86 CPUs with AMX, AMD CPUs with AVX512-BF16), float32 elsewhere, for
+given CPU flag sets and vendors."""
 
 import pytest
 
-from core.cpu import cpu_flags, native_dtype
+from core.cpu import cpu_flags, cpu_vendor, native_dtype
 
 AVX2 = {"sse4_2", "avx", "avx2", "fma", "f16c"}  # e.g. AMD EPYC Zen 3
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # e.g. Ice Lake
+AMX = {"avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}
+AMD, INTEL = "AuthenticAMD", "GenuineIntel"
 
 
 @pytest.mark.parametrize(
-  "flags, dtype, named",
+  "flags, vendor, dtype, named",
   [
-    (AVX2, "float32", "would emulate bfloat16"),
-    (AVX512, "float32", "would emulate bfloat16"),
-    (
-      AVX512 | {"avx512_bf16"},
-      "bfloat16",
-      "with AVX512-BF16, flag avx512_bf16",
-    ),  # Cooper Lake, Zen 4
-    (
-      AVX512 | {"avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"},
-      "bfloat16",
-      "with AMX, flag amx_bf16",
-    ),
-    ({"fp", "asimd", "bf16", "sve"}, "float32", "would emulate bfloat16"),  # aarch64
-    (set(), "float32", "would emulate bfloat16"),  # no /proc/cpuinfo
+    (AVX2, AMD, "float32", "would emulate bfloat16"),
+    (AVX512, INTEL, "float32", "would emulate bfloat16"),
+    (AVX512 | {"avx512_bf16"}, AMD, "bfloat16", "with AVX512-BF16, flag avx512_bf16"),  # Zen 4
+    # Cooper Lake; a Sapphire or Emerald Rapids with AMX hidden: one bfloat16 unit, two float32's
+    (AVX512 | {"avx512_bf16"}, INTEL, "float32", "(GenuineIntel) has avx512_bf16 but no AMX"),
+    (AVX512 | {"avx512_bf16"}, "", "float32", "(vendor unknown) has avx512_bf16 but no AMX"),
+    (AVX512 | AMX, INTEL, "bfloat16", "with AMX, flag amx_bf16"),
+    (AVX512 | AMX, AMD, "bfloat16", "with AMX, flag amx_bf16"),
+    ({"fp", "asimd", "bf16", "sve"}, "", "float32", "would emulate bfloat16"),  # aarch64
+    (set(), "", "float32", "would emulate bfloat16"),  # no /proc/cpuinfo
   ],
 )
-def test_cpus_get_bfloat16_only_with_native_products(flags, dtype, named):
-  got, why = native_dtype("cpu", flags)
+def test_cpus_get_bfloat16_only_where_its_products_are_faster(flags, vendor, dtype, named):
+  got, why = native_dtype("cpu", flags, vendor)
   assert got == dtype and why.startswith("auto: ") and named in why, why
 
 
@@ -40,8 +39,8 @@ def test_accelerators_get_bfloat16_and_other_platforms_float32():
   assert native_dtype("metal", {"amx_bf16"})[0] == "float32"
 
 
-def test_this_hosts_flags_decide_by_default():
-  assert native_dtype("cpu") == native_dtype("cpu", cpu_flags())
+def test_this_hosts_flags_and_vendor_decide_by_default():
+  assert native_dtype("cpu") == native_dtype("cpu", cpu_flags(), cpu_vendor())
 
 
 def test_training_resolves_model_dtype_auto_by_the_backend():
