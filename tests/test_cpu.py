@@ -55,3 +55,35 @@ def test_training_resolves_model_dtype_auto_by_the_backend():
   check_config(config, "train")
   check_backend(config)
   assert config.model.dtype == native_dtype(jax.default_backend())[0]
+
+
+@pytest.mark.parametrize(
+  "text, flags, vendor",
+  [
+    (
+      "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512_bf16\n\n"
+      "processor\t: 1\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu\n",
+      {"fpu", "avx2", "avx512_bf16"},
+      "AuthenticAMD",
+    ),
+    ("processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd bf16\n", {"fp", "asimd", "bf16"}, ""),
+    (None, set(), ""),  # no /proc/cpuinfo
+  ],
+)
+def test_flags_and_vendor_are_the_first_processors(monkeypatch, text, flags, vendor):
+  import pathlib
+
+  from core import cpu
+
+  def read_text(self, *args, **kwargs):
+    if text is None:
+      raise FileNotFoundError(self)
+    return text
+
+  monkeypatch.setattr(pathlib.Path, "read_text", read_text)
+  cpu._cpuinfo.cache_clear()
+  try:
+    assert cpu.cpu_flags() == flags and cpu.cpu_vendor() == vendor
+  finally:
+    monkeypatch.undo()
+    cpu._cpuinfo.cache_clear()
