@@ -220,6 +220,7 @@ def test_fetch_command_ahead_of_time_and_offline(mirror, reference, tmp_path, mo
   assert (out / "val.de.gz").read_bytes() == reference["val.de.gz"]
 
   url = f"http://127.0.0.1:{_closed_port()}/mirror"
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the default folder, empty
   down = run_in_process("cli.fetch", "multi30k", "--splits=test_2016_flickr", f"--url={url}")
   assert down.returncode == 1
   last = down.stderr.strip().splitlines()[-1]
