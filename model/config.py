@@ -145,8 +145,8 @@ class TransformerConfig(_Hyperparameters):
   )
   dtype: str = hyperparameter(
     "float32",
-    "computation dtype (params, Adam float32); auto: bfloat16 where faster (core/cpu.py), else "
-    "float32; int8: decoding",
+    "computation dtype (params, Adam float32); auto: bfloat16 if faster, else float32; "
+    "int8: decoding",
     Choice(*DTYPES, INT8),
     resolved=(AUTO,),
   )
