@@ -31,9 +31,9 @@ ACCELERATORS = ("gpu", "tpu", "cuda", "rocm")  # platforms whose matrix units mu
 
 
 @functools.lru_cache(maxsize=1)
-def _cpuinfo() -> dict[str, str]:
-  """The first processor's fields of /proc/cpuinfo (name -> value); empty where there is no such
-  file."""
+def cpuinfo() -> dict[str, str]:
+  """The first processor's fields of /proc/cpuinfo (name -> value: 'model name', 'vendor_id',
+  'flags', ...); empty where there is no such file."""
   try:
     text = pathlib.Path("/proc/cpuinfo").read_text()
   except OSError:
@@ -50,14 +50,14 @@ def _cpuinfo() -> dict[str, str]:
 def cpu_flags() -> frozenset[str]:
   """The host CPU's instruction-set flags (/proc/cpuinfo's `flags`, or `Features` on ARM); empty
   where there is no such file."""
-  info = _cpuinfo()
+  info = cpuinfo()
   return frozenset((info.get("flags") or info.get("Features") or "").split())
 
 
 def cpu_vendor() -> str:
   """The host CPU's vendor (/proc/cpuinfo's `vendor_id`: 'GenuineIntel', 'AuthenticAMD'); '' where
   it does not say."""
-  return _cpuinfo().get("vendor_id", "")
+  return cpuinfo().get("vendor_id", "")
 
 
 def usable_cores() -> int:
@@ -82,12 +82,14 @@ def native_dtype(
     return "float32", f"auto: bfloat16 is not known to be native on platform {platform!r}"
   flags = cpu_flags() if flags is None else frozenset(flags)
   vendor = cpu_vendor() if vendor is None else vendor
-  for flag, (name, maker) in BF16_FLAGS.items():
-    if flag in flags and maker in (None, vendor):
+  for i, (flag, (name, maker)) in enumerate(BF16_FLAGS.items()):
+    if flag not in flags:
+      continue
+    if maker in (None, vendor):
       return "bfloat16", f"auto: this CPU multiplies bfloat16 natively with {name}, flag {flag}"
-  if "avx512_bf16" in flags:
+    better = " or ".join(n for n, _ in list(BF16_FLAGS.values())[:i])  # flags before it: absent
     return "float32", (
-      f"auto: this CPU ({vendor or 'vendor unknown'}) has avx512_bf16 but no AMX: its "
-      "bfloat16 products are no faster than float32's"
+      f"auto: this CPU ({vendor or 'vendor unknown'}) has {flag} but no {better}: its bfloat16 "
+      "products are no faster than float32's"
     )
-  return "float32", "auto: no amx_bf16 or avx512_bf16 flag, this CPU would emulate bfloat16"
+  return "float32", f"auto: no {' or '.join(BF16_FLAGS)} flag, this CPU would emulate bfloat16"

@@ -53,6 +53,8 @@ import numpy as np
 from absl import logging
 from jax.experimental import serialize_executable
 
+from core.cpu import cpuinfo
+
 LOAD_EVENT = "/attention_jax/decode/program_load_duration"
 SUFFIX = ".program"
 RECENT = ".recent"  # a key's programs asked for in its last run, one file name a line
@@ -80,20 +82,14 @@ def _source_digest() -> str:
   return digest.hexdigest()
 
 
-@functools.lru_cache(maxsize=1)
 def _cpu() -> str:
   """The host CPU's model name and instruction-set flags (Linux), else the platform's name."""
-  try:
-    text = pathlib.Path("/proc/cpuinfo").read_text()
-  except OSError:
+  info = cpuinfo()
+  if not info:
     import platform
 
     return f"{platform.machine()} {platform.processor()}"
-  fields = {}
-  for line in text.splitlines():
-    name, _, value = line.partition(":")
-    fields.setdefault(name.strip(), value.strip())
-  return f"{fields.get('model name', '')} | {fields.get('flags', fields.get('Features', ''))}"
+  return f"{info.get('model name', '')} | {info.get('flags', info.get('Features', ''))}"
 
 
 def environment() -> str:

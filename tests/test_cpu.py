@@ -81,9 +81,9 @@ def test_flags_and_vendor_are_the_first_processors(monkeypatch, text, flags, ven
     return text
 
   monkeypatch.setattr(pathlib.Path, "read_text", read_text)
-  cpu._cpuinfo.cache_clear()
+  cpu.cpuinfo.cache_clear()
   try:
     assert cpu.cpu_flags() == flags and cpu.cpu_vendor() == vendor
   finally:
     monkeypatch.undo()
-    cpu._cpuinfo.cache_clear()
+    cpu.cpuinfo.cache_clear()
