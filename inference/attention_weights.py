@@ -10,7 +10,6 @@ import re
 
 import jax
 import numpy as np
-from flax import traverse_util
 
 from model.generate import strip
 from model.special_tokens import EOS_ID, PAD_ID
@@ -44,6 +43,8 @@ def attention_weights(model, params, inputs, output_ids) -> np.ndarray:
   Returns:
     [layers, heads, tgt_len, src_len] float32 weights (each row sums to 1 over the source).
   """
+  from flax import traverse_util  # with the model's own Flax: not imported by decoding alone
+
   src = np.asarray(inputs).reshape(-1)
   src = src[src != PAD_ID]
   tgt = np.append(strip(output_ids), EOS_ID)

@@ -52,7 +52,7 @@ class Generator:
   `translate` below makes one per call.
 
   Args:
-    model: a module from `model.build.build_model`.
+    model: a module from `model.build.build_model`, or a `DeferredModel`.
     num_ids: only ids below this are emitted (pass the vocabulary's size: when the model's
       vocab_size is larger, the extra output rows have no piece to decode to); None = every id.
     ensemble: the params are several members' parameter trees stacked on a leading axis (same
@@ -214,7 +214,7 @@ class Generator:
       map(
         str,
         (
-          type(self.model).__qualname__,
+          self.model.kind,
           self.model.config,
           (self.num_ids, self.ensemble, self.use_cache, self.segment),
           static,

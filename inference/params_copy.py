@@ -24,7 +24,6 @@ import pathlib
 
 import numpy as np
 from absl import logging
-from flax import traverse_util
 
 from inference.program_store import KeptFolder
 from training.checkpoint import restore_params
@@ -46,15 +45,35 @@ def _fingerprint(folder: pathlib.Path) -> str:
 
 def _flat(params) -> dict[str, np.ndarray] | None:
   """{'a/b/c': array} of nested dicts of numpy arrays with plain names; None for any other tree
-  (not copied)."""
-  if not isinstance(params, dict):
-    return None
-  flat = traverse_util.flatten_dict(params)
-  names = [name for path in flat for name in path]
-  plain = all(isinstance(n, str) and "/" not in n and not n.startswith("__") for n in names)
-  if not plain or not all(isinstance(v, np.ndarray) for v in flat.values()):
-    return None
-  return {"/".join(path): value for path, value in flat.items()}
+  (not copied). Empty dicts are left out."""
+  flat = {}
+
+  def walk(node, path: str) -> bool:
+    for name, child in node.items():
+      if not isinstance(name, str) or "/" in name or name.startswith("__"):
+        return False
+      if isinstance(child, dict):
+        if not walk(child, f"{path}{name}/"):
+          return False
+      elif isinstance(child, np.ndarray):
+        flat[path + name] = child
+      else:
+        return False
+    return True
+
+  return flat if isinstance(params, dict) and walk(params, "") else None
+
+
+def _nested(flat: dict[str, np.ndarray]) -> dict:
+  """`_flat`'s inverse: {'a/b/c': array} -> {'a': {'b': {'c': array}}}."""
+  tree: dict = {}
+  for name, value in flat.items():
+    *parents, leaf = name.split("/")
+    node = tree
+    for parent in parents:
+      node = node.setdefault(parent, {})
+    node[leaf] = value
+  return tree
 
 
 class ParamsCopies:
@@ -87,7 +106,7 @@ class ParamsCopies:
           os.utime(path)  # recently used: kept
         self.read += 1
         logging.vlog(1, "Parameters of %s read from their copy %s", checkpoint, path)
-        return traverse_util.unflatten_dict(flat, sep="/"), meta
+        return _nested(flat), meta
     params, meta = restore_params(checkpoint)
     self._write(path, params, meta)
     return params, meta

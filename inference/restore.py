@@ -37,7 +37,7 @@ from data.tokenizer import load_matching, run_vocab_files
 from inference.compilation_cache import enable as enable_compilation_cache
 from inference.params_copy import ParamsCopies
 from inference.program_store import ProgramStore
-from model.build import build_model
+from model.build import DeferredModel
 from model.config import INT8
 from model.decoder_state import matrices_for_decoding
 from model.distribution import useful_num_ids
@@ -153,12 +153,13 @@ PARAMS = "params"  # copies of the parameters (inference/params_copy.py) are kep
 
 @dataclasses.dataclass(frozen=True)
 class Loaded:
-  """A restored model on its devices: `model` built with the decoding `dtype` (`dtype_reason`:
-  why that one), `params` placed on every device of `devices` (replicated), `rows` the sharding
-  that splits a batch's rows over them. `search_params`: `params` as the searches take them,
-  made once here where each search program would make them again at every call: bfloat16's
-  matrices cast (`model.decoder_state.matrices_for_decoding`), the output table with the
-  searches' mask folded in (`model.output_table.fold_tables`)."""
+  """A restored model on its devices: `model` (a `model.build.DeferredModel`, built when first
+  traced) with the decoding `dtype` (`dtype_reason`: why that one), `params` placed on every
+  device of `devices` (replicated), `rows` the sharding that splits a batch's rows over them.
+  `search_params`: `params` as the searches take them, made once here where each search program
+  would make them again at every call: bfloat16's matrices cast
+  (`model.decoder_state.matrices_for_decoding`), the output table with the searches' mask folded
+  in (`model.output_table.fold_tables`)."""
 
   model: object
   dtype: str
@@ -230,7 +231,7 @@ def place(restored: Restored, *, dtype: str | None = "auto", devices=None) -> Lo
   params = restored.params
   if dtype == INT8:  # once, on the host (numpy: nothing to compile), not in every decoding call
     params = quantize_matrices(params, int(restored.ensemble))
-  model = build_model(model_cfg)
+  model = DeferredModel(model_cfg)
   replicated = NamedSharding(mesh, PartitionSpec())
   # The searches' copy, made once on the host (numpy: nothing to compile): bfloat16's matrices
   # cast, the output table folded (model/output_table.py).

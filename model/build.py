@@ -11,6 +11,10 @@ benchmarking never branch on the type:
 Types: 'transformer' (model/transformer.py), 'rnn' and 'rnn_attention' (model/rnn.py),
 'decoder_only' (model/decoder_only.py). A `config.model` option that does not apply to the chosen
 type is ignored, with a warning when it differs from its default.
+
+`DeferredModel(model_cfg)` is `build_model(model_cfg)` made on first use: a decoding process that
+reads its compiled searches back never traces, so never imports Flax and the linen modules
+(docs/experiments.md has the seconds).
 """
 
 from __future__ import annotations
@@ -18,15 +22,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from absl import logging
 
 from model.config import MODEL_TYPES, RNNConfig, TransformerConfig
-from model.decoder_only import DecoderOnly
-from model.rnn import RNNSeq2Seq
-from model.transformer import Transformer
+
+# The types whose `decode_step(masked=True)` masks its own logits (`Transformer.masks_logits`).
+MASKS_LOGITS = ("transformer",)
 
 
 def _only_in(config_class, other) -> dict[str, Any]:
@@ -68,21 +71,59 @@ def hyperparameters(model_cfg: Any) -> TransformerConfig | RNNConfig:
   return RNNConfig.from_config(model_cfg)
 
 
-def build_model(model_cfg: Any) -> nn.Module:
-  """`config.model` (a ConfigDict or dict) -> a Flax module."""
+def build_model(model_cfg: Any):
+  """`config.model` (a ConfigDict or dict) -> a Flax module (`kind` its model type)."""
   kind = model_cfg.get("type", "transformer")
   config = hyperparameters(model_cfg)
   _warn_ignored(kind, model_cfg)
+  return _built(kind, config)
+
+
+def _built(kind: str, config):
+  """The linen module of model type `kind` (its module imported here, with Flax)."""
   if kind == "transformer":
+    from model.transformer import Transformer
+
     return Transformer(config)
   if kind == "decoder_only":
+    from model.decoder_only import DecoderOnly
+
     return DecoderOnly(config)
+  from model.rnn import RNNSeq2Seq
+
   return RNNSeq2Seq(config, attention=kind == "rnn_attention")
 
 
-def init_variables(
-  model: nn.Module, rng: jax.Array, batch_size: int = 1, src_len: int = 8, tgt_len: int = 8
-):
+class DeferredModel:
+  """`build_model(model_cfg)`, built on first use of anything but `kind` (the model type),
+  `config` (its checked hyperparameters) and `masks_logits`: those are known at once, and are
+  all a decoding run that reads its searches back asks of it. Options that do not apply to the
+  type are warned about here, as `build_model` does."""
+
+  def __init__(self, model_cfg: Any):
+    self.kind = model_cfg.get("type", "transformer")
+    self.config = hyperparameters(model_cfg)
+    self.masks_logits = self.kind in MASKS_LOGITS
+    _warn_ignored(self.kind, model_cfg)
+    self._module = None
+
+  @property
+  def module(self):
+    """The linen module (built, and Flax imported, on the first call)."""
+    if self._module is None:
+      self._module = _built(self.kind, self.config)
+    return self._module
+
+  def __getattr__(self, name: str):  # only for names not set in __init__
+    if name.startswith("__") or name == "_module":
+      raise AttributeError(name)
+    return getattr(self.module, name)
+
+  def __repr__(self) -> str:
+    return f"DeferredModel({self.kind!r}, {self.config!r})"
+
+
+def init_variables(model, rng: jax.Array, batch_size: int = 1, src_len: int = 8, tgt_len: int = 8):
   """Initial variables (with logical-axis metadata boxes) from dummy token batches."""
   inputs = jnp.ones((batch_size, src_len), jnp.int32)
   targets = jnp.ones((batch_size, tgt_len), jnp.int32)
@@ -91,6 +132,8 @@ def init_variables(
 
 def abstract_params(model_cfg: Any):
   """The parameter tree as ShapeDtypeStructs (nothing allocated): for counting and restoring."""
+  import flax.linen as nn
+
   model = build_model(model_cfg)
   variables = jax.eval_shape(lambda: init_variables(model, jax.random.key(0)))
   return nn.unbox(variables["params"])

@@ -107,6 +107,7 @@ class DecoderOnly(nn.Module):
   """Causal Transformer LM translating by continuing `source <sep>` (see the module doc)."""
 
   config: TransformerConfig
+  kind = "decoder_only"  # model.type (model/build.py)
 
   def setup(self):
     self.decoder = Decoder(self.config, cross_attention=False)

@@ -18,16 +18,18 @@ folded in the program as before.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
 from model import distribution
 from model.config import INT8
 
 
-@struct.dataclass
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class FoldedTable:
   """An embedding `table` [..., vocab, d_model] and `folded`: `fold(table, never)` transposed,
   [..., d_model + 1, vocab] (`fold`), for the ids `never = distribution.impossible(vocab,
@@ -37,7 +39,7 @@ class FoldedTable:
   table: jax.Array
   folded: jax.Array
   bits: jax.Array | None  # a bfloat16 table as uint16, for `rows` (None in float32)
-  num_ids: int | None = struct.field(pytree_node=False)
+  num_ids: int | None = dataclasses.field(metadata={"static": True})  # not a leaf: known at trace
 
   def holds(self, never) -> bool:
     """Whether `folded`'s column is the mask `never` ([vocab] bool, as

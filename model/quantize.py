@@ -13,16 +13,18 @@ has it; docs/experiments.md measures it per CPU kind).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
 LEVELS = 127  # symmetric: -127..127, so that a sign flip never overflows
 MATRICES = ("kernel", "embedding")  # the parameters that model/layers.py's products read
 
 
-@struct.dataclass
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class Int8Matrix:
   """A quantized matrix: `values` int8 in the matrix's own shape; `scale` float32 in the same
   shape with the summed axes of size 1, so that `values * scale` is the matrix again (to within

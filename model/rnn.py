@@ -432,6 +432,11 @@ class RNNSeq2Seq(nn.Module):
   config: RNNConfig
   attention: bool = False
 
+  @property
+  def kind(self) -> str:
+    """model.type (model/build.py)."""
+    return "rnn_attention" if self.attention else "rnn"
+
   def setup(self):
     cfg = self.config
     src_embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name="embed")

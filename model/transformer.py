@@ -158,6 +158,7 @@ class Transformer(nn.Module):
   `share_embeddings` (the paper ties the two embeddings and the pre-softmax projection)."""
 
   config: TransformerConfig
+  kind = "transformer"  # model.type (model/build.py)
 
   def setup(self):
     cfg = self.config
@@ -263,7 +264,8 @@ class Transformer(nn.Module):
     cross = masks.cross_mask(dummy, inputs)
     self.decoder(dummy, default_positions(dummy), encoded, None, cross, True, decode=True)
 
-  # `decode_step(masked=True)` gives the searches' masked logits itself (model/decoder_state.py).
+  # `decode_step(masked=True)` gives the searches' masked logits itself (model/decoder_state.py);
+  # model/build.py's MASKS_LOGITS names the types that do.
   masks_logits = True
 
   def decode_step(self, ids, return_weights=False, masked=False, num_ids=None):

@@ -305,7 +305,8 @@ def test_a_second_run_compiles_nothing(workdir, tmp_path):
   on the same workdir and input loads every program from the cache folder (JAX_LOG_COMPILES names
   each compilation, each cache hit and each tracing), reads its search back from the `programs`
   subfolder without tracing it (inference/program_store.py; the first run recorded it to be read
-  ahead), and writes the same translations; --compilation_cache=off writes nothing there."""
+  ahead), and writes the same translations, importing neither Flax nor the model's linen modules
+  nor Orbax (model/build.py's DeferredModel); --compilation_cache=off writes nothing there."""
   cache = tmp_path / "cache"
   env = one_device_env(JAX_LOG_COMPILES="1", JAX_COMPILATION_CACHE_DIR=str(cache))
   for name in (
@@ -322,19 +323,24 @@ def test_a_second_run_compiles_nothing(workdir, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     err = proc.stderr.decode()
+    err_lines[:] = err.splitlines()
     searches.append(
       err.count("Finished tracing _kept_search") + err.count("Finished tracing _kept_piece")
     )
     return proc.stdout, err.count("Finished XLA compilation of"), err.count("cache hit for")
 
-  searches = []
+  searches, err_lines = [], []
   first, compiled, hits = logged()
   assert compiled > 0 and hits == 0 and any(cache.iterdir())
   assert searches == [1] and len(list((cache / "programs").glob("*.program"))) == 1
   (record,) = (cache / "programs").glob("*.recent")  # the programs asked for: the next run's
   assert record.read_text().split() == [p.name for p in (cache / "programs").glob("*.program")]
+  env["PYTHONPROFILEIMPORTTIME"] = "1"  # each module imported, on stderr
   second, compiled_again, hits = logged()
   assert second == first and hits == compiled_again > 0 and searches == [1, 0]
+  imported = {line.rsplit("|", 1)[-1].strip() for line in err_lines if "import time:" in line}
+  assert "jax" in imported and not imported & {"flax", "model.transformer", "orbax.checkpoint"}
+  del env["PYTHONPROFILEIMPORTTIME"]
   off = tmp_path / "off"
   env["JAX_COMPILATION_CACHE_DIR"] = str(off)
   assert logged("--compilation_cache=off")[0] == first and not off.exists()

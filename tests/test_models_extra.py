@@ -17,7 +17,7 @@ from flax import linen as nn
 from jax import lax
 
 from model import cache_kinds, decoder_state, masks, search
-from model.build import MODEL_TYPES, abstract_params, build_model
+from model.build import MODEL_TYPES, DeferredModel, abstract_params, build_model
 from model.config import TransformerConfig
 from model.decoder_only import DecoderOnly, combined_sequence
 from model.rnn import RNNConfig, RNNSeq2Seq
@@ -385,10 +385,21 @@ def _model_cfg(**overrides):
 
 @pytest.mark.parametrize("kind", MODEL_TYPES)
 def test_every_type_builds_from_the_config(kind):
+  """build_model, and the DeferredModel that decoding holds: what it knows before it is built
+  (kind, config, masks_logits) is the built module's; anything else is the module's own, built
+  once."""
   params = abstract_params(_model_cfg(type=kind))
   assert jax.tree_util.tree_leaves(params)
   model = build_model(_model_cfg(type=kind))
   assert hasattr(model, "init_cache") and hasattr(model, "decode_step")
+  assert model.kind == kind
+  deferred = DeferredModel(_model_cfg(type=kind))
+  assert deferred._module is None
+  assert (deferred.kind, deferred.config) == (model.kind, model.config)
+  assert deferred.masks_logits == getattr(model, "masks_logits", False)
+  assert deferred._module is None  # nothing above built it
+  assert deferred.module == model and deferred.init_cache == deferred.module.init_cache
+  assert deferred.module is deferred.module
 
 
 def test_unknown_type_lists_valid_types():
