@@ -132,7 +132,8 @@ class Generator:
     Args:
       params: the model's (unboxed) parameters (stacked members' for an ensemble).
       inputs: [batch, src_len] source ids ending in EOS, 0 on padding.
-      settings: how to search; rng (default `jax.random.key(0)`) draws the samples.
+      settings: how to search; rng (default `jax.random.key(0)`) draws the samples (None
+        when not sampling: the key is made, a small program, only when asked for).
       max_decode_len: static output width; default src_len + settings.max_extra_len (with a
         prefix, max(src_len, P) + max_extra_len). Rows reaching it stop without EOS.
       scores, token_scores: also return the search's scores (and each token's log-probability).
@@ -169,7 +170,7 @@ class Generator:
       max_decode_len = _width(inputs, prefix) + settings.max_extra_len
     if max_decode_len < 1:
       raise ValueError(f"max_decode_len={max_decode_len!r}: must be positive")
-    rng = jax.random.key(0) if rng is None else rng
+    rng = jax.random.key(0) if rng is None and settings.sampling else rng
     args = (params, inputs.astype(jnp.int32), rng, prefix)
     outputs = OUTPUTS[2 if token_scores else 1 if scores else 0]
     static = (settings.program(), int(max_decode_len), outputs)
@@ -328,7 +329,7 @@ class Generator:
       piece, found = call(params, x)
       found = np.asarray(found) if want == "ids" else [np.asarray(f) for f in found]
       s = piece.state
-      computed = int(np.sum(s.computed)) - before
+      computed = int(np.asarray(s.computed).sum()) - before  # numpy's sum: nothing to compile
       return piece, found, np.asarray(s.done), computed, np.asarray(s.searched)
 
     counts = collections.Counter()  # sentences of each shape
@@ -390,7 +391,7 @@ class Generator:
       on_batch: called with the number of sentences done so far, after each batch (each
         sentence, in a merged search: see `merge`).
       rng: default `jax.random.key(0)`, folded with the batch's number when sampling, so batches
-        of the same shape sample independently.
+        of the same shape sample independently (not made when not sampling).
 
       scores, token_scores: return each sentence's `NBest` (the search's scores, and its
         tokens' log-probabilities), from the same search.
@@ -409,7 +410,7 @@ class Generator:
     if not isinstance(parallel_batches, int) or parallel_batches < 1:
       raise ValueError(f"parallel_batches={parallel_batches!r}: must be a positive integer")
     outputs: list = [None] * len(token_lists)
-    rng = jax.random.key(0) if rng is None else rng
+    rng = jax.random.key(0) if rng is None and settings.sampling else rng
     done = 0
     if prefixes is not None and not any(len(p) for p in prefixes):
       prefixes = None

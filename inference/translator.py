@@ -278,7 +278,8 @@ class Translator:
       outputs = self._pooled(ids, settings, jax.random.key(seed), pool_size, bar, **wanted)
     else:
       wanted["parallel_batches"] = parallel_batches
-      outputs = self._batched(ids, settings, jax.random.key(seed), tokens_per_batch, bar, wanted)
+      rng = jax.random.key(seed) if settings.sampling else None  # a search draws nothing
+      outputs = self._batched(ids, settings, rng, tokens_per_batch, bar, wanted)
     seconds = time.perf_counter() - start
     bar.close()
     found: list = [None] * len(source_ids)  # per sentence: its ids, or with scores its NBest

@@ -73,7 +73,8 @@ def generate(
     params: the model's (unboxed) parameters, or with `ensemble` several members' stacked on a
       leading axis, decoded by the mean of their probabilities (`ensemble_decoder_state`).
     inputs: [batch, src_len] source ids ending in EOS, 0 on padding.
-    rng: the sampling key (step t draws with it folded with t).
+    rng: the sampling key (step t draws with it folded with t); unused, may be None, when
+      `settings` do not sample.
     settings: how to search; each row's output holds at most its source tokens +
       `settings.max_extra_len` tokens, EOS included (with a prefix, at most max(source tokens,
       prefix tokens + 1) + `max_extra_len`: room for the prefix and EOS).
