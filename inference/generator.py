@@ -321,15 +321,15 @@ class Generator:
       if (shape, start, until) in ahead:  # its program read back or compiled in the background
         ahead[shape, start, until].result()
       before = 0
-      if start:  # a piece of waiting entries comes as numpy
-        before = int(np.sum(x.state.computed))
+      if start:  # a piece of waiting entries comes as numpy, one going on as it is on its device
+        before = int(np.asarray(x.state.computed).sum())  # numpy's sum: nothing to compile
         x = jax.device_put(x, device)
       compiled = self._piece_program(params, shape, static)
       call = (lambda *a: self._run_piece(*a, *static)) if compiled is None else compiled
       piece, found = call(params, x)
       found = np.asarray(found) if want == "ids" else [np.asarray(f) for f in found]
       s = piece.state
-      computed = int(np.asarray(s.computed).sum()) - before  # numpy's sum: nothing to compile
+      computed = int(np.asarray(s.computed).sum()) - before
       return piece, found, np.asarray(s.done), computed, np.asarray(s.searched)
 
     counts = collections.Counter()  # sentences of each shape

@@ -159,18 +159,19 @@ def assert_trees_equal(a, b):
 
 
 class Compilations:
-  """Counts the XLA compilations of jitted functions named `name` while in the `with` block
-  (JAX's public monitoring events; a persistent-cache hit still counts). `event=TRACED` counts
-  their tracings instead (`name` is then the function's own name, 'f', not 'jit(f)')."""
+  """Counts the XLA compilations of jitted functions named `name` (None: of any) while in the
+  `with` block (JAX's public monitoring events; a persistent-cache hit still counts).
+  `event=TRACED` counts their tracings instead (`name` is then the function's own name, 'f', not
+  'jit(f)')."""
 
   EVENT = "/jax/core/compile/backend_compile_duration"
   TRACED = "/jax/core/compile/jaxpr_trace_duration"
 
-  def __init__(self, name: str, event: str = EVENT):
+  def __init__(self, name: str | None, event: str = EVENT):
     self.name, self.event, self.count = name, event, 0
 
   def _listen(self, event, duration, **kwargs):
-    if event == self.event and kwargs.get("fun_name") == self.name:
+    if event == self.event and self.name in (None, kwargs.get("fun_name")):
       self.count += 1
 
   def __enter__(self):
