@@ -56,5 +56,6 @@ def attention_weights(model, params, inputs, output_ids) -> np.ndarray:
     key=_natural_key,
   )
   if not found:
-    raise ValueError(f"attention_weights: {type(model).__name__} sowed no cross-attention weights")
+    name = getattr(model, "kind", None) or type(model).__name__
+    raise ValueError(f"attention_weights: {name} sowed no cross-attention weights")
   return np.stack([np.asarray(flat[p][0][0], np.float32) for p in found])

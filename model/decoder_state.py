@@ -93,7 +93,7 @@ def initial_cache(model, params, inputs, length: int) -> dict:
     {"params": params}, encoded, inputs, length, method="init_cache", mutable=True
   )
   state = {kind: tree for kind, tree in state.items() if kind != "params"}
-  cache_kinds.check_collections(state, type(model).__name__)
+  cache_kinds.check_collections(state, getattr(model, "kind", None) or type(model).__name__)
   return {kind: state.get(kind, {}) for kind in cache_kinds.COLLECTIONS}
 
 
