@@ -20,7 +20,6 @@ reads its compiled searches back never traces, so never imports Flax and the lin
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any
 
 import jax
@@ -107,18 +106,17 @@ class DeferredModel:
     self.masks_logits = self.kind in MASKS_LOGITS
     _warn_ignored(self.kind, model_cfg)
     self._module = None
-    self._building = threading.Lock()  # programs are traced from several threads at once
 
   @property
   def module(self):
-    """The linen module (built, and Flax imported, on the first call)."""
-    with self._building:
-      if self._module is None:
-        self._module = _built(self.kind, self.config)
-      return self._module
+    """The linen module (built, and Flax imported, on the first call). Two threads tracing at
+    once may each build one: equal modules (a linen module is its fields), either serves."""
+    if self._module is None:
+      self._module = _built(self.kind, self.config)
+    return self._module
 
   def __getattr__(self, name: str):  # only for names not set in __init__
-    if name.startswith("__") or name in ("_module", "_building"):
+    if name.startswith("__") or name == "_module":
       raise AttributeError(name)
     return getattr(self.module, name)
 
