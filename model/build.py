@@ -73,32 +73,14 @@ def hyperparameters(model_cfg: Any) -> TransformerConfig | RNNConfig:
 
 def build_model(model_cfg: Any):
   """`config.model` (a ConfigDict or dict) -> a Flax module (`kind` its model type)."""
-  kind = model_cfg.get("type", "transformer")
-  config = hyperparameters(model_cfg)
-  _warn_ignored(kind, model_cfg)
-  return _built(kind, config)
-
-
-def _built(kind: str, config):
-  """The linen module of model type `kind` (its module imported here, with Flax)."""
-  if kind == "transformer":
-    from model.transformer import Transformer
-
-    return Transformer(config)
-  if kind == "decoder_only":
-    from model.decoder_only import DecoderOnly
-
-    return DecoderOnly(config)
-  from model.rnn import RNNSeq2Seq
-
-  return RNNSeq2Seq(config, attention=kind == "rnn_attention")
+  return DeferredModel(model_cfg).module
 
 
 class DeferredModel:
   """`build_model(model_cfg)`, built on first use of anything but `kind` (the model type),
   `config` (its checked hyperparameters) and `masks_logits`: those are known at once, and are
   all a decoding run that reads its searches back asks of it. Options that do not apply to the
-  type are warned about here, as `build_model` does."""
+  type are warned about here, once."""
 
   def __init__(self, model_cfg: Any):
     self.kind = model_cfg.get("type", "transformer")
@@ -109,10 +91,21 @@ class DeferredModel:
 
   @property
   def module(self):
-    """The linen module (built, and Flax imported, on the first call). Two threads tracing at
-    once may each build one: equal modules (a linen module is its fields), either serves."""
+    """The linen module (built, its module and Flax imported, on the first call). Two threads
+    tracing at once may each build one: equal modules (a linen module is its fields)."""
     if self._module is None:
-      self._module = _built(self.kind, self.config)
+      if self.kind == "transformer":
+        from model.transformer import Transformer
+
+        self._module = Transformer(self.config)
+      elif self.kind == "decoder_only":
+        from model.decoder_only import DecoderOnly
+
+        self._module = DecoderOnly(self.config)
+      else:
+        from model.rnn import RNNSeq2Seq
+
+        self._module = RNNSeq2Seq(self.config, attention=self.kind == "rnn_attention")
     return self._module
 
   def __getattr__(self, name: str):  # only for names not set in __init__
