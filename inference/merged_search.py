@@ -1,6 +1,7 @@
 """`Generator.translate_all`'s beam search with the sentences still searching merged across
 batches: each length batch is searched in pieces (model/beam_pieces.py) paused at the cache's
-segment ends up to its source width (steps 16, 32, ... by default; `piece_stops`); at a pause
+segment ends from a quarter of its source width up to it (steps 16 and 32 for a width of 32, 32
+and 64 for 64: `piece_stops`); at a pause
 its finished sentences are taken, and the entries still searching in batches that have finished
 ones wait until a whole piece of them (same shape, same step) can go on together. A batch no
 longer steps all its rows until its last sentence is done: the rows a finished sentence would
@@ -43,6 +44,9 @@ from model import beam_pieces, search
 # (inference/generator.py): merging so few would save less than its pieces' programs, about four
 # times the whole search's, cost to compile and read back (docs/experiments.md).
 MIN_PIECES = 8
+# A batch pauses only past this fraction of its source width (`piece_stops`): outputs seldom end
+# sooner, so an earlier pause merges few entries for a program more (docs/experiments.md).
+PAUSE_FROM = 1 / 4
 # What a piece after the first pause holds at most: sentences, and source tokens (padded) in all
 # (docs/experiments.md, "Later stages in smaller batches").
 LATER_BATCH = 16
@@ -52,14 +56,18 @@ LATER_TOKENS = 512
 def piece_stops(shape: tuple, max_len: int, segment: int | None, sentences: int) -> list[int]:
   """Where the pieces of the batches of `shape` (inputs [sentences, src_len]) holding
   `sentences` sentences in all, searched to output width `max_len` (a cache growing from
-  `segment` positions), pause, then `max_len`: at the cache's segment ends up to `src_len`, the
-  padded source length, which few outputs outrun (a later pause would merge few entries for a
-  program more to compile and read back; the last piece runs one loop to `max_len`,
-  `search.segmented_loop`); in one piece when the sentences fill fewer than `MIN_PIECES` later
+  `segment` positions), pause, then `max_len`: at the cache's segment ends past `PAUSE_FROM`
+  (a quarter) of `src_len`, the padded source length, and up to it. Outputs seldom end before a
+  quarter of their bucket's width (its sources are longer than half of it, but for the
+  narrowest) nor after it, so a pause outside that range would merge few entries, for a program
+  more to compile and read back (the last piece runs one loop to `max_len`,
+  `search.segmented_loop`). In one piece when the sentences fill fewer than `MIN_PIECES` later
   pieces (whatever batches they were cut into)."""
   if math.ceil(sentences / later_shape(shape)[0]) < MIN_PIECES:
     return [max_len]
-  return [p for p in search.pause_steps(max_len, segment) if p <= shape[1]] + [max_len]
+  width = shape[1]
+  pauses = search.pause_steps(max_len, segment)
+  return [p for p in pauses if width * PAUSE_FROM < p <= width] + [max_len]
 
 
 def whole_batches_recut(batches: list, max_extra_len: int, segment: int | None) -> list:

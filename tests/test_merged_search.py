@@ -1,7 +1,8 @@
 """Beam search in pieces (model/beam_pieces.py) and translate_all's sentences merged across
 batches (inference/merged_search.py): the same outputs, to the last bit, as each batch's own
 search, with fewer rows searched. A random tiny Transformer (tests/test_generate.py's), cache
-segments of 4 positions so that its short outputs pause twice."""
+segments of 4 positions and pauses at each of their ends from the first (`every_pause`), so
+that its short outputs pause twice."""
 
 import threading
 
@@ -35,6 +36,16 @@ SETTINGS = {
     "ids",
   ),
 }
+
+
+PAUSE_FROM = merged_search.PAUSE_FROM  # a real batch's earliest pause, as a share of its width
+
+
+@pytest.fixture(autouse=True)
+def every_pause(monkeypatch):
+  """This file's batches pause at every segment end up to their width, the earliest too: their
+  short outputs would end before a real batch's first pause (a quarter of the width)."""
+  monkeypatch.setattr(merged_search, "PAUSE_FROM", 0)
 
 
 @pytest.fixture(scope="module")
@@ -216,8 +227,12 @@ def test_few_batches_of_a_shape_are_searched_whole(tiny, name, monkeypatch):
   assert stops((16, 32), 82, 16, 16 * (least - 1)) == [82]  # later pieces of 16 sentences
   assert stops((64, 32), 82, 16, 16 * (least - 1)) == [82]  # however the batches were cut
   assert stops((16, 32), 82, 16, 16 * (least - 1) + 1) == [16, 32, 82]  # none past the source
-  assert stops((16, 64), 114, 16, 16 * least) == [16, 32, 64, 114]
-  assert stops((4, 128), 178, 16, 4 * least) == [16, 32, 64, 128, 178]  # later pieces of 4
+  assert stops((16, 64), 114, 16, 16 * least) == [16, 32, 64, 114]  # this file's: every end
+  monkeypatch.setattr(merged_search, "PAUSE_FROM", PAUSE_FROM)  # a real batch: from a quarter
+  assert stops((16, 32), 82, 16, 16 * least) == [16, 32, 82]  # of the source width, up to it
+  assert stops((16, 64), 114, 16, 16 * least) == [32, 64, 114]
+  assert stops((4, 128), 178, 16, 4 * least) == [64, 128, 178]  # later pieces of 4
+  monkeypatch.setattr(merged_search, "PAUSE_FROM", 0)
   model, params = tiny
   settings, outputs = SETTINGS[name]
   how = {outputs: True} if outputs != "ids" else {}
