@@ -1,9 +1,9 @@
 """`Generator.translate_all`'s beam search with the sentences still searching merged across
 batches: each length batch is searched in pieces (model/beam_pieces.py) paused at the cache's
-segment ends from a quarter of its source width up to it (steps 16 and 32 for a width of 32, 32
-and 64 for 64: `piece_stops`); at a pause
-its finished sentences are taken, and the entries still searching in batches that have finished
-ones wait until a whole piece of them (same shape, same step) can go on together. A batch no
+segment ends past a quarter of its source width and up to it (steps 16 and 32 for a width of 32,
+32 and 64 for 64: `piece_stops`); at a pause its finished sentences are taken, and the entries
+still searching in batches that have finished ones wait until a whole piece of them (same shape,
+same step) can go on together. A batch no
 longer steps all its rows until its last sentence is done: the rows a finished sentence would
 fill are searched for another.
 

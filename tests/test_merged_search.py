@@ -216,6 +216,16 @@ def test_translate_all_merges_sentences_still_searching_across_batches(tiny, nam
   assert progress == sorted(progress) and progress[-1] == len(sentences)
 
 
+def test_a_batch_pauses_past_a_quarter_of_its_source_width(monkeypatch):
+  """A real batch (not this file's) pauses at the segment ends past a quarter of its padded
+  source width and up to it: few outputs end before, and each pause is a program more."""
+  monkeypatch.setattr(merged_search, "PAUSE_FROM", PAUSE_FROM)
+  stops, least = merged_search.piece_stops, merged_search.MIN_PIECES
+  assert stops((16, 32), 82, 16, 16 * least) == [16, 32, 82]
+  assert stops((16, 64), 114, 16, 16 * least) == [32, 64, 114]
+  assert stops((4, 128), 178, 16, 4 * least) == [64, 128, 178]  # later pieces of 4
+
+
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_few_batches_of_a_shape_are_searched_whole(tiny, name, monkeypatch):
   """A shape whose sentences fill fewer than MIN_PIECES later pieces, however its batches were
@@ -228,11 +238,6 @@ def test_few_batches_of_a_shape_are_searched_whole(tiny, name, monkeypatch):
   assert stops((64, 32), 82, 16, 16 * (least - 1)) == [82]  # however the batches were cut
   assert stops((16, 32), 82, 16, 16 * (least - 1) + 1) == [16, 32, 82]  # none past the source
   assert stops((16, 64), 114, 16, 16 * least) == [16, 32, 64, 114]  # this file's: every end
-  monkeypatch.setattr(merged_search, "PAUSE_FROM", PAUSE_FROM)  # a real batch: from a quarter
-  assert stops((16, 32), 82, 16, 16 * least) == [16, 32, 82]  # of the source width, up to it
-  assert stops((16, 64), 114, 16, 16 * least) == [32, 64, 114]
-  assert stops((4, 128), 178, 16, 4 * least) == [64, 128, 178]  # later pieces of 4
-  monkeypatch.setattr(merged_search, "PAUSE_FROM", 0)
   model, params = tiny
   settings, outputs = SETTINGS[name]
   how = {outputs: True} if outputs != "ids" else {}
