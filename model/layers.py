@@ -21,6 +21,7 @@ from model.config import TransformerConfig
 from model.dropout import Dropout
 from model.output_table import FoldedTable, fold
 from model.quantize import Int8Matrix, int8_product, take_rows
+from model.stored_params import LayerNorm, StoredParams
 
 _dense_init = initializers.xavier_uniform()
 
@@ -82,7 +83,7 @@ def position_encoding(positions: jax.Array, config: TransformerConfig) -> jax.Ar
   )
 
 
-class Embed(nn.Module):
+class Embed(StoredParams):
   """Token embeddings scaled by √d_model (section 3.4); `attend` is the pre-softmax projection
   when the embedding is shared with the output layer."""
 
@@ -134,7 +135,7 @@ class Embed(nn.Module):
     return product("bld,dv->blv", x, folded, self.dtype, out_dtype)
 
 
-class Dense(nn.Module):
+class Dense(StoredParams):
   """y = x W + b over x's last `inputs` axes: the parameters of `nn.Dense` (`inputs=1`) or
   `nn.DenseGeneral` over several input axes, kernel [*input axes, features] (Xavier over the
   flattened [inputs, features], as those initialise it) and bias [features], logical axis names
@@ -168,7 +169,7 @@ class Dense(nn.Module):
     return y + self.param("bias", init, (self.features,), jnp.float32).astype(self.dtype)
 
 
-class HeadsKernel(nn.Module):
+class HeadsKernel(StoredParams):
   """One of W^Q, W^K, W^V: a [d_model, heads, d_k] parameter `<name>/kernel`, stored and
   initialised exactly as `nn.DenseGeneral((heads, d_k))` stores it (Xavier over d_model ×
   heads·d_k), but returned rather than applied, so that projections of the same input can run as
@@ -188,7 +189,7 @@ class HeadsKernel(nn.Module):
     return self.param("kernel", init, shape, jnp.float32)
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(StoredParams):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
   The projections are plain matrices, as in the paper (no biases; a key bias would have zero
@@ -418,8 +419,8 @@ class FeedForward(nn.Module):
     return Dense(cfg.d_model, ("mlp", "embed"), cfg.compute_dtype, name="wo")(h)
 
 
-def layer_norm(name: str, config: TransformerConfig) -> nn.LayerNorm:
-  return nn.LayerNorm(
+def layer_norm(name: str, config: TransformerConfig) -> LayerNorm:
+  return LayerNorm(
     epsilon=config.layer_norm_epsilon,
     dtype=config.compute_dtype,
     param_dtype=jnp.float32,

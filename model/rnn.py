@@ -42,6 +42,7 @@ from model import cache_kinds
 from model.config import RNNConfig
 from model.dropout import Dropout, keep_mask
 from model.layers import Embed
+from model.stored_params import StoredParams
 from model.transformer import check_tokens, shift_right
 
 _GATES = {"gru": 3, "lstm": 4}
@@ -138,7 +139,7 @@ def _time_major(x):
 
 
 # ----------------------------------------------------------------------------- modules
-class RNNLayer(nn.Module):
+class RNNLayer(StoredParams):
   """One GRU/LSTM layer over whole rows; when bidirectional, both directions run in one scan
   (parameters stacked on a leading direction axis, the backward one on time-reversed rows)."""
 
@@ -225,7 +226,7 @@ class RNNEncoder(nn.Module):
     return x
 
 
-class RNNDecoder(nn.Module):
+class RNNDecoder(StoredParams):
   """The conditional recurrent decoder; one step function serves teacher forcing (in `lax.scan`)
   and incremental decoding, so both compute the same thing."""
 

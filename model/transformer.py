@@ -26,6 +26,7 @@ from model.layers import (
   position_encoding,
 )
 from model.special_tokens import PAD_ID
+from model.stored_params import StoredParams
 
 
 def shift_right(targets: jax.Array, segmentation: jax.Array | None = None) -> jax.Array:
@@ -77,7 +78,7 @@ class Encoder(nn.Module):
     return x
 
 
-class Decoder(nn.Module):
+class Decoder(StoredParams):
   """Embedding + positions, dropout, N decoder layers, (final LayerNorm,) output projection;
   without `cross_attention`, a causal stack (model/decoder_only.py). `embed`: the target
   embedding (None: its own, named 'embed')."""
