@@ -3,9 +3,8 @@ batches: each length batch is searched in pieces (model/beam_pieces.py) paused a
 segment ends past a quarter of its source width and up to it (steps 16 and 32 for a width of 32,
 32 and 64 for 64: `piece_stops`); at a pause its finished sentences are taken, and the entries
 still searching in batches that have finished ones wait until a whole piece of them (same shape,
-same step) can go on together. A batch no
-longer steps all its rows until its last sentence is done: the rows a finished sentence would
-fill are searched for another.
+same step) can go on together. A batch no longer steps all its rows until its last sentence is
+done: the rows a finished sentence would fill are searched for another.
 
 After its first pause a batch's entries go on in batches of at most `LATER_BATCH` sentences and
 `LATER_TOKENS` source tokens, whatever the batch they began in: a bigger batch steps more rows

@@ -38,12 +38,11 @@ class StoredParams(nn.Module):
       return super().param(name, init_fn, *init_args, unbox=unbox, **init_kwargs)
     value = self.variable("params", name, unbox=unbox).value
     wanted = init_args[0] if init_args else None
-    leaves = jax.tree_util.tree_leaves(nn.meta.unbox(value))
-    if isinstance(wanted, tuple | list) and leaves:  # a stored tree (folded, int8): its first
-      got = np.shape(leaves[0])  # leaf, as Flax compares it
-      if got != tuple(int(d) for d in wanted):
+    if isinstance(wanted, tuple | list):
+      first = jax.tree_util.tree_leaves(nn.meta.unbox(value))[:1]  # of a folded or int8 tree too
+      if first and np.shape(first[0]) != tuple(wanted):
         path = "/" + "/".join(self.path)
-        raise flax.errors.ScopeParamShapeError(name, path, got, tuple(wanted))
+        raise flax.errors.ScopeParamShapeError(name, path, np.shape(first[0]), tuple(wanted))
     return value
 
 
