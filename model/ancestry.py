@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from model import cache_kinds
+from model.indices import put_rows, take_rows
 from model.search import beam_rows, gather_beams
 
 TABLE = "ancestry"  # the table's key in the carried cache's `TARGET` tree
@@ -81,11 +82,11 @@ def step_rows(step, ids, carried, rows):
   as it was. Returns (logits [m, ...], carried). The rows need not be contiguous (each whole
   sentence's beams: model/live_chunks.py)."""
   target, table, column = _opened(carried)
-  histories = _histories(target, rows, table[rows])
+  histories = _histories(target, rows, take_rows(table, rows))
   logits, out = step(ids, {**carried, cache_kinds.TARGET: histories})
-  new = lambda x, h: x.at[rows, ..., column, :].set(h[..., column, :])
+  new = lambda x, h: put_rows(x, (rows, ..., column, slice(None)), h[..., column, :])
   written = jax.tree_util.tree_map(new, target, out[cache_kinds.TARGET])
-  table = table.at[rows, column].set(0)
+  table = put_rows(table, (rows, column), 0)
   return logits, {**out, cache_kinds.TARGET: {**written, TABLE: table}}
 
 
@@ -96,7 +97,7 @@ def reorder_rows(carried, rows, parents):
   target = dict(carried[cache_kinds.TARGET])
   table = target[TABLE]
   moved = (parents - rows).astype(jnp.int32)[:, None, None]
-  target[TABLE] = table.at[rows].set(table[parents] + moved)
+  target[TABLE] = put_rows(table, rows, take_rows(table, parents) + moved)
   return {**carried, cache_kinds.TARGET: target}
 
 
@@ -110,7 +111,7 @@ def reorder(carried, indices, batch: int, beam: int):
   )
   parents = beam_rows(indices, batch, beam)
   moved = parents - jnp.arange(parents.shape[0], dtype=parents.dtype)
-  table = table[parents] + moved.astype(jnp.int32)[:, None, None]
+  table = take_rows(table, parents) + moved.astype(jnp.int32)[:, None, None]
   return {**rest, cache_kinds.TARGET: {**target, TABLE: table}}
 
 
@@ -132,4 +133,4 @@ def _histories(target, rows, offsets):
 def _through(x, rows, positions):
   """Buffer `x` [n, ..., positions, d] as row r's hypothesis holds it: position p from row
   rows[r, p]."""
-  return jnp.moveaxis(x[rows, ..., positions, :], 1, -2)
+  return jnp.moveaxis(take_rows(x, (rows, ..., positions, slice(None))), 1, -2)

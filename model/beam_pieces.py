@@ -36,6 +36,7 @@ from model.decoder_state import (
   matrices_for_decoding,
 )
 from model.generate import OUTPUTS, best_outputs
+from model.indices import take_rows
 from model.search_settings import MARIAN, SearchSettings
 from model.token_step import output_limits
 
@@ -173,7 +174,7 @@ def _run(model, params, piece, settings, max_decode_len, start, until, outputs, 
   if kept and not pausing_first:
     chunk = live_chunks.chunk_size(*shape)
   if chunk:  # only the chunks of sentences still searching (model/live_chunks.py)
-    source = lambda idx: jax.tree_util.tree_map(lambda x: x[idx], piece.source)
+    source = lambda idx: jax.tree_util.tree_map(lambda x: take_rows(x, idx), piece.source)
     step_for = lambda idx: cached_step(model, params, source(idx), num_ids)
     segments = (first, grow, start, until)
     state = live_chunks.run(

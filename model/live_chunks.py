@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from model import ancestry, cache_kinds, search
+from model.indices import put_rows, take_rows
 
 # Rows a chunk holds at most and at least, and the fewest chunks a batch splits into: a batch of
 # 16 sentences of beam 5 steps chunks of 4 sentences (20 rows), one of 8 steps whole. Two chunks of
@@ -55,7 +56,8 @@ def chunk_size(batch: int, beam: int) -> int | None:
 
 def _put(s, idx, part):
   """`s` with entries `idx` replaced by `part`'s (both without the cache)."""
-  return jax.tree_util.tree_map(lambda x, y: x if jnp.ndim(x) == 0 else x.at[idx].set(y), s, part)
+  put = lambda x, y: x if jnp.ndim(x) == 0 else put_rows(x, idx, y)
+  return jax.tree_util.tree_map(put, s, part)
 
 
 def run(
@@ -88,11 +90,11 @@ def run(
     )
     idx = lax.dynamic_slice_in_dim(order, at["j"] * chunk, chunk)
     rows = (idx[:, None] * k + beams).reshape(-1)
-    ids = s.tok[idx].reshape(chunk * k, 1)
+    ids = take_rows(s.tok, idx).reshape(chunk * k, 1)
     cache = {**cache, cache_kinds.STATE: counters}
     logits, cache = ancestry.step_rows(step_for(idx), ids, cache, rows)
-    part = search.map_batched(lambda x: x[idx], per_entry(s))._replace(t=s.t)
-    lens = None if max_lens is None else max_lens[idx]
+    part = search.map_batched(lambda x: take_rows(x, idx), per_entry(s))._replace(t=s.t)
+    lens = None if max_lens is None else take_rows(max_lens, idx)
     part, parents = search.beam_advance(part, logits, max_lens=lens, **rules)
     cache = ancestry.reorder_rows(cache, rows, rows[search.beam_rows(parents, chunk, k)])
     last = at["j"] + 1 == chunks  # the step's last chunk: its counters and t go on

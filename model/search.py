@@ -102,6 +102,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from model import distribution
+from model.indices import divmod_index, take_along
 from model.search_settings import PENALTIES, check_prefix_rule, stopping_rule
 from model.special_tokens import EOS_ID, PAD_ID
 from model.token_step import (
@@ -182,7 +183,7 @@ def beam_rows(indices, batch: int, beam: int):
 def _take_beams(x, indices):
   """``x`` ``[batch, beam, ...]``, ``indices`` ``[batch, new]`` -> ``[batch, new, ...]``."""
   idx = indices.reshape(indices.shape + (1,) * (x.ndim - 2))
-  return jnp.take_along_axis(x, idx, axis=1)
+  return take_along(x, idx, axis=1)
 
 
 def _segment_ends(max_len: int, segment: int | None, grow) -> list[int]:
@@ -436,7 +437,7 @@ def _candidates(s: _BeamState, logp, eos_id: int, prefix, keep: bool) -> _Candid
 def _candidate_paths(s: _BeamState, vals, flat, vocab: int, gain, eos_id: int, dropped=None):
   """`_Candidates` of the top ``2*beam`` (``vals``, ``flat`` indices into ``beam * vocab``), their
   tokens written at step ``s.t``, as are their own log-probabilities ``gain`` when tracked."""
-  src, tok = flat // vocab, (flat % vocab).astype(jnp.int32)
+  src, tok = divmod_index(flat, vocab)
   is_eos = tok == eos_id
   if dropped is not None:
     is_eos, vals = is_eos & ~dropped, jnp.where(dropped, NEG_INF, vals)
@@ -474,7 +475,7 @@ def _finish(s: _BeamState, c: _Candidates, lp_now, last=None):
   all_scores = jnp.concatenate([s.fin_scores, new_scores], axis=1)
   all_flags = jnp.concatenate([s.fin_flags, new_fin], axis=1)
   scores, best = lax.top_k(jnp.where(all_flags, all_scores, NEG_INF), k)
-  flags = jnp.take_along_axis(all_flags, best, axis=1)
+  flags = take_along(all_flags, best, axis=1)
   seqs = _take_beams(jnp.concatenate([s.fin_seqs, c.seqs[:, :k]], axis=1), best)
   tokp = None
   if c.tokp is not None:
@@ -490,8 +491,8 @@ def _live(c: _Candidates, k: int):
     return lax.top_k(jnp.where(c.is_eos, NEG_INF, c.logp), k)
   rank = -jnp.arange(c.logp.shape[1], dtype=c.logp.dtype)
   _, pick = lax.top_k(jnp.where(c.is_eos, NEG_INF, rank), k)
-  live_logp, order = lax.top_k(jnp.take_along_axis(c.logp, pick, axis=1), k)
-  return live_logp, jnp.take_along_axis(pick, order, axis=1)
+  live_logp, order = lax.top_k(take_along(c.logp, pick, axis=1), k)
+  return live_logp, take_along(pick, order, axis=1)
 
 
 def _stops(live_logp, fin_scores, fin_flags, t, lmax, alpha, penalty: str, rule: str):
@@ -556,7 +557,7 @@ def beam_advance(
     stop = stop | last
   state = _BeamState(
     t + 1,
-    jnp.take_along_axis(c.tok, pick, axis=1),
+    take_along(c.tok, pick, axis=1),
     _take_beams(c.seqs, pick),
     live_logp,
     s.cache,
@@ -566,7 +567,7 @@ def beam_advance(
     s.done | stop,
     **tracked,
   )
-  return state, jnp.take_along_axis(c.source, pick, axis=1)
+  return state, take_along(c.source, pick, axis=1)
 
 
 def beam_best(s: _BeamState, alpha, penalty: str = "gnmt"):

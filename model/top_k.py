@@ -16,6 +16,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from model.indices import divmod_index, take_along
+
 
 def _top_k(x, n: int):
   """``lax.top_k(x, n)``, its results behind an optimization barrier (module doc)."""
@@ -119,10 +121,12 @@ def log_softmax_top_k(x, offset, n: int, chunk: int = 64, only=None, only_id: in
   best, _ = score(maxima, top, lse, offset, forced, jnp.arange(slices) == only_id // chunk)
   _, chosen = _top_k(best.reshape(b, k * slices), n)
   chosen = jnp.sort(chosen, axis=-1)  # [b, n] slice numbers, in flat index order
-  cand = jnp.take_along_axis(x.reshape(b, k * slices, chunk), chosen[..., None], axis=1)
-  row = lambda a: jnp.take_along_axis(a, chosen // slices, axis=1)  # [b, k] -> [b, n]
-  ids = (chosen % slices)[..., None] * chunk + jnp.arange(chunk)  # [b, n, chunk]
+  cand = take_along(x.reshape(b, k * slices, chunk), chosen[..., None], axis=1)
+  beam, part = divmod_index(chosen, slices)
+  row = lambda a: take_along(a, beam, axis=1)  # [b, k] -> [b, n]
+  ids = part[..., None] * chunk + jnp.arange(chunk)  # [b, n, chunk]
   scores, logp = score(cand, row(top), row(lse), row(offset), row(forced), ids == only_id)
   values, j = _top_k(scores.reshape(b, n * chunk), n)
-  flat = jnp.take_along_axis(chosen, j // chunk, axis=-1) * chunk + j % chunk
-  return values, flat.astype(jnp.int32), jnp.take_along_axis(logp.reshape(b, -1), j, axis=1)
+  slot, at = divmod_index(j, chunk)
+  flat = take_along(chosen, slot, axis=-1) * chunk + at
+  return values, flat.astype(jnp.int32), take_along(logp.reshape(b, -1), j, axis=1)
