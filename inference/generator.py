@@ -103,10 +103,10 @@ class Generator:
     self.num_ids = num_ids
     self.ensemble, self.use_cache, self.segment = ensemble, use_cache, segment
     self.merge, self.cut_first = merge, cut_first
-    self._run = jax.jit(self._search, static_argnums=(4, 5, 6))
-    self._lower = jax.jit(self._kept_search, static_argnums=(4, 5, 6)).lower
-    self._run_piece = jax.jit(self._piece, static_argnums=(2, 3, 4, 5, 6, 7))
-    self._lower_piece = jax.jit(self._kept_piece, static_argnums=(2, 3, 4, 5, 6, 7)).lower
+    self._run = jax.jit(self._search, static_argnums=(5, 6, 7))
+    self._lower = jax.jit(self._kept_search, static_argnums=(5, 6, 7)).lower
+    self._run_piece = jax.jit(self._piece, static_argnums=(3, 4, 5, 6, 7, 8))
+    self._lower_piece = jax.jit(self._kept_piece, static_argnums=(3, 4, 5, 6, 7, 8)).lower
     self._programs = programs
     self._compiled: dict[tuple, Callable | None] = {}  # by arguments' shapes and shardings
     self._initial_shapes: dict[tuple, object] = {}  # a merged search's piece before its start
@@ -171,9 +171,10 @@ class Generator:
     if max_decode_len < 1:
       raise ValueError(f"max_decode_len={max_decode_len!r}: must be positive")
     rng = jax.random.key(0) if rng is None and settings.sampling else rng
-    args = (params, inputs.astype(jnp.int32), rng, prefix)
+    program, alpha = _searched(settings)
+    args = (params, inputs.astype(jnp.int32), rng, prefix, alpha)
     outputs = OUTPUTS[2 if token_scores else 1 if scores else 0]
-    static = (settings.program(), int(max_decode_len), outputs)
+    static = (program, int(max_decode_len), outputs)
     program = self._program(args, static)
     return self._run(*args, *static) if program is None else program(*args)
 
@@ -181,10 +182,11 @@ class Generator:
     """Gets the programs of `batches` ((inputs, prefix) of each shape) from `programs`
     concurrently, one thread each (docs/experiments.md measures the gain), before any batch is
     decoded: batches decoded in parallel then only look their program up."""
+    program, alpha = _searched(settings)
     calls = [
       (
-        (params, x.astype(jnp.int32), rng, prefix),
-        (settings.program(), _width(x, prefix) + settings.max_extra_len, outputs),
+        (params, x.astype(jnp.int32), rng, prefix, alpha),
+        (program, _width(x, prefix) + settings.max_extra_len, outputs),
       )
       for x, prefix in batches
     ]
@@ -236,9 +238,20 @@ class Generator:
     return self._search(*args)
 
   def _search(
-    self, params, inputs, rng, prefix, settings: SearchSettings, max_decode_len: int, outputs: str
+    self,
+    params,
+    inputs,
+    rng,
+    prefix,
+    alpha,
+    settings: SearchSettings,
+    max_decode_len: int,
+    outputs: str,
   ):
-    """`model.generate.generate` with this generator's options (traced)."""
+    """`model.generate.generate` with this generator's options (traced); `alpha` the length
+    penalty's exponent when it comes as an argument (`_searched`), else None."""
+    if alpha is not None:
+      settings = settings.with_alpha(alpha)
     return generate(
       self.model,
       params,
@@ -255,10 +268,13 @@ class Generator:
       count_steps=True,
     )
 
-  def _piece(self, params, x, settings, max_len, outputs, start, until, segment):
+  def _piece(self, params, x, alpha, settings, max_len, outputs, start, until, segment):
     """`beam_pieces.begin` of inputs `x` (`start` 0) or `resume` of piece `x` paused at
     `start`, to step `until`, with this generator's options and self-attention buffers growing
-    from `segment` positions (None: all `max_len` from the start) (traced)."""
+    from `segment` positions (None: all `max_len` from the start) (traced); `alpha` as
+    `_search`'s."""
+    if alpha is not None:
+      settings = settings.with_alpha(alpha)
     keywords = dict(outputs=outputs, num_ids=self.num_ids, segment=segment)
     if not start:
       return beam_pieces.begin(self.model, params, x, settings, max_len, until, **keywords)
@@ -268,10 +284,10 @@ class Generator:
     """`_piece` under another name, for `programs` (as `_kept_search`)."""
     return self._piece(*args)
 
-  def _piece_program(self, params, shape, static) -> Callable | None:
-    """`_program` of `_piece(params, x, *static)` for a batch of `shape` (x its inputs, or a
-    piece of its entries); named by the batch's inputs, so that a run that reads the program
-    back traces nothing (the piece's shapes follow from them)."""
+  def _piece_program(self, params, shape, alpha, static) -> Callable | None:
+    """`_program` of `_piece(params, x, alpha, *static)` for a batch of `shape` (x its inputs,
+    or a piece of its entries); named by the batch's inputs, so that a run that reads the
+    program back traces nothing (the piece's shapes follow from them)."""
     settings, max_len, outputs, start, until, segment = static
 
     def lower():
@@ -284,9 +300,9 @@ class Generator:
               self.model, params, x, settings, max_len, outputs=outputs, segment=segment
             )
         x = beam_pieces.paused_shape(self._initial_shapes[key], start, max_len, segment)
-      return self._lower_piece(params, x, *static)
+      return self._lower_piece(params, x, alpha, *static)
 
-    named = (params, np.zeros(shape, np.int32))
+    named = (params, np.zeros(shape, np.int32), alpha)
     what = f"int32[{shape[0]},{shape[1]}], steps {start}-{until}"
     return self._program(None, ("beam piece", *static), lower, named, what)
 
@@ -304,7 +320,7 @@ class Generator:
   def _merged(self, params, batches, settings, want, parallel_batches, finish) -> tuple:
     """`translate_all`'s search of `batches` in merged pieces (inference/merged_search.py):
     (rows x steps searched, rows x steps needed)."""
-    program = settings.program()
+    program, alpha = _searched(settings)
     device = next(iter(_devices(params)), None)
 
     def static_of(shape, start, until) -> tuple:
@@ -324,9 +340,9 @@ class Generator:
       if start:  # a piece of waiting entries comes as numpy, one going on as it is on its device
         before = int(np.asarray(x.state.computed).sum())  # numpy's sum: nothing to compile
         x = jax.device_put(x, device)
-      compiled = self._piece_program(params, shape, static)
+      compiled = self._piece_program(params, shape, alpha, static)
       call = (lambda *a: self._run_piece(*a, *static)) if compiled is None else compiled
-      piece, found = call(params, x)
+      piece, found = call(params, x, alpha)
       found = np.asarray(found) if want == "ids" else [np.asarray(f) for f in found]
       s = piece.state
       computed = int(np.asarray(s.computed).sum()) - before
@@ -348,7 +364,7 @@ class Generator:
       calls = {}
       for shape, ends in stops.items():
         for at, a, b in piece_programs(shape, ends):
-          calls.setdefault((at, a, b), (params, at, static_of(at, a, b)))
+          calls.setdefault((at, a, b), (params, at, alpha, static_of(at, a, b)))
       fetching = concurrent.futures.ThreadPoolExecutor(min(parallel_batches, usable_cores()))
       ahead.update((key, fetching.submit(self._piece_program, *c)) for key, c in calls.items())
     try:
@@ -518,6 +534,17 @@ def _sentence(found, row: int, want: str):
   if want != "ids":
     return nbest(*(x[row] for x in found))
   return strip(found[row]) if found.ndim == 2 else [strip(h) for h in found[row]]
+
+
+def _searched(settings: SearchSettings) -> tuple[SearchSettings, np.float32 | None]:
+  """(the static settings of `settings`' compiled search, its `alpha` argument or None): a beam
+  search under the 'gnmt' or 'fairseq' penalty takes alpha as an argument, so that one program
+  serves every alpha (a sweep of alpha on a dev set compiles once); its quotients are the same
+  as with alpha a constant (`model.search.length_penalty`)."""
+  program = settings.program()
+  if not settings.alpha_argument:
+    return program, None
+  return program.replace(alpha=0.0), np.float32(settings.alpha)
 
 
 def _width(inputs, prefix) -> int:

@@ -10,18 +10,19 @@ compilation cache still traces and lowers the search first to find its key (docs
     store.finish()                 # the reading ahead stopped, the programs asked for recorded
 
 A program's file is named by a digest of its signature (the model's hyperparameters, the search
-settings, every argument's shape, dtype and sharding; `Generator` writes it) and of what else
-decides the compiled code: the source of the `model` package (the traced functions), the JAX and
-jaxlib versions, the backend, the device kind, the CPU (its model and instruction-set flags: a
-program compiled for one CPU may not run on another), `XLA_FLAGS` and the JAX options that change
-lowering. So a changed model, code base, library or machine gets a new file, never an old program.
-Parameters are arguments, never constants, so a retrained model of the same shape reuses its
-programs. A file that cannot be read back (cut short, or from another build) is compiled again and
-replaced, with a warning; a folder that cannot be written to decodes anyway, with one warning.
-Deleting the folder at any time is safe; nothing evicts old files. The files are pickles, as JAX's
-own serialized executables are: keep the folder where only you can write. The time spent reading
-programs is reported as the JAX monitoring event `LOAD_EVENT` (inference/phases.py counts it as
-"compile or load").
+settings but a beam search's alpha, an argument of its programs; every argument's shape, dtype
+and sharding; `Generator` writes it) and of what else decides the compiled code: the source of
+the `model` package (the traced functions), the JAX and jaxlib versions, the backend, the device
+kind, the CPU (its model and instruction-set flags: a program compiled for one CPU may not run on
+another), `XLA_FLAGS` and the JAX options that change lowering. So a changed model, code base,
+library or machine gets a new file, never an old program. Parameters are arguments, never
+constants, so a retrained model of the same shape reuses its programs. A file that cannot be
+read back (cut short, or from another build) is compiled again and replaced, with a warning; a
+folder that cannot be written to decodes anyway, with one warning. Deleting the folder at any
+time is safe; nothing evicts old files. The files are pickles, as JAX's own serialized
+executables are: keep the folder where only you can write. The time spent reading programs is
+reported as the JAX monitoring event `LOAD_EVENT` (inference/phases.py counts it as "compile or
+load").
 
 Which programs a run needs follows from its input's lengths, known only once the input is read;
 reading one back takes a while (it is linked into memory). So a run under a key

@@ -139,11 +139,16 @@ StepFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 def length_penalty(length, alpha, penalty: str = "gnmt"):
   """The divisor of a hypothesis' summed log-probability, in float32 (any shape): GNMT's
   ``((5 + length) / 6) ** alpha`` (the paper's), or fairseq's and CTranslate2's
-  ``length ** alpha`` (``penalty='fairseq'``)."""
+  ``length ** alpha`` (``penalty='fairseq'``). ``alpha`` a number or a traced scalar (one
+  compiled search for every alpha); the same values either way.
+
+  Handed out through ``lax.optimization_barrier``, so that a score divided by it is a true
+  division whatever ``alpha`` is: XLA rewrites ``x / l ** alpha`` as ``x * l ** -alpha`` (other
+  last bits) unless it can fold a constant ``alpha`` of 0, 1 or 2 (docs/experiments.md)."""
   length = jnp.asarray(length, jnp.float32)
   if penalty == "fairseq":
-    return length**alpha
-  return ((5.0 + length) / 6.0) ** alpha
+    return lax.optimization_barrier(length**alpha)
+  return lax.optimization_barrier(((5.0 + length) / 6.0) ** alpha)
 
 
 def map_batched(fn, tree):

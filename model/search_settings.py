@@ -154,6 +154,22 @@ class SearchSettings:
     """The stopping rule beam search follows: `stopping`, or unset the length penalty's own."""
     return stopping_rule(self.length_penalty, self.stopping)
 
+  @property
+  def alpha_argument(self) -> bool:
+    """Whether a compiled search may take `alpha` as an argument instead of a constant (beam
+    search under the 'gnmt' or 'fairseq' penalty: `program` with `alpha` 0 then serves every
+    alpha, and `with_alpha` gives the search its value)."""
+    return self.beam_size > 1 and not self.sampling and self.length_penalty in PENALTIES
+
+  def with_alpha(self, alpha) -> SearchSettings:
+    """These settings searching with `alpha` a traced float32 scalar (inside a compiled search
+    that takes it as an argument: `alpha_argument`); not checked, and not for a static key."""
+    if not self.alpha_argument:
+      raise ValueError(f"{self.describe()}: alpha is not an argument of its search")
+    settings = dataclasses.replace(self, alpha=0.0)
+    object.__setattr__(settings, "alpha", alpha)
+    return settings
+
   def replace(self, **changes) -> SearchSettings:
     """These settings with some fields changed (checked again)."""
     return dataclasses.replace(self, **changes)

@@ -631,6 +631,47 @@ def test_a_generator_owns_its_programs(tiny):
     first(params, inputs, {"beam_size": 1})
 
 
+def test_one_program_serves_every_alpha_as_a_constant_alpha_searches(tiny, tmp_path):
+  """Beam search takes alpha as an argument (`inference.generator._searched`): a sweep of alpha
+  compiles one program for a batch, and a merged search's pieces once for all, kept on disk as
+  one set; an alpha's ids and scores are those of the search with alpha a constant (the settings
+  static under `jax.jit`) to the last bit: 0.6 (where XLA would turn a constant's division into a
+  product) under 'gnmt', 1 (where it divides) under 'fairseq'."""
+  model, params = tiny
+  inputs = padded(SOURCES)
+  alphas = (0.6, 1.0, 1.5)
+  for penalty, checked in (("gnmt", 0.6), ("fairseq", 1.0)):
+    how = dict(beam_size=3, max_extra_len=EXTRA + 2, length_penalty=penalty)  # no other test's
+    one = Generator(model)
+    with Compilations("jit(_search)") as compiled:
+      found = {a: one(params, inputs, SearchSettings(alpha=a, **how), scores=True) for a in alphas}
+    assert compiled.count == 1
+    settings = SearchSettings(alpha=checked, **how)
+    width = SRC_LEN + settings.max_extra_len
+    constant = jax.jit(lambda p, x: generate.generate(model, p, x, None, settings, width, "scores"))
+    for got, want in zip(found[checked], constant(params, inputs)):
+      np.testing.assert_array_equal(got, want)  # bitwise
+  lists = [list(s) for s in SOURCES] * 12  # a merged search: pieces paused and joined
+  store = ProgramStore(tmp_path)
+  pieces = Generator(model, programs=store)
+  for alpha in alphas:
+    out = pieces.translate_all(
+      params, lists, SearchSettings(alpha=alpha, **how), tokens_per_batch=96
+    )
+    for i, sentence in enumerate(out[: len(SOURCES)]):
+      assert sentence.tolist() == generate.strip(found[alpha][0][i]).tolist(), (alpha, i)
+  assert store.compiled == len(list(tmp_path.glob("*.program"))) > 1 and store.loaded == 0
+  assert SearchSettings(beam_size=3, alpha=0.7).alpha_argument
+  for settings in (
+    SearchSettings(beam_size=1),
+    SearchSettings(beam_size=3, length_penalty="marian"),
+    SearchSettings(temperature=1.0, beam_size=1),
+  ):  # their programs keep alpha a constant (greedy and sampling ignore it)
+    assert not settings.alpha_argument
+    with pytest.raises(ValueError, match="alpha is not an argument"):
+      settings.with_alpha(jnp.float32(1.0))
+
+
 def test_programs_kept_on_disk_are_read_back_without_tracing(tiny, tmp_path, monkeypatch, caplog):
   """A Generator given an `inference.program_store.ProgramStore` writes each compiled search to
   its folder; a new store on that folder (a later process) reads it back, neither tracing nor
