@@ -171,10 +171,10 @@ class Generator:
     if max_decode_len < 1:
       raise ValueError(f"max_decode_len={max_decode_len!r}: must be positive")
     rng = jax.random.key(0) if rng is None and settings.sampling else rng
-    program, alpha = _searched(settings)
+    searched, alpha = _searched(settings)
     args = (params, inputs.astype(jnp.int32), rng, prefix, alpha)
     outputs = OUTPUTS[2 if token_scores else 1 if scores else 0]
-    static = (program, int(max_decode_len), outputs)
+    static = (searched, int(max_decode_len), outputs)
     program = self._program(args, static)
     return self._run(*args, *static) if program is None else program(*args)
 

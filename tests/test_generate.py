@@ -631,6 +631,7 @@ def test_a_generator_owns_its_programs(tiny):
     first(params, inputs, {"beam_size": 1})
 
 
+@pytest.mark.slow
 def test_one_program_serves_every_alpha_as_a_constant_alpha_searches(tiny, tmp_path):
   """Beam search takes alpha as an argument (`inference.generator._searched`): a sweep of alpha
   compiles one program for a batch, and a merged search's pieces once for all, kept on disk as
@@ -651,7 +652,7 @@ def test_one_program_serves_every_alpha_as_a_constant_alpha_searches(tiny, tmp_p
     constant = jax.jit(lambda p, x: generate.generate(model, p, x, None, settings, width, "scores"))
     for got, want in zip(found[checked], constant(params, inputs)):
       np.testing.assert_array_equal(got, want)  # bitwise
-  lists = [list(s) for s in SOURCES] * 12  # a merged search: pieces paused and joined
+  lists = [list(s) for s in SOURCES] * 12  # a merged search (fairseq): pieces paused and joined
   store = ProgramStore(tmp_path)
   pieces = Generator(model, programs=store)
   for alpha in alphas:
