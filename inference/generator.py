@@ -35,7 +35,7 @@ from inference.merged_search import (
 )
 from model import beam_pieces, distribution
 from model.decoder_state import DECODE_SEGMENT
-from model.generate import OUTPUTS, generate, nbest, strip
+from model.generate import OUTPUTS, best_outputs, generate, nbest, strip
 from model.length_buckets import checked_prefixes, length_batches
 from model.search_settings import SearchSettings, with_keywords
 
@@ -48,8 +48,10 @@ class Generator:
   whether scores are returned), and `translate_all`'s merged beam search one per piece of each
   batch shape's search (`beam_pieces`: begin, and on from each pause), all kept as long as the
   generator lives (its `jax.jit`'s cache), parameters being an argument, never constants baked
-  in. `inference.Translator` owns one;
-  `translate` below makes one per call.
+  in. A beam search's alpha is an argument, and `translate_all`'s beam searches return every
+  hypothesis with its score (`_program_of`), so settings that differ only there (alpha,
+  num_hypotheses, scores) share programs. `inference.Translator` owns one; `translate` below
+  makes one per call.
 
   Args:
     model: a module from `model.build.build_model`, or a `DeferredModel`.
@@ -148,15 +150,15 @@ class Generator:
       with `token_scores` a third array shaped as ids, float32: each token's log-probability
       (a forced EOS 0; 0 after EOS).
     """
-    return self._counted(
-      params, inputs, settings, rng, max_decode_len, scores, token_scores, prefix
-    )[0]
+    want = OUTPUTS[2 if token_scores else 1 if scores else 0]
+    return self._counted(params, inputs, settings, rng, max_decode_len, want, prefix)[0]
 
   def _counted(
-    self, params, inputs, settings, rng, max_decode_len, scores, token_scores, prefix
+    self, params, inputs, settings, rng, max_decode_len, want, prefix, shared=False
   ) -> tuple:
     """(`__call__`'s result, [batch] int32 the steps each row searched before it was done, or
-    None for Marian's search)."""
+    None for Marian's search); `want` one of OUTPUTS. `shared`: the search's program is
+    `_program_of`'s, its results as the program returns them (`_cut` gives `want`'s)."""
     if not isinstance(settings, SearchSettings):
       raise ValueError(f"settings={settings!r}: expected a SearchSettings")
     if getattr(inputs, "ndim", None) != 2:
@@ -171,18 +173,20 @@ class Generator:
     if max_decode_len < 1:
       raise ValueError(f"max_decode_len={max_decode_len!r}: must be positive")
     rng = jax.random.key(0) if rng is None and settings.sampling else rng
-    searched, alpha = _searched(settings)
+    searched, alpha, outputs = (
+      _program_of(settings, want) if shared else (*_searched(settings), want)
+    )
     args = (params, inputs.astype(jnp.int32), rng, prefix, alpha)
-    outputs = OUTPUTS[2 if token_scores else 1 if scores else 0]
     static = (searched, int(max_decode_len), outputs)
     program = self._program(args, static)
     return self._run(*args, *static) if program is None else program(*args)
 
-  def _prepare(self, params, batches: list, settings: SearchSettings, rng, outputs: str) -> None:
+  def _prepare(self, params, batches: list, settings: SearchSettings, rng, want: str) -> None:
     """Gets the programs of `batches` ((inputs, prefix) of each shape) from `programs`
     concurrently, one thread each (docs/experiments.md measures the gain), before any batch is
-    decoded: batches decoded in parallel then only look their program up."""
-    program, alpha = _searched(settings)
+    decoded: batches decoded in parallel then only look their program up (`_counted`'s
+    `shared` programs for `want`)."""
+    program, alpha, outputs = _program_of(settings, want)
     calls = [
       (
         (params, x.astype(jnp.int32), rng, prefix, alpha),
@@ -320,7 +324,7 @@ class Generator:
   def _merged(self, params, batches, settings, want, parallel_batches, finish) -> tuple:
     """`translate_all`'s search of `batches` in merged pieces (inference/merged_search.py):
     (rows x steps searched, rows x steps needed)."""
-    program, alpha = _searched(settings)
+    program, alpha, outputs = _program_of(settings, want)
     device = next(iter(_devices(params)), None)
 
     def static_of(shape, start, until) -> tuple:
@@ -330,7 +334,7 @@ class Generator:
       positions they attend over before writing them (docs/experiments.md)."""
       max_len = shape[1] + settings.max_extra_len
       segment = None if (start, until) == (0, max_len) else self.segment
-      return (program, max_len, want, start, until, segment)
+      return (program, max_len, outputs, start, until, segment)
 
     def run(shape, x, start, until):
       static = static_of(shape, start, until)
@@ -343,7 +347,7 @@ class Generator:
       compiled = self._piece_program(params, shape, alpha, static)
       call = (lambda *a: self._run_piece(*a, *static)) if compiled is None else compiled
       piece, found = call(params, x, alpha)
-      found = np.asarray(found) if want == "ids" else [np.asarray(f) for f in found]
+      found = _cut(found, outputs, want, settings)
       s = piece.state
       computed = int(np.asarray(s.computed).sum()) - before
       return piece, found, np.asarray(s.done), computed, np.asarray(s.searched)
@@ -463,11 +467,11 @@ class Generator:
         settings,
         jax.random.fold_in(rng, n) if settings.sampling else rng,  # searches draw nothing
         None,
-        scores,
-        token_scores,
+        want,
         batches[n].prefixes,
+        shared=True,
       )
-      found = np.asarray(found) if want == "ids" else [np.asarray(x) for x in found]
+      found = _cut(found, _program_of(settings, want)[2], want, settings)
       return found, None if steps is None else np.asarray(steps)
 
     if parallel_batches == 1:
@@ -545,6 +549,32 @@ def _searched(settings: SearchSettings) -> tuple[SearchSettings, np.float32 | No
   if not settings.alpha_argument:
     return program, None
   return program.replace(alpha=0.0), np.float32(settings.alpha)
+
+
+def _program_of(settings: SearchSettings, want: str) -> tuple:
+  """(static settings, alpha argument or None, outputs) of `translate_all`'s program for
+  `settings` returning `want` (one of OUTPUTS): `_searched`'s, and a beam search under the
+  'gnmt' or 'fairseq' penalty returns all its beam's hypotheses with their scores whatever
+  `num_hypotheses` and `want` (token scores still a program of their own: the search tracks
+  them), so that a file translated again with `--nbest` or `--scores` reads the same programs
+  back; `_cut` takes what was asked for on the host."""
+  program, alpha = _searched(settings)
+  if not settings.alpha_argument:
+    return program, alpha, want
+  wide = OUTPUTS[max(OUTPUTS.index(want), 1)]
+  return program.replace(num_hypotheses=settings.beam_size), alpha, wide
+
+
+def _cut(found, outputs: str, want: str, settings: SearchSettings):
+  """`found`, a program's results returning `outputs` (`_program_of`), as numpy arrays cut to
+  `want` and `settings.num_hypotheses` (`model.generate.best_outputs`' shapes)."""
+  if outputs == "ids":
+    return np.asarray(found)
+  found = [np.asarray(x) for x in found]
+  if outputs == want and not settings.alpha_argument:
+    return found
+  cut = best_outputs(found, OUTPUTS.index(want) + 1, settings.num_hypotheses)
+  return cut if want == "ids" else list(cut)
 
 
 def _width(inputs, prefix) -> int:

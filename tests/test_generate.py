@@ -662,6 +662,13 @@ def test_one_program_serves_every_alpha_as_a_constant_alpha_searches(tiny, tmp_p
     for i, sentence in enumerate(out[: len(SOURCES)]):
       assert sentence.tolist() == generate.strip(found[alpha][0][i]).tolist(), (alpha, i)
   assert store.compiled == len(list(tmp_path.glob("*.program"))) > 1 and store.loaded == 0
+  compiled = store.compiled  # n-best lists with scores: the same pieces (`_program_of`)
+  settings = SearchSettings(alpha=alphas[-1], num_hypotheses=3, **how)
+  best = pieces.translate_all(params, lists, settings, tokens_per_batch=96, scores=True)
+  assert store.compiled == compiled
+  for sentence, found in zip(best, out):
+    assert len(sentence.ids) == 3 and sentence.ids[0].tolist() == found.tolist()
+    assert np.all(np.diff(sentence.scores) <= 0)
   assert SearchSettings(beam_size=3, alpha=0.7).alpha_argument
   for settings in (
     SearchSettings(beam_size=1),
@@ -671,6 +678,30 @@ def test_one_program_serves_every_alpha_as_a_constant_alpha_searches(tiny, tmp_p
     assert not settings.alpha_argument
     with pytest.raises(ValueError, match="alpha is not an argument"):
       settings.with_alpha(jnp.float32(1.0))
+
+
+def test_a_files_nbest_and_scores_read_the_plain_searchs_programs(tiny):
+  """`translate_all`'s beam search returns every beam hypothesis with its score, cut on the host
+  (`inference.generator._program_of`): a file searched again for n-best lists or scores
+  compiles nothing, and each sentence's hypotheses and scores are, to the last bit, those of
+  the search compiled for them (`Generator.__call__`'s, on the same batch)."""
+  model, params = tiny
+  lists = [list(s) for s in SOURCES]
+  how = dict(beam_size=3, alpha=0.8, max_extra_len=EXTRA + 1, length_penalty="fairseq")
+  three = SearchSettings(num_hypotheses=3, **how)
+  files = Generator(model, merge=False)
+  with Compilations("jit(_search)") as compiled:
+    plain = files.translate_all(params, lists, SearchSettings(**how))
+    best = files.translate_all(params, lists, three, scores=True)
+    two = files.translate_all(params, lists, SearchSettings(num_hypotheses=2, **how))
+  assert compiled.count == 1
+  (batch,) = length_buckets.length_batches(lists, 4096)
+  ids, scores = Generator(model)(params, batch.inputs, three, scores=True)  # compiled for them
+  for row, i in enumerate(batch.indices):
+    assert [h.tolist() for h in best[i].ids] == [generate.strip(h).tolist() for h in ids[row]]
+    np.testing.assert_array_equal(best[i].scores, scores[row])  # bitwise
+    assert plain[i].tolist() == best[i].ids[0].tolist()
+    assert [h.tolist() for h in two[i]] == [h.tolist() for h in best[i].ids[:2]]
 
 
 def test_programs_kept_on_disk_are_read_back_without_tracing(tiny, tmp_path, monkeypatch, caplog):
