@@ -48,10 +48,10 @@ class Generator:
   whether scores are returned), and `translate_all`'s merged beam search one per piece of each
   batch shape's search (`beam_pieces`: begin, and on from each pause), all kept as long as the
   generator lives (its `jax.jit`'s cache), parameters being an argument, never constants baked
-  in. A beam search's alpha is an argument, and `translate_all`'s beam searches return every
-  hypothesis with its score (`_program_of`), so settings that differ only there (alpha,
-  num_hypotheses, scores) share programs. `inference.Translator` owns one; `translate` below
-  makes one per call.
+  in. A beam search's alpha and stopping rule are arguments, and `translate_all`'s beam
+  searches return every hypothesis with its score (`_program_of`), so settings that differ
+  only there (alpha, stopping, num_hypotheses, scores) share programs. `inference.Translator`
+  owns one; `translate` below makes one per call.
 
   Args:
     model: a module from `model.build.build_model`, or a `DeferredModel`.
@@ -173,10 +173,10 @@ class Generator:
     if max_decode_len < 1:
       raise ValueError(f"max_decode_len={max_decode_len!r}: must be positive")
     rng = jax.random.key(0) if rng is None and settings.sampling else rng
-    searched, alpha, outputs = (
+    searched, rule, outputs = (
       _program_of(settings, want) if shared else (*_searched(settings), want)
     )
-    args = (params, inputs.astype(jnp.int32), rng, prefix, alpha)
+    args = (params, inputs.astype(jnp.int32), rng, prefix, rule)
     static = (searched, int(max_decode_len), outputs)
     program = self._program(args, static)
     return self._run(*args, *static) if program is None else program(*args)
@@ -186,10 +186,10 @@ class Generator:
     concurrently, one thread each (docs/experiments.md measures the gain), before any batch is
     decoded: batches decoded in parallel then only look their program up (`_counted`'s
     `shared` programs for `want`)."""
-    program, alpha, outputs = _program_of(settings, want)
+    program, rule, outputs = _program_of(settings, want)
     calls = [
       (
-        (params, x.astype(jnp.int32), rng, prefix, alpha),
+        (params, x.astype(jnp.int32), rng, prefix, rule),
         (program, _width(x, prefix) + settings.max_extra_len, outputs),
       )
       for x, prefix in batches
@@ -247,15 +247,16 @@ class Generator:
     inputs,
     rng,
     prefix,
-    alpha,
+    rule,
     settings: SearchSettings,
     max_decode_len: int,
     outputs: str,
   ):
-    """`model.generate.generate` with this generator's options (traced); `alpha` the length
-    penalty's exponent when it comes as an argument (`_searched`), else None."""
-    if alpha is not None:
-      settings = settings.with_alpha(alpha)
+    """`model.generate.generate` with this generator's options (traced); `rule` the search's
+    alpha and stopping rule when they come as arguments (`_searched`: [2] float32,
+    `SearchSettings.rule_values`), else None."""
+    if rule is not None:
+      settings = settings.with_rule(rule)
     return generate(
       self.model,
       params,
@@ -272,13 +273,13 @@ class Generator:
       count_steps=True,
     )
 
-  def _piece(self, params, x, alpha, settings, max_len, outputs, start, until, segment):
+  def _piece(self, params, x, rule, settings, max_len, outputs, start, until, segment):
     """`beam_pieces.begin` of inputs `x` (`start` 0) or `resume` of piece `x` paused at
     `start`, to step `until`, with this generator's options and self-attention buffers growing
-    from `segment` positions (None: all `max_len` from the start) (traced); `alpha` as
+    from `segment` positions (None: all `max_len` from the start) (traced); `rule` as
     `_search`'s."""
-    if alpha is not None:
-      settings = settings.with_alpha(alpha)
+    if rule is not None:
+      settings = settings.with_rule(rule)
     keywords = dict(outputs=outputs, num_ids=self.num_ids, segment=segment)
     if not start:
       return beam_pieces.begin(self.model, params, x, settings, max_len, until, **keywords)
@@ -288,8 +289,8 @@ class Generator:
     """`_piece` under another name, for `programs` (as `_kept_search`)."""
     return self._piece(*args)
 
-  def _piece_program(self, params, shape, alpha, static) -> Callable | None:
-    """`_program` of `_piece(params, x, alpha, *static)` for a batch of `shape` (x its inputs,
+  def _piece_program(self, params, shape, rule, static) -> Callable | None:
+    """`_program` of `_piece(params, x, rule, *static)` for a batch of `shape` (x its inputs,
     or a piece of its entries); named by the batch's inputs, so that a run that reads the
     program back traces nothing (the piece's shapes follow from them)."""
     settings, max_len, outputs, start, until, segment = static
@@ -304,9 +305,9 @@ class Generator:
               self.model, params, x, settings, max_len, outputs=outputs, segment=segment
             )
         x = beam_pieces.paused_shape(self._initial_shapes[key], start, max_len, segment)
-      return self._lower_piece(params, x, alpha, *static)
+      return self._lower_piece(params, x, rule, *static)
 
-    named = (params, np.zeros(shape, np.int32), alpha)
+    named = (params, np.zeros(shape, np.int32), rule)
     what = f"int32[{shape[0]},{shape[1]}], steps {start}-{until}"
     return self._program(None, ("beam piece", *static), lower, named, what)
 
@@ -324,7 +325,7 @@ class Generator:
   def _merged(self, params, batches, settings, want, parallel_batches, finish) -> tuple:
     """`translate_all`'s search of `batches` in merged pieces (inference/merged_search.py):
     (rows x steps searched, rows x steps needed)."""
-    program, alpha, outputs = _program_of(settings, want)
+    program, rule, outputs = _program_of(settings, want)
     device = next(iter(_devices(params)), None)
 
     def static_of(shape, start, until) -> tuple:
@@ -344,9 +345,9 @@ class Generator:
       if start:  # a piece of waiting entries comes as numpy, one going on as it is on its device
         before = int(np.asarray(x.state.computed).sum())  # numpy's sum: nothing to compile
         x = jax.device_put(x, device)
-      compiled = self._piece_program(params, shape, alpha, static)
+      compiled = self._piece_program(params, shape, rule, static)
       call = (lambda *a: self._run_piece(*a, *static)) if compiled is None else compiled
-      piece, found = call(params, x, alpha)
+      piece, found = call(params, x, rule)
       found = _cut(found, outputs, want, settings)
       s = piece.state
       computed = int(np.asarray(s.computed).sum()) - before
@@ -368,7 +369,7 @@ class Generator:
       calls = {}
       for shape, ends in stops.items():
         for at, a, b in piece_programs(shape, ends):
-          calls.setdefault((at, a, b), (params, at, alpha, static_of(at, a, b)))
+          calls.setdefault((at, a, b), (params, at, rule, static_of(at, a, b)))
       fetching = concurrent.futures.ThreadPoolExecutor(min(parallel_batches, usable_cores()))
       ahead.update((key, fetching.submit(self._piece_program, *c)) for key, c in calls.items())
     try:
@@ -540,29 +541,31 @@ def _sentence(found, row: int, want: str):
   return strip(found[row]) if found.ndim == 2 else [strip(h) for h in found[row]]
 
 
-def _searched(settings: SearchSettings) -> tuple[SearchSettings, np.float32 | None]:
-  """(the static settings of `settings`' compiled search, its `alpha` argument or None): a beam
-  search under the 'gnmt' or 'fairseq' penalty takes alpha as an argument, so that one program
-  serves every alpha (a sweep of alpha on a dev set compiles once); its quotients are the same
-  as with alpha a constant (`model.search.length_penalty`)."""
+def _searched(settings: SearchSettings) -> tuple[SearchSettings, np.ndarray | None]:
+  """(the static settings of `settings`' compiled search, its rule argument or None): a beam
+  search under the 'gnmt' or 'fairseq' penalty takes its alpha and stopping rule as arguments
+  ([2] float32: `SearchSettings.rule_values`), so that one program serves every alpha and both
+  stopping rules (a sweep on a dev set compiles once); its scores and stops are the same as
+  with them constants (`model.search.length_penalty`)."""
   program = settings.program()
-  if not settings.alpha_argument:
+  if not settings.rule_argument:
     return program, None
-  return program.replace(alpha=0.0), np.float32(settings.alpha)
+  static = program.replace(alpha=0.0, stopping=None)
+  return static, np.asarray(settings.rule_values(), np.float32)
 
 
 def _program_of(settings: SearchSettings, want: str) -> tuple:
-  """(static settings, alpha argument or None, outputs) of `translate_all`'s program for
+  """(static settings, rule argument or None, outputs) of `translate_all`'s program for
   `settings` returning `want` (one of OUTPUTS): `_searched`'s, and a beam search under the
   'gnmt' or 'fairseq' penalty returns all its beam's hypotheses with their scores whatever
   `num_hypotheses` and `want` (token scores still a program of their own: the search tracks
   them), so that a file translated again with `--nbest` or `--scores` reads the same programs
   back; `_cut` takes what was asked for on the host."""
-  program, alpha = _searched(settings)
-  if not settings.alpha_argument:
-    return program, alpha, want
+  program, rule = _searched(settings)
+  if not settings.rule_argument:
+    return program, rule, want
   wide = OUTPUTS[max(OUTPUTS.index(want), 1)]
-  return program.replace(num_hypotheses=settings.beam_size), alpha, wide
+  return program.replace(num_hypotheses=settings.beam_size), rule, wide
 
 
 def _cut(found, outputs: str, want: str, settings: SearchSettings):
@@ -571,7 +574,7 @@ def _cut(found, outputs: str, want: str, settings: SearchSettings):
   if outputs == "ids":
     return np.asarray(found)
   found = [np.asarray(x) for x in found]
-  if outputs == want and not settings.alpha_argument:
+  if outputs == want and not settings.rule_argument:
     return found
   cut = best_outputs(found, OUTPUTS.index(want) + 1, settings.num_hypotheses)
   return cut if want == "ids" else list(cut)

@@ -500,16 +500,19 @@ def _live(c: _Candidates, k: int):
   return live_logp, take_along(pick, order, axis=1)
 
 
-def _stops(live_logp, fin_scores, fin_flags, t, lmax, alpha, penalty: str, rule: str):
+def _stops(live_logp, fin_scores, fin_flags, t, lmax, alpha, penalty: str, rule):
   """[batch] bool: whether each entry is done after this step by the stopping ``rule`` (module
-  doc); ``t`` the steps taken before it, ``lmax`` the longest reachable length."""
+  doc; or a traced bool, 'finished' where true); ``t`` the steps taken before it, ``lmax`` the
+  longest reachable length."""
   full = jnp.all(fin_flags, axis=1)
-  if live_logp.shape[1] == 1 or rule == "finished":
-    return full | (live_logp[:, 0] == NEG_INF)
+  finished = full | (live_logp[:, 0] == NEG_INF)
+  if live_logp.shape[1] == 1 or (isinstance(rule, str) and rule == "finished"):
+    return finished
   # logp <= 0, so logp / lp(L) is largest at the largest reachable lp(L).
   best_lp = jnp.maximum(length_penalty(t + 2, alpha, penalty), length_penalty(lmax, alpha, penalty))
   worst = jnp.where(full, fin_scores[:, -1], NEG_INF)
-  return live_logp[:, 0] / best_lp <= worst
+  exact = live_logp[:, 0] / best_lp <= worst
+  return exact if isinstance(rule, str) else jnp.where(rule, finished, exact)
 
 
 def beam_advance(
@@ -627,7 +630,8 @@ def beam_search(
       ``[batch * beam_size, ...]`` with ``expand_to_beams``.
     alpha: length-penalty exponent (0 = plain log-prob).
     penalty: 'gnmt' or 'fairseq': the length penalty's form (above).
-    stopping: 'exact' or 'finished': when an entry is done (above); None: the penalty's own.
+    stopping: 'exact' or 'finished': when an entry is done (above); None: the penalty's own;
+      a traced bool (true: 'finished'): one program for both rules.
     max_lens: optional ``[batch]`` per-sentence maximum length (see module doc).
     grow, segment: a cache sized for ``segment`` steps and how to enlarge it (module doc).
     token_scores: also return each hypothesis' per-token log-probabilities.

@@ -23,10 +23,13 @@ PREFIX_RULES = ("forced", "ctranslate2")  # how a target prefix counts (model/se
 MARIAN = "marian"
 
 
-def stopping_rule(penalty: str, stopping: str | None = None) -> str:
+def stopping_rule(penalty: str, stopping=None):
   """The stopping rule beam search follows: `stopping`, or with None the penalty's own, 'exact'
   for 'gnmt' (search on while a live hypothesis could still win) and 'finished' for 'fairseq'
-  (done once `beam` hypotheses have finished, as fairseq and CTranslate2)."""
+  (done once `beam` hypotheses have finished, as fairseq and CTranslate2); a traced bool
+  `stopping` (true: 'finished'; `SearchSettings.with_rule`) as it is."""
+  if stopping is not None and not isinstance(stopping, str):
+    return stopping
   if stopping is None:
     return "finished" if penalty == "fairseq" else "exact"
   if stopping not in STOPPING:
@@ -155,19 +158,28 @@ class SearchSettings:
     return stopping_rule(self.length_penalty, self.stopping)
 
   @property
-  def alpha_argument(self) -> bool:
-    """Whether a compiled search may take `alpha` as an argument instead of a constant (beam
-    search under the 'gnmt' or 'fairseq' penalty: `program` with `alpha` 0 then serves every
-    alpha, and `with_alpha` gives the search its value)."""
+  def rule_argument(self) -> bool:
+    """Whether a compiled search may take its alpha and stopping rule as arguments instead of
+    constants (beam search under the 'gnmt' or 'fairseq' penalty: one program then serves every
+    alpha and both rules; `rule_values` are the arguments, `with_rule` gives them to the
+    search). The penalty's form stays a constant: XLA:CPU computes GNMT's ``(5 + len) / 6`` by
+    a constant's own rules (docs/experiments.md)."""
     return self.beam_size > 1 and not self.sampling and self.length_penalty in PENALTIES
 
-  def with_alpha(self, alpha) -> SearchSettings:
-    """These settings searching with `alpha` a traced float32 scalar (inside a compiled search
-    that takes it as an argument: `alpha_argument`); not checked, and not for a static key."""
-    if not self.alpha_argument:
-      raise ValueError(f"{self.describe()}: alpha is not an argument of its search")
-    settings = dataclasses.replace(self, alpha=0.0)
-    object.__setattr__(settings, "alpha", alpha)
+  def rule_values(self) -> tuple:
+    """(alpha, 1.0 where the stopping rule is 'finished' else 0.0): the arguments of a search
+    that takes its rule (`rule_argument`)."""
+    return (self.alpha, float(self.stopping_rule == "finished"))
+
+  def with_rule(self, values) -> SearchSettings:
+    """These settings searching with `values` ([2] float32, traced: `rule_values`) as their
+    alpha and stopping rule (a traced bool: 'finished' where true), inside a compiled search
+    that takes them as arguments (`rule_argument`); not checked, and not for a static key."""
+    if not self.rule_argument:
+      raise ValueError(f"{self.describe()}: its rule is not an argument of its search")
+    settings = dataclasses.replace(self, alpha=0.0, stopping=None)
+    object.__setattr__(settings, "alpha", values[0])
+    object.__setattr__(settings, "stopping", values[1] > 0)
     return settings
 
   def replace(self, **changes) -> SearchSettings:

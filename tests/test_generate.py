@@ -25,7 +25,7 @@ from inference.program_store import ProgramStore
 from model import cache_kinds, decoder_state, generate, length_buckets
 from model.build import abstract_params, build_model
 from model.decoder_state import DECODE_SEGMENT
-from model.search_settings import SearchSettings, with_keywords
+from model.search_settings import STOPPING, SearchSettings, with_keywords
 from tests.helpers import Compilations
 
 PAD, EOS = 0, 1
@@ -632,35 +632,42 @@ def test_a_generator_owns_its_programs(tiny):
 
 
 @pytest.mark.slow
-def test_one_program_serves_every_alpha_as_a_constant_alpha_searches(tiny, tmp_path):
-  """Beam search takes alpha as an argument (`inference.generator._searched`): a sweep of alpha
-  compiles one program for a batch, and a merged search's pieces once for all, kept on disk as
-  one set; an alpha's ids and scores are those of the search with alpha a constant (the settings
-  static under `jax.jit`) to the last bit: 0.6 (where XLA would turn a constant's division into a
-  product) under 'gnmt', 1 (where it divides) under 'fairseq'."""
+def test_one_program_serves_every_alpha_and_stopping_rule_as_constant_searches(tiny, tmp_path):
+  """Beam search takes alpha and its stopping rule as arguments (`inference.generator._searched`):
+  a sweep of both compiles one program for a batch, and a merged search's pieces once for all,
+  kept on disk as one set; a setting's ids and scores are those of the search with it constant
+  (the settings static under `jax.jit`) to the last bit: alpha 0.6 (where XLA would turn a
+  constant's division into a product) under 'gnmt', 1 (where it divides) under 'fairseq', each
+  under both rules."""
   model, params = tiny
   inputs = padded(SOURCES)
   alphas = (0.6, 1.0, 1.5)
+  rules = [(alpha, stop) for alpha in alphas for stop in STOPPING]
   for penalty, checked in (("gnmt", 0.6), ("fairseq", 1.0)):
     how = dict(beam_size=3, max_extra_len=EXTRA + 2, length_penalty=penalty)  # no other test's
     one = Generator(model)
     with Compilations("jit(_search)") as compiled:
-      found = {a: one(params, inputs, SearchSettings(alpha=a, **how), scores=True) for a in alphas}
+      found = {
+        (a, stop): one(params, inputs, SearchSettings(alpha=a, stopping=stop, **how), scores=True)
+        for a, stop in rules
+      }
     assert compiled.count == 1
-    settings = SearchSettings(alpha=checked, **how)
-    width = SRC_LEN + settings.max_extra_len
-    constant = jax.jit(lambda p, x: generate.generate(model, p, x, None, settings, width, "scores"))
-    for got, want in zip(found[checked], constant(params, inputs)):
-      np.testing.assert_array_equal(got, want)  # bitwise
+    width = SRC_LEN + how["max_extra_len"]
+    for stop in STOPPING:
+      settings = SearchSettings(alpha=checked, stopping=stop, **how)
+      constant = jax.jit(
+        lambda p, x, s=settings: generate.generate(model, p, x, None, s, width, "scores")
+      )
+      for got, want in zip(found[checked, stop], constant(params, inputs)):
+        np.testing.assert_array_equal(got, want)  # bitwise
   lists = [list(s) for s in SOURCES] * 12  # a merged search (fairseq): pieces paused and joined
   store = ProgramStore(tmp_path)
   pieces = Generator(model, programs=store)
-  for alpha in alphas:
-    out = pieces.translate_all(
-      params, lists, SearchSettings(alpha=alpha, **how), tokens_per_batch=96
-    )
+  for alpha, stop in rules:
+    settings = SearchSettings(alpha=alpha, stopping=stop, **how)
+    out = pieces.translate_all(params, lists, settings, tokens_per_batch=96)
     for i, sentence in enumerate(out[: len(SOURCES)]):
-      assert sentence.tolist() == generate.strip(found[alpha][0][i]).tolist(), (alpha, i)
+      assert sentence.tolist() == generate.strip(found[alpha, stop][0][i]).tolist(), (alpha, i)
   assert store.compiled == len(list(tmp_path.glob("*.program"))) > 1 and store.loaded == 0
   compiled = store.compiled  # n-best lists with scores: the same pieces (`_program_of`)
   settings = SearchSettings(alpha=alphas[-1], num_hypotheses=3, **how)
@@ -669,15 +676,15 @@ def test_one_program_serves_every_alpha_as_a_constant_alpha_searches(tiny, tmp_p
   for sentence, found in zip(best, out):
     assert len(sentence.ids) == 3 and sentence.ids[0].tolist() == found.tolist()
     assert np.all(np.diff(sentence.scores) <= 0)
-  assert SearchSettings(beam_size=3, alpha=0.7).alpha_argument
+  assert SearchSettings(beam_size=3, alpha=0.7).rule_argument
   for settings in (
     SearchSettings(beam_size=1),
     SearchSettings(beam_size=3, length_penalty="marian"),
     SearchSettings(temperature=1.0, beam_size=1),
   ):  # their programs keep alpha a constant (greedy and sampling ignore it)
-    assert not settings.alpha_argument
-    with pytest.raises(ValueError, match="alpha is not an argument"):
-      settings.with_alpha(jnp.float32(1.0))
+    assert not settings.rule_argument
+    with pytest.raises(ValueError, match="its rule is not an argument"):
+      settings.with_rule(jnp.float32([1.0, 0.0]))
 
 
 def test_a_files_nbest_and_scores_read_the_plain_searchs_programs(tiny):
