@@ -456,6 +456,7 @@ class Generator:
       rows = self._merged(params, placed, settings, want, parallel_batches, finish)
       self._report(*rows)
       return outputs
+    returned = _program_of(settings, want)[2]  # what each batch's program returns
     if self._programs is not None:  # one batch of each shape: their programs fetched at once
       first = {b.inputs.shape: b for b in reversed(batches)}.values()
       shapes = [(put(b.inputs), b.prefixes) for b in first]
@@ -472,7 +473,7 @@ class Generator:
         batches[n].prefixes,
         shared=True,
       )
-      found = _cut(found, _program_of(settings, want)[2], want, settings)
+      found = _cut(found, returned, want, settings)
       return found, None if steps is None else np.asarray(steps)
 
     if parallel_batches == 1:
@@ -574,7 +575,7 @@ def _cut(found, outputs: str, want: str, settings: SearchSettings):
   if outputs == "ids":
     return np.asarray(found)
   found = [np.asarray(x) for x in found]
-  if outputs == want and not settings.rule_argument:
+  if not settings.rule_argument:  # the program returned `want` itself
     return found
   cut = best_outputs(found, OUTPUTS.index(want) + 1, settings.num_hypotheses)
   return cut if want == "ids" else list(cut)

@@ -10,8 +10,9 @@ compilation cache still traces and lowers the search first to find its key (docs
     store.finish()                 # the reading ahead stopped, the programs asked for recorded
 
 A program's file is named by a digest of its signature (the model's hyperparameters, the search
-settings but a beam search's alpha, an argument of its programs; every argument's shape, dtype
-and sharding; `Generator` writes it) and of what else decides the compiled code: the source of
+settings but those a beam search takes as arguments, its alpha and stopping rule, and those a
+file's search cuts on the host, its n-best and scores; every argument's shape, dtype and
+sharding; `Generator` writes it) and of what else decides the compiled code: the source of
 the `model` package (the traced functions), the JAX and jaxlib versions, the backend, the device
 kind, the CPU (its model and instruction-set flags: a program compiled for one CPU may not run on
 another), `XLA_FLAGS` and the JAX options that change lowering. So a changed model, code base,
