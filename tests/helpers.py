@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import numpy as np
 from absl import app as absl_app
@@ -72,6 +73,20 @@ def random_params(config, seed=0):
       for p, x in flat.items()
     }
   )
+
+
+def numpy_params(model, *init_args, seed=0):
+  """numpy parameters of the tree `model.init(key, *init_args)` makes (traced only: compiling an
+  initialization takes seconds), drawn as `random_params` draws them."""
+  tree = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), *init_args)["params"])
+  rng = np.random.default_rng(seed)
+
+  def draw(path, x):
+    if path[-1].key == "scale":
+      return np.ones(x.shape, np.float32)
+    return (rng.standard_normal(x.shape) / np.sqrt(x.shape[-1])).astype(np.float32)
+
+  return jax.tree_util.tree_map_with_path(draw, tree)
 
 
 def fixed_batches(n=5, rows=16, length=8, seed=0):
@@ -252,6 +267,15 @@ absl_app.define_help_flags()  # as the first absl app.run would: --help stays de
 _ABSL_FLAGS = set(flags.FLAGS)  # absl's own (logging, app, help): kept across runs
 
 
+# The JAX options a command sets for its persistent compilation cache, put back after it ran.
+JAX_CACHE_OPTIONS = (
+  "jax_compilation_cache_dir",
+  "jax_enable_compilation_cache",
+  "jax_persistent_cache_min_compile_time_secs",
+  "jax_persistent_cache_min_entry_size_bytes",
+)
+
+
 def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
   """Runs `python <script> <args>` in this process: `script` (train.py, decode.py, bench.py, or
   a `-m` module such as cli.average) runs its `__main__` block, so its own flags and the
@@ -275,13 +299,7 @@ def run_in_process(script: str, *args: str, stdin: str | bytes = "") -> Ran:
   handler = absl_logging.get_absl_handler()
   saved_logging = (root.handlers[:], root.level, absl_logger.level, absl_logger.filters[:])
   saved_handler_filters, saved_stream = handler.filters[:], handler.python_handler.stream
-  jax_options = (
-    "jax_compilation_cache_dir",
-    "jax_enable_compilation_cache",
-    "jax_persistent_cache_min_compile_time_secs",
-    "jax_persistent_cache_min_entry_size_bytes",
-  )
-  saved_jax = {name: getattr(jax.config, name) for name in jax_options}
+  saved_jax = {name: getattr(jax.config, name) for name in JAX_CACHE_OPTIONS}
   saved_keep, saved_exit = host_memory.keep_freed_memory_on_cpu, cli_app.exit_now
   saved_rename = command_name.make_process_name_useful
   saved_argv, saved_stdin = sys.argv, sys.stdin

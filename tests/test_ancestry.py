@@ -37,21 +37,26 @@ def test_the_table_reads_each_row_its_reordered_history():
     return seen, out
 
   carried = {
-    cache_kinds.STATE: {"i": jnp.int32(0)},
-    cache_kinds.TARGET: {"k": jnp.zeros((rows, 1, length, 1), jnp.float32)},
+    cache_kinds.STATE: {"i": np.int32(0)},
+    cache_kinds.TARGET: {"k": np.zeros((rows, 1, length, 1), np.float32)},
   }
   assert ancestry.applies(carried)
-  moved, kept = carried, ancestry.with_table(carried)
   in_place = ancestry.in_place_step(step)
-  rng = np.random.default_rng(0)
-  for t in range(length):
-    ids = jnp.asarray(rng.integers(1, 9, (rows, 1)), jnp.int32)
-    want, moved = step(ids, moved)
-    got, kept = in_place(ids, kept)
-    np.testing.assert_array_equal(got, want)
-    parents = jnp.asarray(rng.integers(0, beam, (batch, beam)), jnp.int32)
+
+  @jax.jit  # one step of both searches: compiled once, run `length` times
+  def both(moved, kept, ids, parents):
+    (want, moved), (got, kept) = step(ids, moved), in_place(ids, kept)
     moved = search.gather_beams(moved, parents, batch, beam)
     kept = ancestry.reorder(kept, parents, batch, beam)
+    return want, got, moved, kept
+
+  moved, kept = carried, ancestry.with_table(carried)
+  rng = np.random.default_rng(0)
+  for t in range(length):
+    ids = rng.integers(1, 9, (rows, 1)).astype(np.int32)
+    parents = rng.integers(0, beam, (batch, beam)).astype(np.int32)
+    want, got, moved, kept = both(moved, kept, ids, parents)
+    np.testing.assert_array_equal(got, want)
     # Position t of the kept buffer holds what row r itself wrote there.
     written = np.asarray(kept[cache_kinds.TARGET]["k"])[:, 0, t, 0] % 100
     np.testing.assert_array_equal(written, np.arange(rows))
@@ -76,18 +81,29 @@ def test_beam_search_in_place_is_beam_search_to_the_last_bit(name, how):
   """A random Transformer's beam search (or an ensemble of two), buffers grown segment by
   segment: ids, scores, token scores and steps equal to the last bit with the buffers reordered
   every step."""
-  model, params = random_model(num_layers=2, seed=3, eos_bias=2.5)
+  # One layer (two buffers, k and v), EOS pushed up so that some hypotheses end within 3 steps
+  # and others run to their limits (up to 16 steps: the buffers grow 4 -> 8 -> 16).
+  model, params = random_model(num_layers=1, seed=3, eos_bias=4.6)
   inputs = padded(SOURCES)
   prefixed = how == "prefixed"
   prefix = padded([[7, 5], [9], [], [4, 4, 4], [], [11], [6, 8], []], 3) if prefixed else None
   limits = output_limits(inputs, prefix, EXTRA)
   if how == "ensemble":
-    other = random_model(num_layers=2, seed=4, eos_bias=2.5)[1]
-    both = jax.tree_util.tree_map(lambda a, b: np.stack([a, b]), params, other)
-    state = ensemble_decoder_state(model, both, inputs, MAX_LEN, SEGMENT)
-  else:
-    state = decoder_state(model, params, inputs, MAX_LEN, segment=SEGMENT)
-  assert ancestry.applies(state.cache)
+    other = random_model(num_layers=1, seed=9, eos_bias=4.0)[1]
+    params = jax.tree_util.tree_map(lambda a, b: np.stack([a, b]), params, other)
+  applies = []
+
+  @jax.jit  # the encoding and both searches: one program
+  def both(params):
+    if how == "ensemble":
+      state = ensemble_decoder_state(model, params, inputs, MAX_LEN, SEGMENT)
+    else:
+      state = decoder_state(model, params, inputs, MAX_LEN, segment=SEGMENT)
+    applies.append(ancestry.applies(state.cache))
+    kept = state._replace(
+      step=ancestry.in_place_step(state.step), cache=ancestry.with_table(state.cache)
+    )
+    return [run(state, None), run(kept, ancestry.reorder)]
 
   def run(state, reorder):
     return search.beam_search(
@@ -105,11 +121,8 @@ def test_beam_search_in_place_is_beam_search_to_the_last_bit(name, how):
       reorder=reorder,
     )
 
-  want = jax.jit(lambda: run(state, None))()
-  kept = state._replace(
-    step=ancestry.in_place_step(state.step), cache=ancestry.with_table(state.cache)
-  )
-  got = jax.jit(lambda: run(kept, ancestry.reorder))()
+  want, got = both(params)
+  assert applies == [True]
   assert len(got) == len(want) == 4
   for a, b in zip(got, want):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -122,9 +135,11 @@ def test_only_caches_written_at_one_shared_position_are_kept_in_place(kind):
   cfg = base_config().model
   cfg.update(dict(type=kind, vocab_size=24, d_model=16, d_ff=32, num_heads=2, num_layers=1))
   model = build_model(cfg)
-  params = jax.tree_util.tree_map(lambda s: jnp.full(s.shape, 0.01, s.dtype), abstract_params(cfg))
-  state = decoder_state(model, params, padded(SOURCES[:2]), MAX_LEN, segment=SEGMENT)
-  assert not ancestry.applies(state.cache)
+  inputs = padded(SOURCES[:2])
+  cache = jax.eval_shape(  # the cache's leaves' shapes: all `applies` reads
+    lambda p: decoder_state(model, p, inputs, MAX_LEN, segment=SEGMENT).cache, abstract_params(cfg)
+  )
+  assert not ancestry.applies(cache)
 
 
 @pytest.mark.parametrize("beam_size, kept", [(3, True), (1, False)])

@@ -9,7 +9,6 @@ import json
 import pathlib
 from typing import Any, NamedTuple
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -24,12 +23,13 @@ from core.errors import UsageError
 from data.sources import synthetic_pairs
 from inference import ctranslate2_export as ce
 from inference import ctranslate2_translate as ct
-from inference.generator import translate_all
+from inference.generator import Generator, translate_all
 from inference.restore import load_for_inference
-from model.build import build_model, init_variables
+from model.build import build_model
 from model.quantize import Int8Matrix
+from model.search_settings import SearchSettings
 from model.special_tokens import EOS_ID
-from tests.helpers import run_in_process, run_py, tiny_config
+from tests.helpers import random_params, run_in_process, run_py, tiny_config
 from training.validate import check_config
 
 ctranslate2 = pytest.importorskip(
@@ -42,13 +42,15 @@ PROG = "cli.ctranslate2_export"
 
 class Exported(NamedTuple):
   """The tiny trained run (`workdir`, `restored`, its `model`) and its float32 export (`out`),
-  loaded (`translator`)."""
+  loaded (`translator`); `generator`: our searches of the model, one `Generator` for the module
+  (each distinct search is compiled once, and settings differing only in alpha share one)."""
 
   workdir: pathlib.Path
   restored: Any
   model: Any
   out: pathlib.Path
   translator: Any
+  generator: Any
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,9 @@ def exported(uninterrupted, tmp_path_factory):
   out = ce.export(workdir, tmp_path_factory.mktemp("ct2") / "model")
   restored = load_for_inference(workdir)
   translator = ctranslate2.Translator(str(out), device="cpu", compute_type="float32")
-  return Exported(workdir, restored, build_model(restored.config.model), out, translator)
+  model = build_model(restored.config.model)
+  generator = Generator(model, num_ids=restored.vocab.vocab_size)
+  return Exported(workdir, restored, model, out, translator, generator)
 
 
 def _sentences(restored, n=300):
@@ -69,12 +73,15 @@ def _sentences(restored, n=300):
   return [source for source, _ in pairs]
 
 
-def _ours(restored, model, texts, **kwargs):
+def _ours(exported, texts, prefixes=None, **settings):
+  """Our translations of `texts` (ids), searched as `settings` (SearchSettings' fields) say, by
+  the module's `Generator`."""
+  restored = exported.restored
   ids = [restored.vocab.encode(t) + [EOS_ID] for t in texts]
-  return [
-    o.tolist()
-    for o in translate_all(model, restored.params, ids, num_ids=restored.vocab.vocab_size, **kwargs)
-  ]
+  found = exported.generator.translate_all(
+    restored.params, ids, SearchSettings(**settings), prefixes=prefixes
+  )
+  return [o.tolist() for o in found]
 
 
 def _theirs(restored, translator, texts, **options):
@@ -113,9 +120,9 @@ def test_export_writes_our_vocabulary_start_token_and_source_eos(exported):
 def test_greedy_equals_ours_token_for_token(exported, max_extra_len):
   """Greedy search on 300 sentences, with our length limit (2 extra tokens: many sentences end at
   it): CTranslate2's output is ours, token for token."""
-  restored, model, translator = exported.restored, exported.model, exported.translator
+  restored, translator = exported.restored, exported.translator
   texts = _sentences(restored)
-  ours = _ours(restored, model, texts, beam_size=1, max_extra_len=max_extra_len)
+  ours = _ours(exported, texts, beam_size=1, max_extra_len=max_extra_len)
   theirs = _theirs(restored, translator, texts, beam_size=1, max_extra_len=max_extra_len)
   assert theirs == ours
   limited = sum(len(o) == len(t.split()) + max_extra_len for o, t in zip(ours, texts))
@@ -126,9 +133,9 @@ def test_greedy_equals_ours_token_for_token(exported, max_extra_len):
 def test_beam_search_without_length_penalty_equals_ours(exported):
   """Beam 4 with alpha 0 (CTranslate2: length_penalty 0), some sentences ending at our length
   limit: the same translations (alpha > 0: see inference/ctranslate2_export.py's docstring)."""
-  restored, model, translator = exported.restored, exported.model, exported.translator
+  restored, translator = exported.restored, exported.translator
   texts = _sentences(restored)
-  ours = _ours(restored, model, texts, beam_size=4, alpha=0.0, max_extra_len=1)
+  ours = _ours(exported, texts, beam_size=4, alpha=0.0, max_extra_len=1)
   theirs = _theirs(restored, translator, texts, beam_size=4, length_penalty=0.0, max_extra_len=1)
   assert theirs == ours
   limited = sum(len(o) == len(t.split()) + 1 for o, t in zip(ours, texts))
@@ -141,9 +148,9 @@ def test_beam_search_with_the_fairseq_length_penalty_equals_ours(exported, alpha
   """With alpha > 0 CTranslate2 divides by len^alpha and stops a sentence once beam_size
   hypotheses have finished: our search with `length_penalty='fairseq'` does the same, so the
   translations agree (with the GNMT penalty they differ on some sentences)."""
-  restored, model, translator = exported.restored, exported.model, exported.translator
+  restored, translator = exported.restored, exported.translator
   texts = _sentences(restored)
-  ours = _ours(restored, model, texts, beam_size=4, alpha=alpha, length_penalty="fairseq")
+  ours = _ours(exported, texts, beam_size=4, alpha=alpha, length_penalty="fairseq")
   theirs = _theirs(restored, translator, texts, beam_size=4, length_penalty=alpha)
   assert theirs == ours
 
@@ -153,10 +160,10 @@ def test_the_fairseq_penalty_at_the_length_limit_equals_ctranslate2(exported):
   `beam_size` candidates of a sentence's last step whether they end in EOS or not, each divided
   by its own length; our search with the fairseq penalty does the same (not an EOS forced one
   step later), so the translations agree."""
-  restored, model, translator = exported.restored, exported.model, exported.translator
+  restored, translator = exported.restored, exported.translator
   texts = _sentences(restored)
   how = dict(beam_size=4, max_extra_len=2)
-  ours = _ours(restored, model, texts, alpha=1.0, length_penalty="fairseq", **how)
+  ours = _ours(exported, texts, alpha=1.0, length_penalty="fairseq", **how)
   theirs = _theirs(restored, translator, texts, length_penalty=1.0, **how)
   assert theirs == ours
   limited = sum(len(o) == len(t.split()) + 2 for o, t in zip(ours, texts))
@@ -194,7 +201,7 @@ def test_the_ctranslate2_prefix_rule_equals_ctranslate2s_target_prefix(exported,
   token for token."""
   texts, prefix_ids, theirs = _prefixed(exported)
   how = dict(beam_size=beam, alpha=alpha, length_penalty="fairseq", prefix_rule="ctranslate2")
-  ours = _ours(exported.restored, exported.model, texts, prefixes=prefix_ids, **how)
+  ours = _ours(exported, texts, prefixes=prefix_ids, **how)
   assert all(o[: len(p)] == p for o, p in zip(ours, prefix_ids))
   assert theirs(beam, alpha) == ours
 
@@ -206,15 +213,18 @@ def test_the_forced_prefix_rule_differs_from_ctranslate2s_where_its_rules_do(exp
   token, but where CTranslate2's EOS rule applies: at the first step after the prefix it keeps EOS
   only as the best candidate (src/decoding.cc, update_sample_with_prefix, its issue #277), where
   ours keeps every finished candidate."""
-  restored, model = exported.restored, exported.model
   texts, prefix_ids, theirs = _prefixed(exported)
   how = dict(alpha=0.0, length_penalty="fairseq")
-  ours = _ours(restored, model, texts, prefixes=prefix_ids, beam_size=4, **how)
+  ours = _ours(exported, texts, prefixes=prefix_ids, beam_size=4, **how)
   theirs = theirs(4, 0.0)
   # The sentences the rule touches: our beam search ended right at the prefix though EOS was not
   # the best first free token (greedy search, which takes the best, went on). CTranslate2 cannot
-  # end there, so it goes on; everywhere else the two are equal.
-  greedy = _ours(restored, model, texts, prefixes=prefix_ids, beam_size=1, **how)
+  # end there, so it goes on; everywhere else the two are equal. (Greedy search takes the best
+  # token under either prefix rule, the rules differing in scores only: the 'ctranslate2' rule's
+  # greedy program, the one the test above compiled in the module's generator, serves.)
+  greedy = _ours(
+    exported, texts, prefixes=prefix_ids, beam_size=1, **how, prefix_rule="ctranslate2"
+  )
   ended = {i for i, (o, p) in enumerate(zip(ours, prefix_ids)) if o == p}
   ruled = {i for i in ended if greedy[i] != prefix_ids[i]}
   assert ended - ruled  # the rule's other side is met too: EOS the best, both end there
@@ -229,11 +239,12 @@ def test_the_forced_prefix_rule_differs_from_ctranslate2s_where_its_rules_do(exp
 @pytest.mark.parametrize("pre_ln", [False, True])
 def test_every_weight_is_mapped_pre_ln_and_separate_embeddings(tmp_path, pre_ln):
   """A random two-layer model with separate source, target and output embeddings (and, pre-LN,
-  the stacks' final LayerNorms): greedy outputs equal ours on random sources."""
+  the stacks' final LayerNorms), its biases random too (drawn in numpy: no initialisation program
+  to compile): greedy outputs equal ours on random sources."""
   config = tiny_config(**{"model.num_layers": 2, "model.pre_ln": pre_ln})
   config.model.share_embeddings = False
   model = build_model(config.model)
-  params = jax.jit(lambda key: nn.unbox(init_variables(model, key))["params"])(jax.random.key(3))
+  params = random_params(config.model, seed=3)
   assert "target_embed" in params and "logits" in params["decoder"]
   assert ("final_norm" in params["encoder"]) == pre_ln
   vocab = int(config.model.vocab_size)
@@ -302,8 +313,10 @@ def test_output_directory_is_checked_before_any_work(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_command_line_exports_and_refuses_bad_input_in_one_line(exported, tmp_path):
   workdir, out = exported.workdir, exported.out
-  done = run_py(
-    "-m", PROG, f"--workdir={workdir}", f"--output={tmp_path / 'q'}", "--quantization=int8"
+  # In this process (tests/helpers.py run_in_process): the command's own flags, runner and exit
+  # status, without a new interpreter's imports (the translate command's test runs one).
+  done = run_in_process(
+    PROG, f"--workdir={workdir}", f"--output={tmp_path / 'q'}", "--quantization=int8"
   )
   assert done.returncode == 0, done.stderr[-2000:]
   assert "wrote the CTranslate2 model" in done.stdout and (tmp_path / "q" / "model.bin").is_file()

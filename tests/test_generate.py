@@ -636,14 +636,15 @@ def test_one_program_serves_every_alpha_and_stopping_rule_as_constant_searches(t
   """Beam search takes alpha and its stopping rule as arguments (`inference.generator._searched`):
   a sweep of both compiles one program for a batch, and a merged search's pieces once for all,
   kept on disk as one set; a setting's ids and scores are those of the search with it constant
-  (the settings static under `jax.jit`) to the last bit: alpha 0.6 (where XLA would turn a
-  constant's division into a product) under 'gnmt', 1 (where it divides) under 'fairseq', each
-  under both rules."""
+  (the settings static under `jax.jit`) to the last bit: alpha 0.6 under 'gnmt' and the 'exact'
+  rule (the penalty's division at a scalar length and at the array of the entries' limits, where
+  XLA would turn a constant's division into a product), 1 under 'fairseq' and 'finished' (each
+  rule's branch of the traced flag, each penalty's traced alpha)."""
   model, params = tiny
   inputs = padded(SOURCES)
   alphas = (0.6, 1.0, 1.5)
   rules = [(alpha, stop) for alpha in alphas for stop in STOPPING]
-  for penalty, checked in (("gnmt", 0.6), ("fairseq", 1.0)):
+  for penalty, checked, stop in (("gnmt", 0.6, "exact"), ("fairseq", 1.0, "finished")):
     how = dict(beam_size=3, max_extra_len=EXTRA + 2, length_penalty=penalty)  # no other test's
     one = Generator(model)
     with Compilations("jit(_search)") as compiled:
@@ -653,13 +654,10 @@ def test_one_program_serves_every_alpha_and_stopping_rule_as_constant_searches(t
       }
     assert compiled.count == 1
     width = SRC_LEN + how["max_extra_len"]
-    for stop in STOPPING:
-      settings = SearchSettings(alpha=checked, stopping=stop, **how)
-      constant = jax.jit(
-        lambda p, x, s=settings: generate.generate(model, p, x, None, s, width, "scores")
-      )
-      for got, want in zip(found[checked, stop], constant(params, inputs)):
-        np.testing.assert_array_equal(got, want)  # bitwise
+    settings = SearchSettings(alpha=checked, stopping=stop, **how)
+    constant = jax.jit(lambda p, x: generate.generate(model, p, x, None, settings, width, "scores"))
+    for got, want in zip(found[checked, stop], constant(params, inputs)):
+      np.testing.assert_array_equal(got, want)  # bitwise
   lists = [list(s) for s in SOURCES] * 12  # a merged search (fairseq): pieces paused and joined
   store = ProgramStore(tmp_path)
   pieces = Generator(model, programs=store)

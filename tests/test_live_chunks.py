@@ -13,16 +13,18 @@ import pytest
 
 from inference.generator import Generator
 from model import beam_pieces, live_chunks
-from model.generate import generate
 from tests.test_generate import SOURCES, padded
 from tests.test_merged_search import (
   MAX_LEN,
   SEGMENT,
   SETTINGS,
   _arrays,
+  _generate,
+  _generator,
   _nested,
   _pieces,
   _sentences,
+  tiny_model,
 )
 
 
@@ -42,9 +44,7 @@ def _chunks_of(monkeypatch, rows: int):
 
 @pytest.fixture(scope="module")
 def tiny():
-  from tests.test_generate import random_model
-
-  return random_model(num_layers=1, seed=2, eos_bias=3.4)
+  return tiny_model()
 
 
 def test_a_chunk_is_a_divisor_of_the_batch_with_rows_enough(monkeypatch):
@@ -69,11 +69,7 @@ def test_chunks_give_the_whole_batchs_search_with_fewer_rows(tiny, name, monkeyp
   _chunks_of(monkeypatch, 2 * settings.beam_size)
   x = padded(SOURCES)  # 8 sentences: 4 chunks of 2
   assert live_chunks.chunk_size(len(SOURCES), settings.beam_size) == 2
-  found, steps = jax.jit(
-    lambda p, x: generate(
-      model, p, x, None, settings, MAX_LEN, outputs, segment=SEGMENT, count_steps=True
-    )
-  )(params, x)
+  found, steps = _generate(model, settings, outputs)(params, x)
   begin, resume, _ = _pieces(model, settings, outputs)
   piece, _ = begin(params, x, 4)
   piece, _ = resume(params, piece, 4, 8)
@@ -92,9 +88,7 @@ def test_translate_all_counts_the_rows_chunks_computed(tiny, monkeypatch):
   settings, _ = SETTINGS["fairseq-2best"]
   sentences = _sentences(48, seed=4)
   options = dict(tokens_per_batch=8 * 32, scores=True)  # 6 batches of 8
-  expected = Generator(model, segment=SEGMENT, merge=False).translate_all(
-    params, sentences, settings, **options
-  )
+  expected = _generator(model, merge=False).translate_all(params, sentences, settings, **options)
   rows = []
   for chunk_rows in (live_chunks.CHUNK_ROWS, 2 * settings.beam_size):
     _chunks_of(monkeypatch, chunk_rows)
@@ -149,9 +143,14 @@ def test_spare_entries_of_a_joined_piece_are_not_stepped(tiny, monkeypatch):
   gets beside copies of itself that search, and the spare rows compute no step."""
   model, params = tiny
   settings, outputs = SETTINGS["gnmt-exact"]
-  _chunks_of(monkeypatch, settings.beam_size)  # chunks of one sentence
-  begin, resume, _ = _pieces(model, settings, outputs)
+  # A piece paused at the first segment end (stepped whole: its program is the one
+  # test_chunks_give_the_whole_batchs_search_with_fewer_rows begins with), then chunks of one
+  # sentence.
+  _chunks_of(monkeypatch, 2 * settings.beam_size)
+  begin, _, _ = _pieces(model, settings, outputs)
   first, _ = begin(params, padded(SOURCES), 4)
+  _chunks_of(monkeypatch, settings.beam_size)
+  _, resume, _ = _pieces(model, settings, outputs)
   host = jax.tree_util.tree_map(np.asarray, first)
   row = int(np.flatnonzero(~host.state.done)[0])  # a sentence still searching at the pause
   one = beam_pieces.entry(host, row)

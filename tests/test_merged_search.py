@@ -4,6 +4,7 @@ search, with fewer rows searched. A random tiny Transformer (tests/test_generate
 segments of 4 positions and pauses at each of their ends from the first (`every_pause`), so
 that its short outputs pause twice."""
 
+import functools
 import threading
 
 import jax
@@ -13,7 +14,7 @@ import pytest
 from inference import merged_search
 from inference.generator import Generator
 from inference.program_store import ProgramStore
-from model import beam_pieces, search
+from model import beam_pieces, live_chunks, search
 from model.build import abstract_params, build_model
 from model.generate import generate
 from model.search_settings import SearchSettings
@@ -38,6 +39,7 @@ SETTINGS = {
 }
 
 
+REVERSED = [s[-2::-1] + [EOS] for s in SOURCES]  # a second batch: each source's tokens reversed
 PAUSE_FROM = merged_search.PAUSE_FROM  # a real batch's earliest pause, as a share of its width
 
 
@@ -48,23 +50,71 @@ def every_pause(monkeypatch):
   monkeypatch.setattr(merged_search, "PAUSE_FROM", 0)
 
 
+@functools.cache
+def tiny_model():
+  """The tiny Transformer and its parameters, one for this file and tests/test_live_chunks.py:
+  the programs `_kept` holds for it serve both."""
+  return random_model(num_layers=1, seed=2, eos_bias=3.4)
+
+
 @pytest.fixture(scope="module")
 def tiny():
-  return random_model(num_layers=1, seed=2, eos_bias=3.4)
+  return tiny_model()
+
+
+# Jitted searches and generators kept across tests (this file's and tests/test_live_chunks.py's),
+# so that a program is traced and compiled once, not once per test. Keyed by the model's id (each
+# value holds the model: the id is not reused) and by live_chunks' sizes, which the traced steps
+# read (a chunk is chosen when traced; `chunks=False`: a program that steps no chunks).
+_KEPT: dict = {}
+
+
+def _kept(*key, make, chunks=True):
+  if chunks:
+    key = (*key, live_chunks.CHUNK_ROWS, live_chunks.MIN_CHUNK_ROWS, live_chunks.MIN_CHUNKS)
+  if key not in _KEPT:
+    _KEPT[key] = make()
+  return _KEPT[key]
 
 
 def _pieces(model, settings, outputs, segment=SEGMENT):
   """Jitted begin and resume of `beam_pieces`, and the pause steps for MAX_LEN."""
   keywords = dict(outputs=outputs, segment=segment)
-  begin = jax.jit(
-    lambda p, x, until: beam_pieces.begin(model, p, x, settings, MAX_LEN, until, **keywords),
-    static_argnums=2,
-  )
-  resume = jax.jit(
-    lambda p, x, a, b: beam_pieces.resume(model, p, x, settings, MAX_LEN, a, b, **keywords),
-    static_argnums=(2, 3),
-  )
-  return begin, resume, search.pause_steps(MAX_LEN, segment)
+
+  def make():
+    begin = jax.jit(
+      lambda p, x, until: beam_pieces.begin(model, p, x, settings, MAX_LEN, until, **keywords),
+      static_argnums=2,
+    )
+    resume = jax.jit(
+      lambda p, x, a, b: beam_pieces.resume(model, p, x, settings, MAX_LEN, a, b, **keywords),
+      static_argnums=(2, 3),
+    )
+    return begin, resume, search.pause_steps(MAX_LEN, segment)
+
+  return _kept("pieces", id(model), settings, outputs, segment, make=make)
+
+
+def _generate(model, settings, outputs):
+  """Jitted `generate` to MAX_LEN over cache segments of SEGMENT: (outputs, step counts). It
+  steps every row (chunks are `beam_pieces`'), the same program for test_live_chunks.py."""
+
+  def make():
+    return jax.jit(
+      lambda p, x: generate(
+        model, p, x, None, settings, MAX_LEN, outputs, segment=SEGMENT, count_steps=True
+      )
+    )
+
+  return _kept("generate", id(model), settings, outputs, make=make, chunks=False)
+
+
+def _generator(model, **options):
+  """A `Generator(model, segment=SEGMENT, **options)` kept across tests: its programs compiled
+  once (read its `rows_searched` right after its `translate_all`)."""
+  options = dict(segment=SEGMENT, **options)
+  key = ("generator", id(model), tuple(sorted(options.items())))
+  return _kept(*key, make=lambda: Generator(model, **options))
 
 
 def _arrays(found) -> list:
@@ -95,15 +145,11 @@ def test_a_search_in_pieces_is_generates_search_to_the_last_bit(tiny, name):
   settings, outputs = SETTINGS[name]
   begin, resume, pauses = _pieces(model, settings, outputs)
   assert pauses == [4, 8]
-  whole = jax.jit(
-    lambda p, x: generate(
-      model, p, x, None, settings, MAX_LEN, outputs, segment=SEGMENT, count_steps=True
-    )
-  )
-  halves = [padded(SOURCES[:4]), padded(SOURCES[4:])]
-  expected = [whole(params, x) for x in halves]
+  whole = _generate(model, settings, outputs)
+  batches = [padded(SOURCES), padded(REVERSED)]  # of 8: test_live_chunks.py's (its programs)
+  expected = [whole(params, x) for x in batches]
   paused, done_at_8 = [], []
-  for x, (found, steps) in zip(halves, expected):
+  for x, (found, steps) in zip(batches, expected):
     piece, _ = begin(params, x, 4)
     piece, at_8 = resume(params, piece, 4, 8)
     paused.append(piece)
@@ -116,7 +162,7 @@ def test_a_search_in_pieces_is_generates_search_to_the_last_bit(tiny, name):
   assert any(done_at_8) and not all(done_at_8)
 
   host = [jax.tree_util.tree_map(np.asarray, p) for p in paused]
-  picks = [(1, 3), (0, 1), (1, 0), (0, 2)]  # entries of both batches, out of order
+  picks = [(1, 3), (0, 1), (1, 0), (0, 2), (0, 7), (1, 6), (0, 4), (1, 5)]  # both's, out of order
   joined = beam_pieces.join([beam_pieces.entry(host[b], r) for b, r in picks])
   _, last = resume(params, jax.device_put(joined), 8, MAX_LEN)
   for row, (b, r) in enumerate(picks):
@@ -132,10 +178,8 @@ def test_a_last_piece_across_segment_ends_is_one_loop(tiny, name):
   model, params = tiny
   settings, outputs = SETTINGS[name]
   begin, resume, pauses = _pieces(model, settings, outputs)
-  x = padded(SOURCES[:4])
-  found, steps = generate(
-    model, params, x, None, settings, MAX_LEN, outputs, segment=SEGMENT, count_steps=True
-  )
+  x = padded(SOURCES)
+  found, steps = _generate(model, settings, outputs)(params, x)
   piece, _ = begin(params, x, pauses[0])
   hlo = resume.lower(params, piece, pauses[0], MAX_LEN).as_text()
   assert hlo.count("stablehlo.while") == 1
@@ -162,7 +206,7 @@ def test_a_recurrent_model_pauses_without_growing(tiny):
   settings, outputs = SETTINGS["gnmt-exact"]
   begin, resume, _ = _pieces(model, settings, outputs)
   x = padded(SOURCES[:4])
-  found = generate(model, params, x, None, settings, MAX_LEN, outputs, segment=SEGMENT)
+  found, _ = _generate(model, settings, outputs)(params, x)
   piece, _ = begin(params, x, 4)
   piece, _ = resume(params, piece, 4, 8)
   _, last = resume(params, piece, 8, MAX_LEN)
@@ -205,14 +249,15 @@ def test_translate_all_merges_sentences_still_searching_across_batches(tiny, nam
   settings, _ = SETTINGS[name]
   sentences = _sentences(60)
   options = dict(tokens_per_batch=4 * 32, parallel_batches=parallel, **how)  # 15 batches of 4
-  alone = Generator(model, segment=SEGMENT, merge=False)
+  alone = _generator(model, merge=False)
   expected = alone.translate_all(params, sentences, settings, **options)
+  alone_computed, alone_needed = alone.rows_searched
   progress = []
-  merged = Generator(model, segment=SEGMENT)
+  merged = _generator(model)
   found = merged.translate_all(params, sentences, settings, on_batch=progress.append, **options)
   assert _nested(found) == _nested(expected)
   computed, needed = merged.rows_searched
-  assert needed == alone.rows_searched[1] and computed < alone.rows_searched[0]
+  assert needed == alone_needed and computed < alone_computed
   assert progress == sorted(progress) and progress[-1] == len(sentences)
 
 
@@ -232,7 +277,8 @@ def test_few_batches_of_a_shape_are_searched_whole(tiny, name, monkeypatch):
   cut, is searched in one piece: nothing waits, one program, whose self-attention buffers hold
   every position from the start (no growing segments); its outputs are the segmented search's,
   the scores to a few units in the last place (attention sums over more, masked positions).
-  Bigger batches of such a shape are cut again to the later pieces' size: the same search."""
+  Bigger batches of such a shape are cut again to the later pieces' size: the same search, by
+  the same program."""
   stops, least = merged_search.piece_stops, merged_search.MIN_PIECES
   assert stops((16, 32), 82, 16, 16 * (least - 1)) == [82]  # later pieces of 16 sentences
   assert stops((64, 32), 82, 16, 16 * (least - 1)) == [82]  # however the batches were cut
@@ -250,14 +296,16 @@ def test_few_batches_of_a_shape_are_searched_whole(tiny, name, monkeypatch):
   generator = Generator(model, segment=SEGMENT)
   with Compilations("jit(_piece)") as compiled:
     found = generator.translate_all(params, sentences, settings, tokens_per_batch=4 * 32, **how)
-  expected = Generator(model, segment=SEGMENT, merge=False).translate_all(
+  rows = generator.rows_searched
+  expected = _generator(model, merge=False).translate_all(
     params, sentences, settings, tokens_per_batch=4 * 32, **how
   )
   assert len(found) == len(expected) and compiled.count == 1 and segments == [None]
   monkeypatch.setattr(merged_search, "LATER_BATCH", 4)  # batches of 16 cut again into 4s
-  bigger = Generator(model, segment=SEGMENT)
-  again = bigger.translate_all(params, sentences, settings, tokens_per_batch=16 * 32, **how)
-  assert _nested(again) == _nested(found) and bigger.rows_searched == generator.rows_searched
+  with Compilations("jit(_piece)") as compiled:  # the same generator: the same program
+    again = generator.translate_all(params, sentences, settings, tokens_per_batch=16 * 32, **how)
+  assert _nested(again) == _nested(found) and generator.rows_searched == rows
+  assert compiled.count == 0  # cut to the shape searched above, its program
   for got, want in zip(_nested(found), _nested(expected)):  # ids equal, sums rounded apart
     if not isinstance(got, tuple):
       assert got == want
@@ -266,7 +314,7 @@ def test_few_batches_of_a_shape_are_searched_whole(tiny, name, monkeypatch):
     np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-6)
     for a, b in zip(got[2], want[2], strict=True):
       np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
-  computed, needed = generator.rows_searched
+  computed, needed = rows
   assert computed > needed  # batch by batch
 
 
@@ -280,8 +328,10 @@ def test_merged_pieces_are_kept_on_disk_and_read_back_untraced(tiny, tmp_path, m
   sentences = _sentences(40, seed=2)
   monkeypatch.setattr(merged_search, "LATER_BATCH", 4)
   options = dict(tokens_per_batch=8 * 32, parallel_batches=2)  # 5 batches of 8, later pieces of 4
-  expected = Generator(model, segment=SEGMENT, merge=False).translate_all(
-    params, sentences, settings, **options
+  # Each batch of 4 alone: on a CPU the batches of 8 are cut to the later pieces' 4 from the first
+  # piece on (test_later_stages_go_on_in_smaller_batches), and ids are compared, not scores.
+  expected = _generator(model, merge=False).translate_all(
+    params, sentences, settings, tokens_per_batch=4 * 32
   )
   store = ProgramStore(tmp_path)
   found = Generator(model, segment=SEGMENT, programs=store).translate_all(
@@ -354,8 +404,9 @@ def test_later_stages_go_on_in_smaller_batches(tiny, monkeypatch):
   settings, _ = SETTINGS["gnmt-exact"]
   sentences = _sentences(64, seed=3)
   options = dict(tokens_per_batch=8 * 32, token_scores=True)  # 8 batches of 8, one at a time
-  alone = Generator(model, segment=SEGMENT, merge=False)
+  alone = _generator(model, merge=False)
   expected = alone.translate_all(params, sentences, settings, **options)
+  alone_needed = alone.rows_searched[1]
   shapes = []
 
   def recording(run, *args):
@@ -367,23 +418,23 @@ def test_later_stages_go_on_in_smaller_batches(tiny, monkeypatch):
 
   monkeypatch.setattr(generator_module, "merged_translate", recording)
   rows = []
+  generator = _generator(model, cut_first=False)
   for later_batch, later_tokens, later in [(8, 512, 8), (2, 512, 2), (8, 64, 2)]:
     monkeypatch.setattr(merged_search, "LATER_BATCH", later_batch)
     monkeypatch.setattr(merged_search, "LATER_TOKENS", later_tokens)
     shapes.clear()
-    generator = Generator(model, segment=SEGMENT, cut_first=False)
     found = generator.translate_all(params, sentences, settings, **options)
     assert _nested(found) == _nested(expected)
     assert {s for s, start in shapes if start == 0} == {(8, 32)}
     assert {s for s, start in shapes if start > 0} == {(later, 32)}
     rows.append(generator.rows_searched)
-  assert {needed for _, needed in rows} == {alone.rows_searched[1]}
+  assert {needed for _, needed in rows} == {alone_needed}
   assert rows[0][0] > rows[1][0] == rows[2][0]
   shapes.clear()  # the last setting (later pieces of 2) on a CPU: batches of 2 from the start
-  on_cpu = Generator(model, segment=SEGMENT)
+  on_cpu = _generator(model)
   found = on_cpu.translate_all(params, sentences, settings, **options)
   assert {s for s, _ in shapes} == {(2, 32)}
-  small = Generator(model, segment=SEGMENT, cut_first=False)
+  small = generator  # cut_first=False, batches of 2
   cut = small.translate_all(params, sentences, settings, **dict(options, tokens_per_batch=2 * 32))
   assert _nested(found) == _nested(cut) and on_cpu.rows_searched == small.rows_searched
   assert [x[0] for x in _nested(found)] == [x[0] for x in _nested(expected)]  # texts

@@ -12,7 +12,7 @@ from model.config import TransformerConfig
 from model.layers import sinusoidal_encoding
 from model.loss import smoothed_cross_entropy, token_accuracy
 from model.transformer import Transformer, shift_right
-from tests.helpers import random_params, run_in_process, run_py, tiny_config
+from tests.helpers import numpy_params, random_params, run_in_process, run_py, tiny_config
 
 TINY = TransformerConfig(
   vocab_size=40, d_model=32, d_ff=64, num_heads=4, num_layers=2, dropout_rate=0.0, max_len=64
@@ -61,10 +61,10 @@ def test_cached_attention_over_float32_bfloat16_values_rounds_as_bfloat16():
   rng = np.random.default_rng(0)
   q = jnp.asarray(rng.normal(size=(6, 1, 4, 32)), jnp.bfloat16)
   k, v = (jnp.asarray(rng.normal(size=(6, 4, 40, 32)), jnp.bfloat16) for _ in range(2))
-  mask = jnp.arange(40) <= jnp.arange(6)[:, None, None, None] * 7
+  mask = np.arange(40) <= np.arange(6)[:, None, None, None] * 7
   run = jax.jit(attention.cached_attention)
   as_bf16 = run(q, k, v, mask)
-  as_f32 = run(q, k.astype(jnp.float32), v.astype(jnp.float32), mask)
+  as_f32 = run(q, np.asarray(k, np.float32), np.asarray(v, np.float32), mask)  # exact widening
   assert as_bf16[0].dtype == as_f32[0].dtype == jnp.bfloat16
   for a, b in zip(as_bf16, as_f32):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
@@ -162,8 +162,9 @@ def tiny():
   rng = np.random.default_rng(0)
   inputs = rng.integers(2, 40, (2, 9)).astype(np.int32)
   targets = rng.integers(2, 40, (2, 7)).astype(np.int32)
-  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), inputs, targets)["params"])
-  apply = jax.jit(lambda p, *a: model.apply({"params": p}, *a))
+  params = numpy_params(model, inputs, targets)
+  jitted = jax.jit(lambda p, *a: model.apply({"params": p}, *a))
+  apply = lambda *a: np.asarray(jitted(*a))  # numpy: its slices compile nothing
   return model, params, apply, inputs, targets
 
 
@@ -218,10 +219,11 @@ def test_packed_rows_equal_separate_sentences(tiny):
     seg(a_src, b_src),
     seg(a_tgt, b_tgt),
   )
-  alone_a = apply(params, np.asarray([a_src]), np.asarray([a_tgt]))
-  alone_b = apply(params, np.asarray([b_src]), np.asarray([b_tgt]))
-  np.testing.assert_allclose(packed[0, :3], alone_a[0], atol=1e-5)
-  np.testing.assert_allclose(packed[0, 3:8], alone_b[0], atol=1e-5)
+  # Each sentence alone in its own row, padded to the other tests' shapes (their program).
+  rows = lambda x, y, n: np.asarray([x + [0] * (n - len(x)), y + [0] * (n - len(y))], np.int32)
+  alone = apply(params, rows(a_src, b_src, 9), rows(a_tgt, b_tgt, 7))
+  np.testing.assert_allclose(packed[0, :3], alone[0, :3], atol=1e-5)
+  np.testing.assert_allclose(packed[0, 3:8], alone[1, :5], atol=1e-5)
 
 
 def test_cached_decoding_equals_full_decoding(tiny):
@@ -294,8 +296,8 @@ def test_forward_backward_finite(pre_ln, dtype):
     }
   )
   model = Transformer(cfg)
-  inputs = jnp.ones((2, 6), jnp.int32)
-  targets = jnp.full((2, 5), 3, jnp.int32)
+  inputs = np.ones((2, 6), np.int32)
+  targets = np.full((2, 5), 3, np.int32)
 
   def loss_fn(p):
     logits = model.apply(
@@ -304,13 +306,11 @@ def test_forward_backward_finite(pre_ln, dtype):
     assert logits.dtype == cfg.compute_dtype
     return smoothed_cross_entropy(logits, targets, None, 0.1)[0]
 
-  @jax.jit  # initialization, forward and backward: one compilation
-  def run():
-    params = nn.unbox(model.init(jax.random.key(0), inputs, targets)["params"])
-    return params, jax.value_and_grad(loss_fn)(params)
-
-  params, (loss, grads) = run()
-  assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(params))
+  # The parameters `model.init` makes are float32 (its types, traced only)...
+  initialized = jax.eval_shape(model.init, jax.random.key(0), inputs, targets)["params"]
+  assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(nn.unbox(initialized)))
+  # ... and such parameters give a finite loss and gradients (forward and backward compiled).
+  loss, grads = jax.jit(jax.value_and_grad(loss_fn))(numpy_params(model, inputs, targets))
   assert np.isfinite(loss)
   assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
 
@@ -412,7 +412,7 @@ def test_one_layer_forward_matches_numpy_reference():
   model = Transformer(cfg)
   inputs = np.array([[5, 9, 7, 12, 1], [8, 3, 1, 0, 0]], np.int32)
   targets = np.array([[6, 11, 4, 1], [13, 1, 0, 0]], np.int32)
-  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), inputs, targets)["params"])
+  params = numpy_params(model, inputs, targets)
   rng = np.random.default_rng(0)  # move every parameter (LayerNorm scales and biases included)
   params = jax.tree_util.tree_map(
     lambda a: (np.asarray(a) + 0.3 * rng.standard_normal(a.shape)).astype(np.float32), params
@@ -425,8 +425,8 @@ def test_one_layer_forward_matches_numpy_reference():
 
 @pytest.mark.slow
 def test_remat_gives_same_gradients():
-  inputs = jnp.asarray([[4, 5, 6, 1]])
-  targets = jnp.asarray([[7, 8, 1]])
+  inputs = np.asarray([[4, 5, 6, 1]], np.int32)
+  targets = np.asarray([[7, 8, 1]], np.int32)
   models = [
     Transformer(TransformerConfig(**{**TINY.__dict__, "remat": remat, "num_layers": 1}))
     for remat in (False, True)
@@ -438,15 +438,13 @@ def test_remat_gives_same_gradients():
     for model in models
   ]
 
-  @jax.jit  # both models' initialization and gradients: one compilation
-  def run():
-    params = [nn.unbox(m.init(jax.random.key(0), inputs, targets)["params"]) for m in models]
-    return params, [jax.grad(f)(p) for f, p in zip(losses, params)]
-
-  params, grads = run()
-  for remat, f, p in zip((False, True), losses, params):
-    jaxpr = str(jax.make_jaxpr(jax.grad(f))(p))
+  params = numpy_params(models[0], inputs, targets)  # the same tree for both models
+  grads = []
+  for remat, f in zip((False, True), losses):
+    traced = jax.jit(jax.grad(f)).trace(params)  # the program whose gradients are compared
+    jaxpr = str(traced.jaxpr)
     assert ("checkpoint" in jaxpr or "remat" in jaxpr) == remat
+    grads.append(traced.lower().compile()(params))
   for a, b in zip(jax.tree_util.tree_leaves(grads[0]), jax.tree_util.tree_leaves(grads[1])):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
@@ -536,20 +534,25 @@ def test_a_position_shared_by_all_rows_steps_as_one_per_row(dtype):
     cache = decoder_state.initial_cache(model, params, inputs, 8)
     carried = {kind: cache[kind] for kind in cache_kinds.CARRIED}
     rows = jax.tree_util.tree_map(lambda x: jnp.full((6,), x) if x.ndim == 0 else x, carried)
-    out = []
-    for t in range(4):
-      step = lambda carried: model.apply(
+
+    def step(carried, ids):  # [6] ids -> (carried, logits)
+      return model.apply(
         {"params": params, **cache, **carried},
-        ids[:, t : t + 1],
+        ids[:, None],
         method="decode_step",
         mutable=cache_kinds.CARRIED,
-      )
-      (a, carried), (b, rows) = step(carried), step(rows)
-      out.append((a, b))
-    return out
+      )[::-1]
 
-  for t, (shared, per_row) in enumerate(both(params, inputs, ids)):
-    assert np.array_equal(np.asarray(shared), np.asarray(per_row)), t
+    def steps(both, ids):  # a search's loop: steps 0 to 3 run by one traced step
+      (carried, a), (rows, b) = step(both[0], ids), step(both[1], ids)
+      return (carried, rows), (a, b)
+
+    return jax.lax.scan(steps, (carried, rows), ids.T)[1]
+
+  shared, per_row = (np.asarray(x) for x in both(params, inputs, ids))
+  assert shared.shape == (4, 6, 50)
+  for t in range(4):
+    assert np.array_equal(shared[t], per_row[t]), t
 
 
 @pytest.mark.parametrize(
@@ -574,7 +577,7 @@ def test_a_masked_step_is_the_searches_mask_of_the_step(dtype, shared):
   params = decoder_state.matrices_for_decoding(model, params)
   folded = output_table.fold_tables(model, params, None)
   assert (folded is params) == (dtype == "int8" or not shared)
-  on_device = output_table.fold_tables(model, jax.tree_util.tree_map(jnp.asarray, params), None)
+  on_device = jax.jit(lambda p: output_table.fold_tables(model, p, None))(params)  # in a program
   leaves = jax.tree_util.tree_leaves
   assert len(leaves(on_device)) == len(leaves(folded))  # numpy's and jax's folds, bits included
   assert all(np.array_equal(np.asarray(a), b) for a, b in zip(leaves(on_device), leaves(folded)))
@@ -582,18 +585,20 @@ def test_a_masked_step_is_the_searches_mask_of_the_step(dtype, shared):
 
   @jax.jit
   def both(params, folded, inputs, ids):
-    def step(params, **kw):
-      cache = decoder_state.initial_cache(model, params, inputs, 4)
+    def step(params, cache, **kw):
       return model.apply(
         {"params": params, **cache}, ids, **kw, method="decode_step", mutable=cache_kinds.CARRIED
       )[0]
 
-    plain = step(params)
+    # Each tree's own cache (its source encoded once), read by each of its steps.
+    cache = decoder_state.initial_cache(model, params, inputs, 4)
+    folded_cache = decoder_state.initial_cache(model, folded, inputs, 4)
+    plain = step(params, cache)
     return [
       (
         distribution.mask(plain, n),
-        step(params, masked=True, num_ids=n),
-        step(folded, masked=True, num_ids=n),
+        step(params, cache, masked=True, num_ids=n),
+        step(folded, folded_cache, masked=True, num_ids=n),
       )
       for n in cuts
     ]

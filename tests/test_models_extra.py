@@ -3,7 +3,9 @@ interface of model/build.py: shapes and gradients, cached decoding against teach
 padding, packing, causality, search, and the model.type registry.
 
 Each tiny model runs everything once in a single jitted function (`_run`, cached by `results`), so
-every test of that model shares one compilation (keeps the file fast on 2 cores).
+every test of that model shares one compilation (keeps the file fast on 2 cores); its parameters
+are drawn by numpy in the tree `model.init` makes (traced only: an initialization's random draws
+are slow to compile).
 """
 
 import functools
@@ -23,6 +25,7 @@ from model.decoder_only import DecoderOnly, combined_sequence
 from model.rnn import RNNConfig, RNNSeq2Seq
 from model.special_tokens import SEP_ID
 from model.transformer import Decoder, shift_right
+from tests.helpers import numpy_params
 
 VOCAB = 40
 SRC = [[5, 6, 7, 1], [8, 9, 10, 11, 12, 1], [13, 1]]
@@ -84,11 +87,11 @@ BASIC, SEARCH = "basic", "search"
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=_FAST_COMPILE)
-def _run(model, tier, rng):
-  """Everything the tests check, for one model, in one compilation: shapes, gradients and cached
-  decoding (BASIC); SEARCH adds padding, packing, causality, greedy, beam, grown and ensemble
-  search (and, decoder-only, the layout and the target-only projection)."""
-  params = model.init(rng, INPUTS, TARGETS)["params"]
+def _run(model, tier, params, rng):
+  """Everything the tests check, for one model with parameters `params`, in one compilation:
+  shapes, gradients and cached decoding (BASIC); SEARCH adds padding, packing, causality, greedy,
+  beam, grown and ensemble search (and, decoder-only, the layout and the target-only
+  projection)."""
   apply = lambda *a, **k: model.apply({"params": params}, *a, **k)
 
   def cache_for(inputs):
@@ -249,7 +252,10 @@ DECODER_ONLY = [name for name in MODELS if name.startswith("decoder_only")]
 @functools.cache
 def results(name):
   make, tier = MODELS[name]
-  return jax.tree_util.tree_map(np.asarray, _run(make(), tier, jax.random.key(0)))
+  model = make()
+  return jax.tree_util.tree_map(
+    np.asarray, _run(model, tier, numpy_params(model, INPUTS, TARGETS), jax.random.key(0))
+  )
 
 
 VALID = TARGETS > 0
@@ -351,11 +357,9 @@ def test_decoder_only_layout(name):
   np.testing.assert_allclose(r["logits"][1, : len(TGT[1])], r["by_hand"], atol=1e-5, rtol=1e-5)
 
 
-@jax.jit
-def _shared_decoder_only_references():
-  """`_decoder_only_references` of a one-layer decoder-only model with shared embeddings."""
-  model = _decoder_only(True, True, 1)
-  params = model.init(jax.random.key(1), P_IN, P_TGT)["params"]
+@functools.partial(jax.jit, static_argnums=0)
+def _references(model, params):
+  """`_decoder_only_references` of `model` with parameters `params`."""
   packed = model.apply({"params": params}, P_IN, P_TGT, P_IN_POS, P_TGT_POS, P_IN_SEG, P_TGT_SEG)
   return {"packed": packed, **_decoder_only_references(model, params, packed)}
 
@@ -366,7 +370,11 @@ def test_decoder_only_loss_unchanged_by_projecting_targets_only(share):
   """Only the target part is projected to the vocabulary; the loss (and the logits) equal those
   of projecting every source and target position and slicing the target part afterwards; with
   separate and with shared embeddings."""
-  r = _shared_decoder_only_references() if share else results(DECODER_ONLY[0])
+  if share:  # a one-layer decoder-only model with shared embeddings
+    model = _decoder_only(True, True, 1)
+    r = _references(model, numpy_params(model, INPUTS, TARGETS, seed=1))
+  else:
+    r = results(DECODER_ONLY[0])
   logits, old = np.asarray(r["packed"]), np.asarray(r["projected_all"])
   assert logits.shape == old.shape == (2, P_TGT.shape[1], VOCAB)
   np.testing.assert_allclose(r["projected_loss"], r["projected_all_loss"], rtol=1e-5, atol=1e-5)

@@ -202,17 +202,20 @@ def test_a_searched_hypothesis_scores_what_the_search_scored_it(kind, ensemble, 
 
 
 def test_an_ensemble_of_copies_scores_as_the_model():
-  """Three copies of one model, as an ensemble, score each token as the model does, with the
-  training loss's distribution and with the searches'."""
+  """Two copies of one model, as an ensemble, score each token as the model does, with the
+  training loss's distribution and with the searches' (num_ids 30, the targets' ids below it).
+  The programs are those of the other checks at [ROWS, WIDTH] (the searches' of two members:
+  `_forced`'s of an ensemble)."""
   model, params = _model()
-  stacked = _stack(params, params, params)
+  stacked = _stack(params, params)
   (batch,) = fixed_batches(n=1, rows=ROWS, length=WIDTH, seed=3)
-  for as_search in (False, True):
-    one = _score(params, batch["inputs"], batch["targets"], model=model, as_search=as_search)
-    three = _score(
-      stacked, batch["inputs"], batch["targets"], model=model, ensemble=True, as_search=as_search
-    )
-    np.testing.assert_allclose(three[0], one[0], rtol=1e-5, atol=1e-6)
+  x, y = batch["inputs"], batch["targets"]
+  for as_search, targets, num_ids in ((False, y, None), (True, np.where(y >= 30, y - 26, y), 30)):
+    how = dict(model=model, as_search=as_search, num_ids=num_ids)
+    one = _score(params, x, targets, **how)
+    two = _score(stacked, x, targets, ensemble=True, **how)
+    assert np.all(np.isfinite(one[0]))
+    np.testing.assert_allclose(two[0], one[0], rtol=1e-5, atol=1e-6)
 
 
 _logits = jax.jit(
@@ -261,9 +264,11 @@ _SCORERS: list = []
 
 
 def _shared_scorer():
-  """`_scorer()`, one for the tests that only read scores: its programs compile once."""
+  """`_scorer(max_len=32)`, one for the tests that only read scores of short pairs: its programs
+  compile once, and its model is `_model()`, the model-level checks' (their `_score` programs
+  serve its references)."""
   if not _SCORERS:
-    _SCORERS.append(_scorer())
+    _SCORERS.append(_scorer(max_len=32))
   return _SCORERS[0]
 
 
@@ -285,7 +290,10 @@ def test_pair_scores_are_the_models_on_the_tokenized_pairs():
   for i, (s, t) in enumerate(zip(sources, targets)):
     x[i, : len(vocab.encode(s)) + 1] = vocab.encode(s) + [EOS_ID]
     y[i, : len(vocab.encode(t)) + 1] = vocab.encode(t) + [EOS_ID]
-  token_logp, total = map(np.asarray, _score(scorer.params, x, y, model=scorer.model))
+  # At [ROWS, WIDTH] (`_fitted`: the first 3 rows are x's and y's), the other checks' program.
+  token_logp, total = map(
+    np.asarray, _score(scorer.params, _fitted(x), _fitted(y), model=scorer.model)
+  )
   for i, pair in enumerate(scored):
     n = len(vocab.encode(targets[i])) + 1
     assert pair.ids == vocab.encode(targets[i]) + [EOS_ID]

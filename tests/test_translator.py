@@ -15,11 +15,14 @@ from core.errors import UsageError
 from core.progress import Progress
 from inference import Translator
 from model.search_settings import SearchSettings
-from tests.helpers import MODEL_TYPES, REPO, run_in_process, run_py
+from tests.helpers import JAX_CACHE_OPTIONS, MODEL_TYPES, REPO, run_in_process
 
 pytestmark = pytest.mark.slow  # real command-line processes or trained workdirs
 
 SENTENCES = ["w1 w2 w3", "", "w5 w6 w7 w8 w9", "w3 w4", "w10 w11 w12 w13 w14 w15"]
+# SENTENCES' and three more: the n-best and int8 tests search the same 7 sentences (their float32
+# beam searches share one program).
+MORE = [s for s in SENTENCES if s] + ["w2 w4 w6 w8", "w9 w7 w5", "w11 w1 w3 w12 w2"]
 
 
 @pytest.fixture
@@ -32,18 +35,22 @@ _LOADED: dict = {}
 
 
 def loaded(workdir, dtype: str = "auto") -> Translator:
-  """`Translator.load(workdir, dtype=dtype)`, loaded once per module for the tests that do not
-  check loading itself: they share its compiled searches (the same settings compile once)."""
+  """`Translator.load(workdir, dtype=dtype, compilation_cache=True)`, loaded once per module for
+  the tests that do not check loading itself: they share its compiled searches (the same settings
+  compile once), and decode.py run in this process reads them back from the program store as a
+  second run does (the session's cache folder, conftest's $JAX_COMPILATION_CACHE_DIR: decode.py's
+  default, so JAX's options stay as they were)."""
   key = (str(workdir), dtype)
   if key not in _LOADED:
-    _LOADED[key] = Translator.load(workdir, dtype=dtype)
+    _LOADED[key] = Translator.load(workdir, dtype=dtype, compilation_cache=True)
   return _LOADED[key]
 
 
 @pytest.mark.parametrize("kind", MODEL_TYPES)
 def test_the_api_and_decode_py_give_the_same_translations(workdirs, kind):
   """decode.py run in this process (tests/helpers.py run_in_process; tests/test_decode.py runs
-  it as its own process too)."""
+  it as its own process too); it reads the API's compiled search back from the program store
+  (`loaded`), so the two differ only in what is around the search."""
   translator = loaded(workdirs[kind])
   stdin = "".join(f"{s}\n" for s in SENTENCES)
   api = translator.translate(SENTENCES, beam_size=2, max_extra_len=4)
@@ -74,10 +81,13 @@ def test_the_readme_example_runs_as_written(workdirs, capsys):
 def test_long_sentences_are_cut_with_a_warning_and_options_are_checked(
   workdirs, caplog, monkeypatch
 ):
+  """Every greedy search here (and test_continuous_batching_gives_the_same_translations') is of
+  one-row batches under the default max_extra_len: one compiled program."""
   translator = loaded(workdirs["transformer"])
   long = " ".join(f"w{i % 30}" for i in range(40))  # > model.max_len=24 tokens
+  batched = dict(tokens_per_batch=1, beam_size=1)  # one sentence a batch
   with caplog.at_level(logging.WARNING):
-    result = translator.run(["w1 w2", long, "  "], beam_size=1, max_extra_len=2)
+    result = translator.run(["w1 w2", long, "  "], **batched)
   assert result.truncated == [1] and result.sentences == 2 and result.texts[2] == ""
   assert "1 of 3 sentences are longer than model.max_len=24" in caplog.text
   assert "truncated to it: line 2" in caplog.text
@@ -95,12 +105,14 @@ def test_long_sentences_are_cut_with_a_warning_and_options_are_checked(
     with pytest.raises(UsageError, match=re.escape(message)):
       translator.translate(["w1"], **options)
   # A SearchSettings value, or its fields as keywords: the same search.
-  settings = translator.settings(beam_size=1, max_extra_len=2)
-  assert settings == SearchSettings(beam_size=1, max_extra_len=2)
-  assert translator.translate(["w1 w2", long], settings) == result.texts[:2]
+  explicit = translator.settings(beam_size=1, max_extra_len=2)
+  assert explicit == SearchSettings(beam_size=1, max_extra_len=2)
+  settings = translator.settings(beam_size=1)
+  default = translator.config.eval.max_decode_extra
+  assert settings == SearchSettings(beam_size=1, max_extra_len=default)
+  assert translator.translate(["w1 w2", long], settings, tokens_per_batch=1) == result.texts[:2]
   # One sentence a batch, two batches at a time: the same translations, in order.
   sentences = ["w1 w2", long, "w3", "w4 w5 w6"]
-  batched = dict(tokens_per_batch=1, beam_size=1, max_extra_len=2)
   assert translator.translate(sentences, parallel_batches=2, **batched) == translator.translate(
     sentences, parallel_batches=1, **batched
   )
@@ -157,29 +169,28 @@ def test_the_progress_bar_shows_rate_and_eta_on_a_terminal_only():
 def test_the_compilation_cache_when_asked(workdirs, tmp_path):
   """`Translator.load(..., compilation_cache=folder)` turns JAX's persistent compilation cache on
   in that folder and keeps the compiled search in its `programs` subfolder (tests/test_decode.py
-  checks that a second decode.py compiles and traces nothing)."""
+  checks that a second decode.py compiles and traces nothing). In this process, JAX's cache
+  options put back after, as tests/helpers.py run_in_process does (the session's cache is set:
+  one the load did not change would be seen)."""
   folder = tmp_path / "cache"
-  code = (
-    "import sys, jax; from inference import Translator; "
-    "t = Translator.load(sys.argv[1], compilation_cache=sys.argv[2]); "
-    "print(t.translate(['w1 w2 w3'], beam_size=2)); "
-    "print(jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir)"
-  )
-  proc = run_py("-c", code, workdirs["transformer"], folder)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert proc.stdout.splitlines()[-1] == f"True {folder}"
+  saved = {name: getattr(jax.config, name) for name in JAX_CACHE_OPTIONS}
+  assert saved["jax_compilation_cache_dir"] != str(folder)
+  try:
+    translator = Translator.load(workdirs["transformer"], compilation_cache=str(folder))
+    assert len(translator.translate(["w1 w2 w3"], beam_size=2)) == 1
+    assert jax.config.jax_enable_compilation_cache is True
+    assert jax.config.jax_compilation_cache_dir == str(folder)
+  finally:
+    for name, value in saved.items():
+      jax.config.update(name, value)
   assert len(list((folder / "programs").glob("*.program"))) == 1
 
 
-def _forced(translator, source: str, text: str, limit: int) -> np.ndarray:
-  """Each token's log-probability of `text` (EOS last) given `source`, by forced decoding under
-  the searches' distribution (`score_pairs`, a pass independent of the search); an EOS at the
-  sentence's length limit `limit` (tokens with EOS) costs 0, as the search forces it."""
-  return _forced_all(translator, [source], [text], [limit])[0]
-
-
 def _forced_all(translator, sources, texts, limits) -> list[np.ndarray]:
-  """`_forced` of each pair, scored together."""
+  """Each token's log-probability of each `texts[i]` (EOS last) given `sources[i]`, by forced
+  decoding under the searches' distribution (`score_pairs`, a pass independent of the search),
+  the pairs scored together; an EOS at the sentence's length limit `limits[i]` (tokens with EOS)
+  costs 0, as the search forces it."""
   scored = []
   for pair, limit in zip(translator.score_pairs(sources, texts, as_search=True), limits):
     tokens = pair.token_log_probs.astype(np.float64)
@@ -196,26 +207,32 @@ def test_nbest_with_scores_and_scoring_pairs(workdirs):
   search's the log-probability. float32: the cached search and the full pass round apart in
   bfloat16, which dtype='auto' picks on CPUs with native bfloat16 products."""
   translator = loaded(workdirs["transformer"], "float32")
-  sentences = ["w1 w2 w3", "", "w4 w5 w6 w7"]
+  sentences = [MORE[0], "", *MORE[1:]]  # test_int8_decoding_...'s, and an empty one
   alpha = 0.6
   result = translator.run(
     sentences, beam_size=3, alpha=alpha, num_hypotheses=3, max_extra_len=3, return_token_scores=True
   )
   assert result.hypotheses[1] == [] and result.scores[1] == [] and result.token_scores[1] == []
-  for i in (0, 2):
+  found = []  # (sentence, hypothesis, its score, its tokens' scores) of every hypothesis
+  for i, sentence in enumerate(sentences):
+    if not sentence:
+      continue
     assert len(result.hypotheses[i]) == 3 and result.hypotheses[i][0] == result.texts[i]
     assert result.scores[i] == sorted(result.scores[i], reverse=True)
-    limit = len(result.source_ids[i]) + 3
-    for text, score, tokens in zip(result.hypotheses[i], result.scores[i], result.token_scores[i]):
-      expected = _forced(translator, sentences[i], text, limit)
-      np.testing.assert_allclose(tokens, expected, atol=1e-5)
-      penalty = ((5 + len(expected)) / 6) ** alpha
-      assert score == pytest.approx(expected.sum() / penalty, abs=1e-5)
+    found += [(i, *h) for h in zip(result.hypotheses[i], result.scores[i], result.token_scores[i])]
   assert translator.run(sentences, beam_size=3, alpha=alpha, max_extra_len=3).texts == result.texts
   greedy = translator.run(
     sentences[:1], beam_size=1, max_extra_len=3, return_scores=True, return_token_scores=True
   )
-  expected = _forced(translator, sentences[0], greedy.texts[0], len(greedy.source_ids[0]) + 3)
+  # Forced decoding of every hypothesis and of the greedy one, in one call (one program).
+  sources = [sentences[i] for i, *_ in found] + sentences[:1]
+  texts = [text for _, text, *_ in found] + greedy.texts
+  limits = [len(result.source_ids[i]) + 3 for i, *_ in found] + [len(greedy.source_ids[0]) + 3]
+  *forced, expected = _forced_all(translator, sources, texts, limits)
+  for (i, text, score, tokens), beam in zip(found, forced):
+    np.testing.assert_allclose(tokens, beam, atol=1e-5, err_msg=f"{sentences[i]}: {text}")
+    penalty = ((5 + len(beam)) / 6) ** alpha
+    assert score == pytest.approx(beam.sum() / penalty, abs=1e-5), (sentences[i], text)
   np.testing.assert_allclose(greedy.token_scores[0][0], expected, atol=1e-5)
   assert greedy.scores == [[pytest.approx(expected.sum(), abs=1e-5)]]
   pooled = translator.run(
@@ -230,9 +247,12 @@ def test_continuous_batching_gives_the_same_translations(workdirs):
   translator = loaded(workdirs["transformer"])
   long = " ".join(f"w{i % 30}" for i in range(40))
   sentences = ["w1 w2 w3", "", long, "w4", "w5 w6 w7 w8 w9 w10", "w3 w2"] * 3
-  for search in (dict(beam_size=1), dict(beam_size=3, alpha=1.0, length_penalty="fairseq")):
+  for search, batches in (
+    (dict(beam_size=1), dict(tokens_per_batch=1)),  # test_long_sentences_...'s greedy program
+    (dict(beam_size=3, alpha=1.0, length_penalty="fairseq"), {}),
+  ):
     pooled = translator.run(sentences, batching="continuous", pool_size=2, **search)
-    assert pooled.texts == translator.translate(sentences, **search), search
+    assert pooled.texts == translator.translate(sentences, **search, **batches), search
     assert pooled.truncated == [2, 8, 14] and pooled.texts[1] == ""
   with pytest.raises(UsageError, match="batching='pool': must be one of"):
     translator.run(sentences, batching="pool")
@@ -256,11 +276,12 @@ def test_int8_decoding_quantizes_once_and_stays_close(workdirs):
   the same as the API; a model whose products are not model/layers.py's refused."""
   from model.quantize import Int8Matrix
 
-  sentences = [s for s in SENTENCES if s] + ["w2 w4 w6 w8", "w9 w7 w5", "w11 w1 w3 w12 w2"]
+  sentences = MORE
   stdin = "".join(f"{s}\n" for s in sentences)
   results = {}
   for kind in ("decoder_only", "transformer"):
-    int8 = Translator.load(workdirs[kind], dtype="int8")
+    # decode.py below reads the decoder_only search back from the program store, as `loaded`
+    int8 = Translator.load(workdirs[kind], dtype="int8", compilation_cache=True)
     assert int8.dtype == "int8", int8.dtype
     leaves = jax.tree_util.tree_leaves(int8.params, is_leaf=lambda x: isinstance(x, Int8Matrix))
     assert sum(isinstance(x, Int8Matrix) for x in leaves) >= 6, kind
@@ -276,7 +297,7 @@ def test_int8_decoding_quantizes_once_and_stays_close(workdirs):
   assert cli.returncode == 0, cli.stderr[-3000:]
   assert cli.stdout.split("\n")[:-1] == results["decoder_only"].texts
   result = results["transformer"]  # int8 is the transformer's from here on
-  exact = loaded(workdirs["transformer"], "float32").translate(
+  exact = loaded(workdirs["transformer"], "float32").translate(  # the n-best test's program
     sentences, beam_size=3, max_extra_len=3
   )
   assert sum(a == b for a, b in zip(result.texts, exact)) >= len(sentences) // 2, result.texts
