@@ -131,6 +131,7 @@ def test_rows_at_different_steps_each_continue_their_own_prefix():
     out, nxt = step(tokens[:, t : t + 1], caches[-1])
     caches.append(nxt)
     logits.append(np.asarray(out))
+  caches = jax.tree_util.tree_map(np.asarray, caches)  # rows taken on the host
   at = [3, 1, 4]  # row r continues from step at[r]
   # Row r of the cache after at[r] steps; the scalar counters become [rows] vectors.
   row = lambda x, r: np.asarray(x[r] if x.ndim else x)
@@ -302,7 +303,7 @@ def test_sampling_draws_from_the_model_distribution():
   first = np.bincount([o[0] if o else EOS_ID for o in outputs], minlength=24) / 400
   step, cache = _decoder()  # its row 0 is `sentence`
   logits, _ = step(np.zeros((3, 1), np.int32), cache)
-  logits = np.asarray(logits[0], np.float64) / temperature
+  logits = np.asarray(logits, np.float64)[0] / temperature
   want = np.exp(logits - logits.max())
   want /= want.sum()
   assert np.abs(first - want).max() < 0.06, (first.round(3), want.round(3))

@@ -204,10 +204,23 @@ def test_growing_cache_changes_nothing(tiny):
   model, params = tiny
   inputs = padded(SOURCES)
   width = SRC_LEN + EXTRA
-  state = decoder_state.decoder_state(model, params, inputs, width, segment=DECODE_SEGMENT)
-  assert (state.grow, state.segment) == (None, None)  # the whole output allocated at once
-  state = decoder_state.decoder_state(model, params, inputs, width, segment=3)
-  assert state.segment == 3 and state.grow is not None
+
+  def state_of(segment):
+    """(grow, segment) of the decoder state, traced only (built eagerly, its encoder would
+    compile op by op)."""
+    seen = []
+
+    def cache(p, x):
+      state = decoder_state.decoder_state(model, p, x, width, segment=segment)
+      seen.append((state.grow, state.segment))
+      return state.cache
+
+    jax.eval_shape(cache, params, inputs)
+    return seen[0]
+
+  assert state_of(DECODE_SEGMENT) == (None, None)  # the whole output allocated at once
+  grow, segment = state_of(3)
+  assert segment == 3 and grow is not None
   for beam in (1, 2):
     whole = kept.translate(model, params, inputs, beam_size=beam, max_extra_len=EXTRA)
     grown = kept.translate(model, params, inputs, beam_size=beam, max_extra_len=EXTRA, segment=3)
@@ -282,7 +295,7 @@ def test_a_file_compiles_one_program_per_length_bucket(tiny):
   assert again.count == 0
   assert [o.tolist() for o in parallel] == [o.tolist() for o in outputs]
   for i in (0, 1, 150, 299):  # a sentence alone in its batch decodes to the same tokens
-    alone = kept.translate(model, params, padded([lists[i]], 64), **how)
+    alone = np.asarray(kept.translate(model, params, padded([lists[i]], 64), **how))
     assert outputs[i].tolist() == generate.strip(alone[0]).tolist(), i
 
 
@@ -653,12 +666,15 @@ def test_one_program_serves_every_alpha_and_stopping_rule_as_constant_searches(t
         for a, stop in rules
       }
     assert compiled.count == 1
+    found = {rule: [np.asarray(x) for x in arrays] for rule, arrays in found.items()}
     width = SRC_LEN + how["max_extra_len"]
     settings = SearchSettings(alpha=checked, stopping=stop, **how)
     constant = jax.jit(lambda p, x: generate.generate(model, p, x, None, settings, width, "scores"))
     for got, want in zip(found[checked, stop], constant(params, inputs)):
       np.testing.assert_array_equal(got, want)  # bitwise
-  lists = [list(s) for s in SOURCES] * 12  # a merged search (fairseq): pieces paused and joined
+  # A merged search (fairseq): 11 batches of 3 (8 or more later pieces: not searched whole),
+  # paused and joined.
+  lists = [list(s) for s in SOURCES] * 4
   store = ProgramStore(tmp_path)
   pieces = Generator(model, programs=store)
   for alpha, stop in rules:
@@ -701,7 +717,7 @@ def test_a_files_nbest_and_scores_read_the_plain_searchs_programs(tiny):
     two = files.translate_all(params, lists, SearchSettings(num_hypotheses=2, **how))
   assert compiled.count == 1
   (batch,) = length_buckets.length_batches(lists, 4096)
-  ids, scores = Generator(model)(params, batch.inputs, three, scores=True)  # compiled for them
+  ids, scores = map(np.asarray, Generator(model)(params, batch.inputs, three, scores=True))
   for row, i in enumerate(batch.indices):
     assert [h.tolist() for h in best[i].ids] == [generate.strip(h).tolist() for h in ids[row]]
     np.testing.assert_array_equal(best[i].scores, scores[row])  # bitwise

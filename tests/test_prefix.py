@@ -238,9 +238,12 @@ def test_the_api_and_decode_py_translate_from_a_prefix(uninterrupted, tmp_path):
   """Translator.run(target_prefixes=...) and decode.py --target_prefix give the same
   translations (with either prefix_rule), each starting with its prefix's text (an empty prefix,
   or an empty sentence, as without); a prefix file of another length is one line naming both
-  counts, before any decoding."""
+  counts, before any decoding. decode.py run in this process reads the API's compiled searches
+  back from the program store (the session's cache folder, conftest's $JAX_COMPILATION_CACHE_DIR:
+  decode.py's default, so JAX's options stay as they were), as a second run does: the two differ
+  only in what is around the search."""
   _, workdir = uninterrupted
-  translator = Translator.load(workdir, dtype="float32")
+  translator = Translator.load(workdir, dtype="float32", compilation_cache=True)
   sources = ["w1 w2 w3", "", "w5 w6 w7 w8", "w3 w4", "w2 w9 w4 w1"]
   prefixes = ["w9 w9", "w1", "", "w2", "w7 w7 w7"]
   how = dict(beam_size=2, max_extra_len=4)
