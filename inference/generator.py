@@ -544,10 +544,10 @@ def _sentence(found, row: int, want: str):
 
 def _searched(settings: SearchSettings) -> tuple[SearchSettings, np.ndarray | None]:
   """(the static settings of `settings`' compiled search, its rule argument or None): a beam
-  search under the 'gnmt' or 'fairseq' penalty takes its alpha and stopping rule as arguments
-  ([2] float32: `SearchSettings.rule_values`), so that one program serves every alpha and both
-  stopping rules (a sweep on a dev set compiles once); its scores and stops are the same as
-  with them constants (`model.search.length_penalty`)."""
+  search under the 'gnmt' or 'fairseq' penalty, and Marian's search, take their alpha and
+  stopping rule as arguments ([2] float32: `SearchSettings.rule_values`), so that one program
+  serves every alpha and both stopping rules (a sweep on a dev set compiles once); its scores
+  and stops are the same as with them constants (`model.search.length_penalty`)."""
   program = settings.program()
   if not settings.rule_argument:
     return program, None
@@ -557,11 +557,11 @@ def _searched(settings: SearchSettings) -> tuple[SearchSettings, np.ndarray | No
 
 def _program_of(settings: SearchSettings, want: str) -> tuple:
   """(static settings, rule argument or None, outputs) of `translate_all`'s program for
-  `settings` returning `want` (one of OUTPUTS): `_searched`'s, and a beam search under the
-  'gnmt' or 'fairseq' penalty returns all its beam's hypotheses with their scores whatever
-  `num_hypotheses` and `want` (token scores still a program of their own: the search tracks
-  them), so that a file translated again with `--nbest` or `--scores` reads the same programs
-  back; `_cut` takes what was asked for on the host."""
+  `settings` returning `want` (one of OUTPUTS): `_searched`'s, and a search whose rule is an
+  argument (`SearchSettings.rule_argument`) returns all its beam's hypotheses with their scores
+  whatever `num_hypotheses` and `want` (token scores still a program of their own: the search
+  tracks them), so that a file translated again with `--nbest` or `--scores` reads the same
+  programs back; `_cut` takes what was asked for on the host."""
   program, rule = _searched(settings)
   if not settings.rule_argument:
     return program, rule, want

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from model import distribution
-from model.search import expand_to_beams, gather_beams, segmented_loop
+from model.search import expand_to_beams, gather_beams, length_penalty, segmented_loop
 from model.special_tokens import EOS_ID, PAD_ID, UNK_ID
 from model.token_step import prefix_token
 
@@ -87,7 +87,8 @@ def beam_search(
   Args:
     step_fn, cache, batch_size, max_len, prefix, grow, segment: as model/search.py's
       `beam_search` (its module doc); the cache is expanded to `batch_size * beam_size` rows here.
-    alpha: Marian's `normalize`: finished scores are divided by `len ** alpha`.
+    alpha: Marian's `normalize`: finished scores are divided by `len ** alpha` (a number or a
+      traced scalar: `search.length_penalty`'s 'fairseq' form, a true division either way).
     max_lens: optional [batch] int, the length limit of each sentence (module doc).
     token_scores: also return each token's log-probability.
   Returns:
@@ -119,7 +120,7 @@ def beam_search(
     gain = jnp.take_along_axis(logp.reshape(b, k * vocab), flat, axis=1)
     tokp = jnp.take_along_axis(s.tokp, parent[..., None], axis=1)
     tokp = tokp.at[:, :, s.t].set(jnp.where(kept, gain, 0.0))
-    fin = _finish(s.fin, ends, seqs, tokp, score / (s.t + 1.0) ** alpha)
+    fin = _finish(s.fin, ends, seqs, tokp, score / length_penalty(s.t + 1, alpha, "fairseq"))
     # The live ones move to the front, in score order; the other slots are dead.
     take = _reorder(jnp.argsort(jnp.where(stays, slots, k + slots), axis=1))
     live = take(stays)

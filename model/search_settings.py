@@ -160,11 +160,12 @@ class SearchSettings:
   @property
   def rule_argument(self) -> bool:
     """Whether a compiled search may take its alpha and stopping rule as arguments instead of
-    constants (beam search under the 'gnmt' or 'fairseq' penalty: one program then serves every
-    alpha and both rules; `rule_values` are the arguments, `with_rule` gives them to the
-    search). The penalty's form stays a constant: XLA:CPU computes GNMT's ``(5 + len) / 6`` by
-    a constant's own rules (docs/experiments.md)."""
-    return self.beam_size > 1 and not self.sampling and self.length_penalty in PENALTIES
+    constants (beam search under the 'gnmt' or 'fairseq' penalty, or Marian's, whose alpha is
+    its `normalize`: one program then serves every alpha and both rules; `rule_values` are the
+    arguments, `with_rule` gives them to the search). The penalty's form stays a constant:
+    XLA:CPU computes GNMT's ``(5 + len) / 6`` by a constant's own rules (docs/experiments.md)."""
+    penalties = (*PENALTIES, MARIAN)
+    return self.beam_size > 1 and not self.sampling and self.length_penalty in penalties
 
   def rule_values(self) -> tuple:
     """(alpha, 1.0 where the stopping rule is 'finished' else 0.0): the arguments of a search
@@ -173,13 +174,15 @@ class SearchSettings:
 
   def with_rule(self, values) -> SearchSettings:
     """These settings searching with `values` ([2] float32, traced: `rule_values`) as their
-    alpha and stopping rule (a traced bool: 'finished' where true), inside a compiled search
-    that takes them as arguments (`rule_argument`); not checked, and not for a static key."""
+    alpha and stopping rule (a traced bool: 'finished' where true; Marian's search has its own
+    rule and ignores it), inside a compiled search that takes them as arguments
+    (`rule_argument`); not checked, and not for a static key."""
     if not self.rule_argument:
       raise ValueError(f"{self.describe()}: its rule is not an argument of its search")
     settings = dataclasses.replace(self, alpha=0.0, stopping=None)
     object.__setattr__(settings, "alpha", values[0])
-    object.__setattr__(settings, "stopping", values[1] > 0)
+    if self.length_penalty != MARIAN:
+      object.__setattr__(settings, "stopping", values[1] > 0)
     return settings
 
   def replace(self, **changes) -> SearchSettings:

@@ -652,18 +652,21 @@ def test_one_program_serves_every_alpha_and_stopping_rule_as_constant_searches(t
   (the settings static under `jax.jit`) to the last bit: alpha 0.6 under 'gnmt' and the 'exact'
   rule (the penalty's division at a scalar length and at the array of the entries' limits, where
   XLA would turn a constant's division into a product), 1 under 'fairseq' and 'finished' (each
-  rule's branch of the traced flag, each penalty's traced alpha)."""
+  rule's branch of the traced flag, each penalty's traced alpha); Marian's search, its alpha
+  (`normalize`) an argument too, at 1."""
   model, params = tiny
   inputs = padded(SOURCES)
   alphas = (0.6, 1.0, 1.5)
   rules = [(alpha, stop) for alpha in alphas for stop in STOPPING]
-  for penalty, checked, stop in (("gnmt", 0.6, "exact"), ("fairseq", 1.0, "finished")):
+  checked_rules = (("marian", 1.0, None), ("gnmt", 0.6, "exact"), ("fairseq", 1.0, "finished"))
+  for penalty, checked, stop in checked_rules:  # fairseq last: the merged search below is its
     how = dict(beam_size=3, max_extra_len=EXTRA + 2, length_penalty=penalty)  # no other test's
     one = Generator(model)
+    sweep = rules if stop else [(a, None) for a in alphas]  # Marian's own stopping rule
     with Compilations("jit(_search)") as compiled:
       found = {
-        (a, stop): one(params, inputs, SearchSettings(alpha=a, stopping=stop, **how), scores=True)
-        for a, stop in rules
+        (a, s): one(params, inputs, SearchSettings(alpha=a, stopping=s, **how), scores=True)
+        for a, s in sweep
       }
     assert compiled.count == 1
     found = {rule: [np.asarray(x) for x in arrays] for rule, arrays in found.items()}
@@ -693,9 +696,10 @@ def test_one_program_serves_every_alpha_and_stopping_rule_as_constant_searches(t
   assert SearchSettings(beam_size=3, alpha=0.7).rule_argument
   for settings in (
     SearchSettings(beam_size=1),
-    SearchSettings(beam_size=3, length_penalty="marian"),
+    SearchSettings(beam_size=1, length_penalty="marian"),
     SearchSettings(temperature=1.0, beam_size=1),
-  ):  # their programs keep alpha a constant (greedy and sampling ignore it)
+  ):  # their programs keep alpha a constant (greedy and sampling ignore it; Marian's greedy
+    # search scores with it)
     assert not settings.rule_argument
     with pytest.raises(ValueError, match="its rule is not an argument"):
       settings.with_rule(jnp.float32([1.0, 0.0]))

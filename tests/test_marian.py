@@ -32,6 +32,7 @@ from model.config import TransformerConfig
 from model.special_tokens import EOS_ID
 from model.transformer import Transformer
 from tests import marian_model
+from tests.helpers import Compilations
 from tests.marian_model import Variant
 
 SENTENCES = 50
@@ -142,10 +143,15 @@ def test_marian_position_table_and_default_search(case):
 
 
 def test_translations_equal_marians(case):
+  """Our translations are Marian's, greedy and beam 4 with normalisation off and on; the beam
+  searches share one program (`normalize` is an argument of the search, as alpha is)."""
+  compiled = []
   for run, theirs in zip(RUNS, case.marian):
-    ours = case.translator.translate(
-      case.texts, beam_size=run["beam"], alpha=float(run["normalize"]), length_penalty="marian"
-    )
+    with Compilations(None) as compiling:
+      ours = case.translator.translate(
+        case.texts, beam_size=run["beam"], alpha=float(run["normalize"]), length_penalty="marian"
+      )
+    compiled.append(compiling.count)
     assert ours == [text_of(x) for x in theirs], run
     lengths = [len(x.split()) for x in theirs]
     # A few tokens each, ended by themselves (below the length limit), and not all alike: the
@@ -155,6 +161,7 @@ def test_translations_equal_marians(case):
       ended = sum(0 < n < limit for n, limit in zip(lengths, case.limits))
       assert ended >= (SENTENCES if run["beam"] == 1 else 0.8 * SENTENCES), run
       assert len(set(theirs)) >= SENTENCES // 5, run
+  assert compiled[1] > 0 and compiled[2] == 0, compiled  # normalize 1 reads normalize 0's program
 
 
 def test_token_log_probabilities_equal_marians(case):
