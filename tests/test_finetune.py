@@ -42,7 +42,7 @@ def _snapshot(folder):
 
 def _finetune_config(source, spec=":latest", **overrides):
   """The source's model without dropout on another synthetic task and seed, from `source`."""
-  fields = dict(num_devices=1, num_train_steps=3, log_every_steps=1, checkpoint_every_steps=1)
+  fields = dict(num_devices=1, num_train_steps=2, log_every_steps=1, checkpoint_every_steps=1)
   fields.update(seed=1, init_from=f"{source}{spec}", **{"data.synthetic_seed": 1})
   return tiny_config(**{**fields, **overrides})
 
@@ -63,17 +63,17 @@ def _source_loss(config, params, workdir):
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-  """A tiny run of 3 steps, a checkpoint at every step (the fine-tuning's step compiles the
+  """A tiny run of 2 steps, a checkpoint at every step (the fine-tuning's step compiles the
   same program: the same model and shapes)."""
   workdir = tmp_path_factory.mktemp("source")
-  train_run(tiny_config(num_devices=1, num_train_steps=3, checkpoint_every_steps=1), workdir)
+  train_run(tiny_config(num_devices=1, num_train_steps=2, checkpoint_every_steps=1), workdir)
   return workdir
 
 
 @pytest.fixture(scope="module")
 def finetuned(source, tmp_path_factory):
-  """(config, workdir, source, the source's snapshot before): 3 steps fine-tuned from the
-  source's step 3, a checkpoint at every step."""
+  """(config, workdir, source, the source's snapshot before): 2 steps fine-tuned from the
+  source's step 2, a checkpoint at every step."""
   before = _snapshot(source)
   config = _finetune_config(source)
   workdir = tmp_path_factory.mktemp("finetuned")
@@ -83,16 +83,16 @@ def finetuned(source, tmp_path_factory):
 
 def test_the_first_step_is_the_source_model_with_a_fresh_optimizer(finetuned, tmp_path):
   config, workdir, source, before = finetuned
-  expected = _source_loss(config, saved_params(source, 3), tmp_path)
+  expected = _source_loss(config, saved_params(source, 2), tmp_path)
   np.testing.assert_allclose(train_losses(workdir)[1], expected, rtol=1e-5)
   state, meta = ckpt.restore(ckpt.checkpoint_dir(workdir) / "1")
-  assert int(state["step"]) == 1  # the source was at 3
+  assert int(state["step"]) == 1  # the source was at 2
   adam = state["opt_state"]["adam"]
   assert int(adam["count"]) == 1
   # Adam's moments after one update from zero: mu = (1-b1) g, nu = (1-b2) g^2 = 2 mu^2.
   for mu, nu in zip(*(map(np.asarray, jax.tree_util.tree_leaves(adam[k])) for k in ("mu", "nu"))):
     np.testing.assert_allclose(nu, 2.0 * mu**2, rtol=1e-3, atol=1e-12)
-  assert meta["data_state"] != ckpt.restore(ckpt.checkpoint_dir(source) / "3")[1]["data_state"]
+  assert meta["data_state"] != ckpt.restore(ckpt.checkpoint_dir(source) / "2")[1]["data_state"]
   assert (workdir / "vocab.json").read_bytes() == (source / "vocab.json").read_bytes()
   assert _snapshot(source) == before  # only read: no lock, no file written or touched
 
@@ -102,12 +102,12 @@ def test_a_restart_resumes_the_finetuning_not_the_source(finetuned, tmp_path, ca
   config, workdir, _, _ = finetuned
   again = tmp_path / "again"
   shutil.copytree(workdir, again)
-  shutil.rmtree(ckpt.checkpoint_dir(again) / "3")
+  shutil.rmtree(ckpt.checkpoint_dir(again) / "2")
   moved = config.copy_and_resolve_references()
   moved.init_from = str(tmp_path / "gone")  # not read again once the workdir has checkpoints
   train_run(moved, again)
   assert "resumed from" in caplog.text
-  assert_trees_equal(saved_params(workdir, 3), saved_params(again, 3))
+  assert_trees_equal(saved_params(workdir, 2), saved_params(again, 2))
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_a_restart_resumes_the_finetuning_not_the_source(finetuned, tmp_path, ca
 def test_finetuning_on_other_topologies_and_checkpoints(source, tmp_path, spec, overrides):
   config = _finetune_config(source, spec, num_train_steps=1, **overrides)
   train_run(config, tmp_path / "run")
-  steps = [2, 3] if spec.startswith(":average") else [int(spec[1:])]
+  steps = [1, 2] if spec.startswith(":average") else [int(spec[1:])]
   params = average_params([saved_params(source, s) for s in steps])
   expected = _source_loss(config, params, tmp_path / "data")
   np.testing.assert_allclose(train_losses(tmp_path / "run")[1], expected, rtol=1e-5)
@@ -150,8 +150,8 @@ def test_another_model_shape_is_one_line_naming_the_parameter(source, tmp_path):
   "spec, overrides, message",
   [
     ("", {"data.synthetic_vocab": 20}, r"data.synthetic_vocab=20 makes vocabulary word-\w+, but"),
-    (":7", {}, "no checkpoint at step 7; available steps: 1, 2, 3"),
-    (":average:4", {}, "average:4 needs 1 to 3 checkpoints"),
+    (":7", {}, "no checkpoint at step 7; available steps: 1, 2"),
+    (":average:4", {}, "average:4 needs 1 to 2 checkpoints"),
     (":ensemble:2", {}, "an ensemble cannot start one model"),
   ],
 )

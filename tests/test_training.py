@@ -1,5 +1,7 @@
 """Training: the schedule, the step's invariants, parallel equivalence, train.py end to end."""
 
+import functools
+import inspect
 import json
 import logging
 
@@ -20,14 +22,37 @@ from training import parallel as par
 from training.state import learning_rate_schedule
 
 
-def run_losses(config, batches):
-  p = make_parallel(config)
-  state = p.init_state(jax.random.key(0))
+def parallel_for(**overrides):
+  """The `Parallel` of `tiny_config(**overrides)`, one for the file: a test that runs its step
+  and another that inspects it share one traced and compiled program."""
+  return _parallel(tuple(sorted(overrides.items())))
+
+
+@functools.cache
+def _parallel(overrides):
+  return make_parallel(tiny_config(**dict(overrides)))
+
+
+def run_losses(p, batches, start=None):
+  """The losses of `p`'s train step over `batches` from `start` (a host state, placed by `p`) or,
+  without it, from `p`'s own initial state (key 0); the final state on the host and placed."""
+  state = p.init_state(jax.random.key(0)) if start is None else p.place_state(start)
   losses = []
   for b in batches:
     state, m = p.train_step(state, b, jax.random.key(1))
     losses.append(float(m["loss"]))
-  return np.array(losses), p.host_state(state), p, state
+  return np.array(losses), p.host_state(state), state
+
+
+def jitted_train_step(p):
+  """The jitted train step `p.train_step` calls (training/parallel.py's own, found among its
+  closure's variables): lowering it again for the shapes a run gave it reuses that run's trace,
+  lowering and compiled program."""
+  jitted = [
+    v for v in inspect.getclosurevars(p.train_step).nonlocals.values() if hasattr(v, "lower")
+  ]
+  assert len(jitted) == 1, jitted
+  return jitted[0]
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -56,19 +81,25 @@ def adam_atol(config, steps: int) -> float:
 
 @pytest.fixture(scope="module")
 def reference_run():
+  """(batches, losses, final host state, initial host state, Parallel) of one device's run."""
   batches = fixed_batches()
-  losses, state, _, _ = run_losses(tiny_config(num_devices=1), batches)
-  return batches, losses, state
+  p = parallel_for(num_devices=1)
+  fresh = p.host_state(p.init_state(jax.random.key(0)))
+  losses, state, _ = run_losses(p, batches, fresh)
+  return batches, losses, state, fresh, p
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,mesh", [("pmap", None), ("mesh", (2, 2, 2))])  # (4, 1, 2): below
 def test_parallel_schemes_equal_one_device(reference_run, kind, mesh):
-  batches, ref_losses, ref_state = reference_run
+  """Each scheme's own initial state (key 0) and 5 steps equal one device's: losses and the
+  final parameters; the (2, 2, 2) mesh really shards the big matrices and Adam's moments."""
+  batches, ref_losses, ref_state, _, _ = reference_run
   overrides = {"parallelism": kind, "num_devices": 8}
   if mesh:
     overrides.update({"mesh.data": mesh[0], "mesh.fsdp": mesh[1], "mesh.tensor": mesh[2]})
-  losses, state, p, placed = run_losses(tiny_config(**overrides), batches)
+  p = parallel_for(**overrides)
+  losses, state, placed = run_losses(p, batches)
   assert p.kind == kind
   assert np.all(np.diff(ref_losses[:3]) < 0) or ref_losses[-1] < ref_losses[0]
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
@@ -88,8 +119,7 @@ def test_parallel_schemes_equal_one_device(reference_run, kind, mesh):
 
 
 # A data- and tensor-sharded mesh with dropout on: run by the dropout test, its compiled step
-# inspected by the tensor-parallel one (the same program: compiled once, from the session's
-# compilation cache the second time).
+# inspected by the tensor-parallel one (the same `Parallel`: the program is compiled once).
 DROP = {"model.dropout_rate": 0.3, "model.attention_dropout_rate": 0.3}
 DATA_TENSOR_MESH = {"mesh.data": 2, "mesh.fsdp": 1, "mesh.tensor": 4, **DROP}
 
@@ -98,12 +128,14 @@ DATA_TENSOR_MESH = {"mesh.data": 2, "mesh.fsdp": 1, "mesh.tensor": 4, **DROP}
 def test_dropout_on_a_mesh_equals_dropout_on_one_device(reference_run):
   """With dropout on, a data- and tensor-sharded step draws the same masks as one device
   (model/dropout.py hashes each element's global index, whatever the sharding), so the runs
-  match; the first loss differs from the same batch's without dropout, so the masks are really
-  applied."""
-  batches = fixed_batches(n=3)
-  ref, ref_state, _, _ = run_losses(tiny_config(num_devices=1, **DROP), batches)
-  losses, state, _, _ = run_losses(
-    tiny_config(num_devices=8, parallelism="mesh", **DATA_TENSOR_MESH), batches
+  match (both from the reference run's initial state: the schemes' own initial states are
+  compared above); the first loss differs from the same batch's without dropout, so the masks
+  are really applied."""
+  batches, no_drop, _, fresh, _ = reference_run
+  batches = batches[:3]
+  ref, ref_state, _ = run_losses(parallel_for(num_devices=1, **DROP), batches, fresh)
+  losses, state, _ = run_losses(
+    parallel_for(num_devices=8, parallelism="mesh", **DATA_TENSOR_MESH), batches, fresh
   )
   np.testing.assert_allclose(losses, ref, rtol=1e-4)
   atol = adam_atol(tiny_config(), len(batches))
@@ -111,8 +143,7 @@ def test_dropout_on_a_mesh_equals_dropout_on_one_device(reference_run):
     jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)
   ):
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=atol)
-  no_drop = reference_run[1]  # the same batches without dropout
-  assert abs(no_drop[0] - ref[0]) > 1e-3, (no_drop[0], ref[0])
+  assert abs(no_drop[0] - ref[0]) > 1e-3, (no_drop[0], ref[0])  # the same batches, no dropout
 
 
 @pytest.mark.slow
@@ -120,11 +151,13 @@ def test_dropout_on_a_mesh_equals_dropout_on_one_device(reference_run):
   "devices,accum,parallelism", [(1, 4, "mesh"), (8, 2, "mesh"), (2, 2, "pmap")]
 )
 def test_gradient_accumulation_equals_one_big_step(reference_run, devices, accum, parallelism):
-  batches, ref_losses, ref_state = reference_run
-  losses, state, _, _ = run_losses(
-    tiny_config(num_devices=devices, parallelism=parallelism, **{"optim.grad_accum_steps": accum}),
-    batches,
+  """k micro-batches accumulated equal the reference's whole-batch steps, from its initial
+  state."""
+  batches, ref_losses, ref_state, fresh, _ = reference_run
+  p = parallel_for(
+    num_devices=devices, parallelism=parallelism, **{"optim.grad_accum_steps": accum}
   )
+  losses, state, _ = run_losses(p, batches, fresh)
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5 if devices == 1 else 1e-4)
   atol = adam_atol(tiny_config(), len(batches))
   for a, b in zip(
@@ -134,49 +167,22 @@ def test_gradient_accumulation_equals_one_big_step(reference_run, devices, accum
 
 
 def compiled_mesh_step(**overrides):
-  """(train_step partial, Parallel, compiled HLO text) of the tiny model's step jitted over an
-  8-device mesh with the given config overrides, as training/parallel.py jits it (a program a
-  run above compiled already comes from the session's compilation cache)."""
-  import functools
-
-  from jax.sharding import NamedSharding, PartitionSpec
-
-  from model.build import build_model
-  from training import step as step_lib
-  from training.state import make_optimizer
-
-  c = tiny_config(num_devices=8, parallelism="mesh", **overrides)
-  tx, schedule = make_optimizer(c)
-  step = functools.partial(
-    step_lib.train_step,
-    model=build_model(c.model),
-    tx=tx,
-    schedule=schedule,
-    label_smoothing=0.1,
-    grad_accum_steps=int(c.optim.grad_accum_steps),
-  )
-  p = make_parallel(c)
-  replicated = NamedSharding(p.mesh, PartitionSpec())
-  jitted = jax.jit(  # as training/parallel.py jits it: the program a run of `c` compiled
-    step,
-    in_shardings=(p.state_sharding, par.batch_sharding(p.mesh), replicated),
-    out_shardings=(p.state_sharding, replicated),
-    donate_argnums=(0,),
-  )
-  # Lowered for the placed state's shapes and shardings: no state is built.
-  hlo = (
-    jitted.lower(p.restore_target, p.place_batch(fixed_batches(1)[0]), jax.random.key(1))
-    .compile()
-    .as_text()
-  )
-  return step, p, hlo
+  """(train_step, Parallel, compiled HLO text) of the tiny model's step over an 8-device mesh
+  with the given config overrides: the jitted step training/parallel.py made for that config
+  (`train_step`: the function it jits), lowered for the placed state's shapes and shardings and
+  a batch of the runs' shape (a program a run above compiled is taken from its trace and
+  compilation, not made again)."""
+  p = parallel_for(num_devices=8, parallelism="mesh", **overrides)
+  jitted = jitted_train_step(p)
+  batch = p.place_batch(fixed_batches(1)[0])
+  hlo = jitted.lower(p.restore_target, batch, jax.random.key(1)).compile().as_text()
+  return jitted.__wrapped__, p, hlo
 
 
 def test_accumulation_on_a_data_mesh_gathers_nothing():
   """Each micro-batch must stay spread over every data-parallel device: taking consecutive rows
-  made XLA all-gather each micro-batch and compute it on every device (k times the work)."""
-  import functools
-
+  made XLA all-gather each micro-batch and compute it on every device (k times the work). The
+  step is the one the accumulation test ran on 8 devices."""
   step, p, hlo = compiled_mesh_step(**{"optim.grad_accum_steps": 2})
   assert "all-gather" not in hlo
   assert " while(" in hlo or " while " in hlo  # the micro-batches run in a loop (lax.scan)
@@ -193,16 +199,17 @@ def test_tensor_parallel_step_moves_no_activations_between_devices():
   """With the heads sharded over mesh.tensor, the query/key/value product must stay on each
   device's heads: concatenating the kernels along `heads` made XLA permute shards around every
   attention layer (collective-permute in the compiled step). Dropout on (the step the dropout
-  test ran): its masks move nothing either."""
+  test ran, inspected as it compiled it): its masks move nothing either."""
   _, _, hlo = compiled_mesh_step(**DATA_TENSOR_MESH)
   assert "collective-permute" not in hlo and "all-to-all" not in hlo
 
 
 @pytest.mark.slow
 def test_nonfinite_update_is_skipped_and_counted(reference_run):
-  batches, _, _ = reference_run
-  p = make_parallel(tiny_config(num_devices=1))
-  fresh = p.host_state(p.init_state(jax.random.key(0)))
+  """A step with NaN parameters is skipped and counted: parameters, Adam's moments and count
+  unchanged, the streak 1, the step counted; the next good step uses the schedule's first rate.
+  On the reference run's one-device `Parallel` and initial state (its step, compiled once)."""
+  batches, _, _, fresh, p = reference_run
 
   def poison(x):  # NaN in the first column of every matrix
     x = np.array(x)
@@ -337,7 +344,7 @@ def test_bad_parallel_settings_are_clear():
     par.make_mesh({"data": 3, "fsdp": 1, "tensor": 1})
   with pytest.raises(ValueError, match="8 devices cannot be split into mesh"):
     par.make_mesh({"data": -1, "fsdp": 3, "tensor": 1})
-  p = make_parallel(tiny_config(parallelism="pmap", num_devices=8))
+  p = parallel_for(parallelism="pmap", num_devices=8)  # the pmap scheme test's
   state = p.abstract_state  # the batch is refused before the state is looked at
   bad = fixed_batches(1, rows=12)[0]
   with pytest.raises(ValueError, match="12 rows .* not divisible by the 8"):
