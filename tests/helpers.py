@@ -64,8 +64,19 @@ def tiny_config(**overrides):
 def random_params(config, seed=0):
   """numpy parameters of the model `config` describes: matrices and biases drawn at 1/sqrt(fan)
   scale, LayerNorm scales 1."""
+  return _drawn(abstract_params(config), seed)
+
+
+def numpy_params(model, *init_args, seed=0):
+  """numpy parameters of the tree `model.init(key, *init_args)` makes (traced only: compiling an
+  initialization takes seconds), drawn as `random_params` draws them."""
+  return _drawn(nn.unbox(jax.eval_shape(model.init, jax.random.key(0), *init_args)["params"]), seed)
+
+
+def _drawn(shapes, seed):
+  """A parameter tree of `shapes`' leaves' shapes, in numpy float32: `random_params`' draws."""
   rng = np.random.default_rng(seed)
-  flat = traverse_util.flatten_dict(abstract_params(config))
+  flat = traverse_util.flatten_dict(shapes)
   draw = lambda x: rng.standard_normal(x.shape) / np.sqrt(x.shape[-1])
   return traverse_util.unflatten_dict(
     {
@@ -73,20 +84,6 @@ def random_params(config, seed=0):
       for p, x in flat.items()
     }
   )
-
-
-def numpy_params(model, *init_args, seed=0):
-  """numpy parameters of the tree `model.init(key, *init_args)` makes (traced only: compiling an
-  initialization takes seconds), drawn as `random_params` draws them."""
-  tree = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), *init_args)["params"])
-  rng = np.random.default_rng(seed)
-
-  def draw(path, x):
-    if path[-1].key == "scale":
-      return np.ones(x.shape, np.float32)
-    return (rng.standard_normal(x.shape) / np.sqrt(x.shape[-1])).astype(np.float32)
-
-  return jax.tree_util.tree_map_with_path(draw, tree)
 
 
 def fixed_batches(n=5, rows=16, length=8, seed=0):
