@@ -24,7 +24,7 @@ from benchmark.records import (
   environment,
   time_stats,
 )
-from core.cpu import usable_cores
+from core.cpu import uint8_int8_products, usable_cores
 from core.errors import RunError, UsageError
 from model import decoder_state, search
 from model.build import build_model, init_variables
@@ -166,7 +166,9 @@ def decode_runner(config, options: Options, flax: bool = False) -> Runner:
     implementation = "this repository"
     # int8: quantized once, untimed, as decode.py does at load; `params` stay float32 (a peer
     # exports them).
-    timed = jax.jit(quantize_matrices)(params) if config.model.dtype == INT8 else params
+    vnni = device.platform == "cpu" and uint8_int8_products()  # as inference/restore.py
+    quantized = jax.jit(quantize_matrices, static_argnums=(1, 2))
+    timed = quantized(params, 0, vnni) if config.model.dtype == INT8 else params
 
     def call():
       out[:] = [decode(timed, inputs).block_until_ready()]

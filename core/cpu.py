@@ -69,6 +69,18 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+# VNNI's byte products (unsigned by signed, summed in int32), which model/quantize.py's uint8
+# form reaches; an AMX CPU's int8 × int8 products run on AMX already (docs/experiments.md).
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
+
+
+def uint8_int8_products(flags: Collection[str] | None = None) -> bool:
+  """Whether int8 decoding on this x86 CPU takes its products' inputs as uint8 (VNNI, no AMX):
+  `flags` default to this host's (`cpu_flags()`)."""
+  flags = cpu_flags() if flags is None else frozenset(flags)
+  return any(f in flags for f in VNNI_FLAGS) and "amx_int8" not in flags
+
+
 def native_dtype(
   platform: str, flags: Collection[str] | None = None, vendor: str | None = None
 ) -> tuple[str, str]:

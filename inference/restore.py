@@ -31,7 +31,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from core.cpu import native_dtype
+from core.cpu import native_dtype, uint8_int8_products
 from core.errors import ArgumentError, UsageError
 from data.tokenizer import load_matching, run_vocab_files
 from inference.compilation_cache import enable as enable_compilation_cache
@@ -230,7 +230,8 @@ def place(restored: Restored, *, dtype: str | None = "auto", devices=None) -> Lo
   mesh = Mesh(np.asarray(list(devices)), ("batch",))
   params = restored.params
   if dtype == INT8:  # once, on the host (numpy: nothing to compile), not in every decoding call
-    params = quantize_matrices(params, int(restored.ensemble))
+    vnni = devices[0].platform == "cpu" and uint8_int8_products()
+    params = quantize_matrices(params, int(restored.ensemble), uint8_inputs=vnni)
   model = DeferredModel(model_cfg)
   replicated = NamedSharding(mesh, PartitionSpec())
   # The searches' copy, made once on the host (numpy: nothing to compile): bfloat16's matrices

@@ -8,7 +8,10 @@ products (attention, softmax, LayerNorm, residuals) stays float32.
     y = int8_product("bld,vd->blv", x, params["embed"]["embedding"])   # [b, l, v] float32
 
 XLA:CPU runs the int8 × int8 -> int32 product as a library kernel (YNNPACK: AMX where the CPU
-has it; docs/experiments.md measures it per CPU kind).
+has it; docs/experiments.md measures it per CPU kind). Where the CPU multiplies bytes with VNNI
+(unsigned by signed) and has no AMX, matrices quantized with `uint8_inputs=True` carry their
+sums over the summed axes, and the product takes its input shifted to uint8 (+128) and subtracts
+128 × those sums (model/uint8_product.py): the same int32 sums, bit for bit, 3x faster there.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from model.uint8_product import uint8_int8_product
+
 LEVELS = 127  # symmetric: -127..127, so that a sign flip never overflows
 MATRICES = ("kernel", "embedding")  # the parameters that model/layers.py's products read
 
@@ -28,16 +33,18 @@ MATRICES = ("kernel", "embedding")  # the parameters that model/layers.py's prod
 class Int8Matrix:
   """A quantized matrix: `values` int8 in the matrix's own shape; `scale` float32 in the same
   shape with the summed axes of size 1, so that `values * scale` is the matrix again (to within
-  half a step per entry)."""
+  half a step per entry); `sums`, where products take their input as uint8, the int32 sums of
+  `values` over the summed axes (shaped as `scale`), else None."""
 
   values: jax.Array
   scale: jax.Array
+  sums: jax.Array | None = None
 
 
-def quantize(x, axes: tuple[int, ...]) -> Int8Matrix:
+def quantize(x, axes: tuple[int, ...], uint8_inputs: bool = False) -> Int8Matrix:
   """`x` as int8 with one scale per slice over `axes` (max |x| there / 127; an all-zero slice
-  gets scale 1). A numpy `x` is quantized by numpy (on the host, nothing compiled), to the same
-  values as jax gives."""
+  gets scale 1), and the values' sums over `axes` if `uint8_inputs` (`Int8Matrix.sums`). A numpy
+  `x` is quantized by numpy (on the host, nothing compiled), to the same values as jax gives."""
   xp = np if isinstance(x, np.ndarray) else jnp
   x = x.astype(np.float32)
   # Multiplications by reciprocals: XLA rewrites divisions so, numpy does not (same results).
@@ -45,7 +52,10 @@ def quantize(x, axes: tuple[int, ...]) -> Int8Matrix:
   scale = xp.where(scale > 0, scale, np.float32(1))
   inverse = np.float32(1) / scale  # x times it, as XLA computes x / scale
   values = xp.clip(xp.round(x * inverse), -LEVELS, LEVELS).astype(np.int8)
-  return Int8Matrix(values, scale)
+  sums = (
+    values.astype(np.int32).sum(axis=axes, keepdims=True, dtype=np.int32) if uint8_inputs else None
+  )
+  return Int8Matrix(values, scale, sums)
 
 
 def dequantize(m: Int8Matrix) -> jax.Array:
@@ -61,23 +71,30 @@ def take_rows(m: Int8Matrix, ids: jax.Array) -> jax.Array:
 def int8_product(subscripts: str, x: jax.Array, w: Int8Matrix, out_dtype=jnp.float32):
   """`jnp.einsum(subscripts, x, w)` with `x` quantized per row over the summed axes and an int32
   sum, scaled back and returned in `out_dtype`. The output's letters must be x's kept letters then
-  w's (as every product of model/layers.py is written), and `w` quantized over the axes summed
-  here."""
+  w's (as every product of model/layers.py is written), every summed letter in both, and `w`
+  quantized over the axes summed here. With `w.sums` the int32 sums come from the uint8 form of
+  x's values (the same numbers)."""
   inputs, out = subscripts.split("->")
   xs, ws = inputs.split(",")
   x_kept = "".join(c for c in xs if c in out)
   w_kept = "".join(c for c in ws if c in out)
-  if out != x_kept + w_kept or "." in subscripts:
+  summed = [c for c in xs if c not in out]
+  if out != x_kept + w_kept or "." in subscripts or sorted(summed) != sorted(set(ws) - set(out)):
     raise ValueError(f"int8_product: {subscripts!r} must write x's kept axes, then w's")
-  x_summed = tuple(i for i, c in enumerate(xs) if c not in out)
-  w_summed = tuple(i for i, c in enumerate(ws) if c not in out)
+  x_summed = tuple(xs.index(c) for c in summed)
+  w_summed = tuple(ws.index(c) for c in summed)
   if any(w.scale.shape[i] != 1 for i in w_summed):
     raise ValueError(
       f"int8_product: the matrix's scale {w.scale.shape} varies over the axes {subscripts!r} "
       "sums; quantize it over them"
     )
   q = quantize(x, x_summed)
-  total = jnp.einsum(subscripts, q.values, w.values, preferred_element_type=jnp.int32)
+  if w.sums is None:
+    total = jnp.einsum(subscripts, q.values, w.values, preferred_element_type=jnp.int32)
+  else:  # (x + 128) w - 128 sum(w): the int8 product's int32 values, exactly
+    shifted = (q.values.astype(jnp.int32) + 128).astype(jnp.uint8)
+    total = uint8_int8_product(shifted, w.values, ((x_summed, w_summed), ((), ())))
+    total = total - 128 * jnp.squeeze(w.sums, w_summed)
   x_scale = jnp.squeeze(q.scale, x_summed).reshape(
     tuple(x.shape[i] for i, c in enumerate(xs) if c in out) + (1,) * len(w_kept)
   )
@@ -92,10 +109,11 @@ def int8_product(subscripts: str, x: jax.Array, w: Int8Matrix, out_dtype=jnp.flo
 _SUMMED_BY_MODULE = {"out": (0, 1)}
 
 
-def quantize_matrices(params, leading: int = 0):
+def quantize_matrices(params, leading: int = 0, uint8_inputs: bool = False):
   """`params` with each `kernel` and `embedding` leaf an `Int8Matrix` (leaves already quantized
   stay as they are); biases and LayerNorm parameters stay float32. `leading`: axes in front of
-  every leaf (1 for an ensemble's stacked members), which no scale spans."""
+  every leaf (1 for an ensemble's stacked members), which no scale spans; `uint8_inputs`: products
+  take their inputs as uint8 (`quantize`; core/cpu.py's `uint8_int8_products` says where)."""
 
   def leaf(path, x):
     names = [getattr(k, "key", None) for k in path]
@@ -106,6 +124,6 @@ def quantize_matrices(params, leading: int = 0):
     else:
       parent = names[-2] if len(names) > 1 else None
       axes = tuple(leading + a for a in _SUMMED_BY_MODULE.get(parent, (0,)))
-    return quantize(x, axes)
+    return quantize(x, axes, uint8_inputs)
 
   return jax.tree_util.tree_map_with_path(leaf, params, is_leaf=lambda v: isinstance(v, Int8Matrix))

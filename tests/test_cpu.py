@@ -1,10 +1,10 @@
 """The dtype 'auto' resolves to (core/cpu.py): bfloat16 where the products are native and faster
 than float32's (GPUs, TPUs, x86 CPUs with AMX, AMD CPUs with AVX512-BF16), float32 elsewhere, for
-given CPU flag sets and vendors."""
+given CPU flag sets and vendors; and where int8 products take uint8 inputs (VNNI, no AMX)."""
 
 import pytest
 
-from core.cpu import cpu_flags, cpu_vendor, native_dtype
+from core.cpu import cpu_flags, cpu_vendor, native_dtype, uint8_int8_products
 
 AVX2 = {"sse4_2", "avx", "avx2", "fma", "f16c"}  # e.g. AMD EPYC Zen 3
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # e.g. Ice Lake
@@ -30,6 +30,21 @@ AMD, INTEL = "AuthenticAMD", "GenuineIntel"
 def test_cpus_get_bfloat16_only_where_its_products_are_faster(flags, vendor, dtype, named):
   got, why = native_dtype("cpu", flags, vendor)
   assert got == dtype and why.startswith("auto: ") and named in why, why
+
+
+@pytest.mark.parametrize(
+  "flags, uint8",
+  [
+    (AVX2, False),  # Zen 3: no VNNI
+    (AVX512, True),  # Ice Lake, Zen 4: avx512_vnni
+    (AVX2 | {"avx_vnni"}, True),  # Alder Lake's AVX-VNNI
+    (AVX512 | AMX, False),  # AMX multiplies int8 by int8 itself
+    (set(), False),
+  ],
+)
+def test_int8_products_take_uint8_inputs_where_vnni_multiplies_them(flags, uint8):
+  assert uint8_int8_products(flags) is uint8
+  assert uint8_int8_products() is uint8_int8_products(cpu_flags())
 
 
 def test_accelerators_get_bfloat16_and_other_platforms_float32():

@@ -1,6 +1,7 @@
 """int8 products (model/quantize.py): the quantization, the product against a numpy computation of
-CTranslate2's int8 rule, which axes each matrix is quantized over, and a model decoding with them
-(model.dtype 'int8') against the same model in float32."""
+CTranslate2's int8 rule, its uint8 form (model/uint8_product.py) to the same bits, which axes each
+matrix is quantized over, and a model decoding with them (model.dtype 'int8') against the same
+model in float32."""
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,7 @@ from flax import traverse_util
 from model import decoder_state
 from model.build import build_model
 from model.quantize import Int8Matrix, dequantize, int8_product, quantize, quantize_matrices
+from model.uint8_product import uint8_int8_product
 from tests.helpers import random_params, tiny_config
 
 CONFIG = tiny_config(**{"model.num_layers": 2}).model.to_dict()  # d_model 32, 4 heads, d_ff 64
@@ -67,6 +69,56 @@ def test_the_int8_product_over_two_summed_axes_and_its_errors():
     int8_product("blhk,hkd->lbd", jnp.asarray(x), quantize(jnp.asarray(w), (0, 1)))
 
 
+def test_the_uint8_form_gives_the_int8_products_bits():
+  """Matrices quantized with `uint8_inputs` (their sums kept): every product form of
+  model/layers.py gives the int8 × int8 product's float32 results bit for bit, alone and mapped
+  over an ensemble's members (vmap of both operands, or of the input only)."""
+  rng = np.random.default_rng(7)
+  forms = [
+    ("bld,df->blf", (6, 5, 24), (24, 10), (0,)),  # Dense
+    ("bld,dhk->blhk", (6, 5, 24), (24, 4, 8), (0,)),  # W^Q, W^K, W^V
+    ("blhk,hkd->bld", (2, 3, 4, 8), (4, 8, 16), (0, 1)),  # W^O
+    ("bld,vd->blv", (6, 5, 24), (50, 24), (1,)),  # the output product, x Eᵀ
+  ]
+  for subscripts, x_shape, w_shape, axes in forms:
+    x = jnp.asarray(rng.standard_normal((2, *x_shape)), jnp.float32)  # 2 members
+    w = rng.standard_normal((2, *w_shape)).astype(np.float32)
+    signed, unsigned = (quantize(w, tuple(a + 1 for a in axes), u) for u in (False, True))
+    assert signed.sums is None and unsigned.sums.dtype == np.int32
+    np.testing.assert_array_equal(
+      unsigned.sums, signed.values.astype(np.int64).sum(tuple(a + 1 for a in axes), keepdims=True)
+    )
+    product = lambda x, m: int8_product(subscripts, x, m)
+    alone = [
+      jax.jit(product)(
+        x[0], Int8Matrix(m.values[0], m.scale[0], None if m.sums is None else m.sums[0])
+      )
+      for m in (signed, unsigned)
+    ]
+    np.testing.assert_array_equal(np.asarray(alone[0]), np.asarray(alone[1]), err_msg=subscripts)
+    both = [jax.jit(jax.vmap(product))(x, m) for m in (signed, unsigned)]
+    np.testing.assert_array_equal(np.asarray(both[0]), np.asarray(both[1]), err_msg=subscripts)
+    first = jax.tree_util.tree_map(lambda a: a[0], unsigned)
+    inputs = jax.jit(jax.vmap(product, in_axes=(0, None)))(x, first)
+    np.testing.assert_array_equal(np.asarray(inputs[0]), np.asarray(alone[1]), err_msg=subscripts)
+
+
+def test_the_uint8_product_is_exact_and_checks_its_operands():
+  rng = np.random.default_rng(8)
+  x = rng.integers(0, 256, (3, 5, 24)).astype(np.uint8)
+  w = rng.integers(-127, 128, (4, 24, 7)).astype(np.int8)
+  got = uint8_int8_product(jnp.asarray(x), jnp.asarray(w), (((2,), (1,)), ((), ())))
+  want = np.einsum("bld,edf->blef", x.astype(np.int64), w.astype(np.int64))
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(np.asarray(got), want)
+  batched = uint8_int8_product(jnp.asarray(x[:1]), jnp.asarray(w[:1]), (((2,), (1,)), ((0,), (0,))))
+  np.testing.assert_array_equal(np.asarray(batched)[0], want[0, :, 0])
+  with pytest.raises(TypeError, match="expected uint8 x and int8 w"):
+    uint8_int8_product(jnp.asarray(w), jnp.asarray(w), (((1,), (1,)), ((), ())))
+  with pytest.raises(ValueError, match="pair sizes that differ"):
+    uint8_int8_product(jnp.asarray(x), jnp.asarray(w), (((1,), (1,)), ((), ())))
+
+
 @pytest.mark.parametrize("share_embeddings", [True, False])
 def test_every_matrix_is_quantized_over_the_axes_its_product_sums(share_embeddings):
   config = dict(CONFIG, share_embeddings=share_embeddings)
@@ -117,6 +169,8 @@ def test_a_model_decoding_in_int8_stays_close_to_float32(kind):
     return out.reshape(ids.shape[0], -1)  # [rows, vocab]
 
   exact, approx = np.asarray(logits(f32, params)), np.asarray(logits(i8, quantized))
+  unsigned = quantize_matrices(params, uint8_inputs=True)  # the same int8 products' bits
+  np.testing.assert_array_equal(np.asarray(logits(i8, unsigned)), approx)
   assert np.abs(approx - exact).max() < 0.06 * np.abs(exact).max()
   assert np.sqrt(np.mean((approx - exact) ** 2)) < 0.05 * np.sqrt(np.mean(exact**2))
   assert np.mean(approx.argmax(-1) == exact.argmax(-1)) >= 0.75  # random weights: near ties
