@@ -272,8 +272,10 @@ def test_int8_decoding_quantizes_once_and_stays_close(workdirs):
   """dtype='int8' (decode.py --dtype=int8): the matrices placed once as int8 (model/quantize.py);
   translations mostly those of float32 (tests/test_quantize.py compares the logits); the search's
   scores those forced decoding of the same hypotheses gives in int8; continuous batching equal to
-  length batches (each row quantized on its own, so no row depends on its neighbours); decode.py
-  the same as the API; a model whose products are not model/layers.py's refused."""
+  length batches on these sentences (each row is quantized on its own, but a float32 sum's last
+  bits can differ with the batch's shape, and rounding to int8 can make that a step: on a real
+  model a rare line parts, docs/experiments.md); decode.py the same as the API; a model whose
+  products are not model/layers.py's refused."""
   from model.quantize import Int8Matrix
 
   sentences = MORE
