@@ -11,7 +11,7 @@ XLA:CPU runs the int8 × int8 -> int32 product as a library kernel (YNNPACK: AMX
 has it; docs/experiments.md measures it per CPU kind). Where the CPU multiplies bytes with VNNI
 (unsigned by signed) and has no AMX, matrices quantized with `uint8_inputs=True` carry their
 sums over the summed axes, and the product takes its input shifted to uint8 (+128) and subtracts
-128 × those sums (model/uint8_product.py): the same int32 sums, bit for bit, 3x faster there.
+128 × those sums (model/uint8_product.py): the same int32 sums, bit for bit.
 """
 
 from __future__ import annotations
@@ -80,7 +80,9 @@ def int8_product(subscripts: str, x: jax.Array, w: Int8Matrix, out_dtype=jnp.flo
   w_kept = "".join(c for c in ws if c in out)
   summed = [c for c in xs if c not in out]
   if out != x_kept + w_kept or "." in subscripts or sorted(summed) != sorted(set(ws) - set(out)):
-    raise ValueError(f"int8_product: {subscripts!r} must write x's kept axes, then w's")
+    raise ValueError(
+      f"int8_product: {subscripts!r} must write x's kept axes, then w's, and sum axes of both"
+    )
   x_summed = tuple(xs.index(c) for c in summed)
   w_summed = tuple(ws.index(c) for c in summed)
   if any(w.scale.shape[i] != 1 for i in w_summed):
