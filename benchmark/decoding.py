@@ -166,9 +166,10 @@ def decode_runner(config, options: Options, flax: bool = False) -> Runner:
     implementation = "this repository"
     # int8: quantized once, untimed, as decode.py does at load; `params` stay float32 (a peer
     # exports them).
-    vnni = device.platform == "cpu" and uint8_int8_products()  # as inference/restore.py
-    quantized = jax.jit(quantize_matrices, static_argnums=(1, 2))
-    timed = quantized(params, 0, vnni) if config.model.dtype == INT8 else params
+    timed = params
+    if config.model.dtype == INT8:
+      uint8 = uint8_int8_products(device.platform)  # as inference/restore.py
+      timed = jax.jit(quantize_matrices, static_argnums=(1, 2))(params, 0, uint8)
 
     def call():
       out[:] = [decode(timed, inputs).block_until_ready()]

@@ -74,9 +74,11 @@ def usable_cores() -> int:
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
 
 
-def uint8_int8_products(flags: Collection[str] | None = None) -> bool:
-  """Whether int8 decoding on this x86 CPU takes its products' inputs as uint8 (VNNI, no AMX):
-  `flags` default to this host's (`cpu_flags()`)."""
+def uint8_int8_products(platform: str, flags: Collection[str] | None = None) -> bool:
+  """Whether int8 decoding on a device of `platform` takes its products' inputs as uint8: on a
+  CPU with VNNI and no AMX. `flags`: the CPU's (default: this host's, `cpu_flags()`)."""
+  if platform != "cpu":
+    return False
   flags = cpu_flags() if flags is None else frozenset(flags)
   return any(f in flags for f in VNNI_FLAGS) and "amx_int8" not in flags
 

@@ -544,10 +544,11 @@ def _sentence(found, row: int, want: str):
 
 def _searched(settings: SearchSettings) -> tuple[SearchSettings, np.ndarray | None]:
   """(the static settings of `settings`' compiled search, its rule argument or None): a beam
-  search under the 'gnmt' or 'fairseq' penalty, and Marian's search, take their alpha and
-  stopping rule as arguments ([2] float32: `SearchSettings.rule_values`), so that one program
-  serves every alpha and both stopping rules (a sweep on a dev set compiles once); its scores
-  and stops are the same as with them constants (`model.search.length_penalty`)."""
+  search under the 'gnmt' or 'fairseq' penalty takes its alpha and stopping rule as arguments
+  ([2] float32: `SearchSettings.rule_values`; Marian's beam search its `normalize` as alpha, its
+  own stopping kept), so that one program serves every alpha and both stopping rules (a sweep on
+  a dev set compiles once); its scores and stops are the same as with them constants
+  (`model.search.length_penalty`)."""
   program = settings.program()
   if not settings.rule_argument:
     return program, None

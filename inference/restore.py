@@ -230,8 +230,8 @@ def place(restored: Restored, *, dtype: str | None = "auto", devices=None) -> Lo
   mesh = Mesh(np.asarray(list(devices)), ("batch",))
   params = restored.params
   if dtype == INT8:  # once, on the host (numpy: nothing to compile), not in every decoding call
-    vnni = devices[0].platform == "cpu" and uint8_int8_products()
-    params = quantize_matrices(params, int(restored.ensemble), uint8_inputs=vnni)
+    uint8 = uint8_int8_products(devices[0].platform)
+    params = quantize_matrices(params, int(restored.ensemble), uint8_inputs=uint8)
   model = DeferredModel(model_cfg)
   replicated = NamedSharding(mesh, PartitionSpec())
   # The searches' copy, made once on the host (numpy: nothing to compile): bfloat16's matrices

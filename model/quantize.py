@@ -52,9 +52,7 @@ def quantize(x, axes: tuple[int, ...], uint8_inputs: bool = False) -> Int8Matrix
   scale = xp.where(scale > 0, scale, np.float32(1))
   inverse = np.float32(1) / scale  # x times it, as XLA computes x / scale
   values = xp.clip(xp.round(x * inverse), -LEVELS, LEVELS).astype(np.int8)
-  sums = (
-    values.astype(np.int32).sum(axis=axes, keepdims=True, dtype=np.int32) if uint8_inputs else None
-  )
+  sums = values.sum(axis=axes, keepdims=True, dtype=np.int32) if uint8_inputs else None
   return Int8Matrix(values, scale, sums)
 
 

@@ -43,8 +43,9 @@ def test_cpus_get_bfloat16_only_where_its_products_are_faster(flags, vendor, dty
   ],
 )
 def test_int8_products_take_uint8_inputs_where_vnni_multiplies_them(flags, uint8):
-  assert uint8_int8_products(flags) is uint8
-  assert uint8_int8_products() is uint8_int8_products(cpu_flags())
+  assert uint8_int8_products("cpu", flags) is uint8
+  assert uint8_int8_products("gpu", flags) is False
+  assert uint8_int8_products("cpu") is uint8_int8_products("cpu", cpu_flags())
 
 
 def test_accelerators_get_bfloat16_and_other_platforms_float32():
