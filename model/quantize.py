@@ -41,17 +41,24 @@ class Int8Matrix:
   sums: jax.Array | None = None
 
 
-def quantize(x, axes: tuple[int, ...], uint8_inputs: bool = False) -> Int8Matrix:
-  """`x` as int8 with one scale per slice over `axes` (max |x| there / 127; an all-zero slice
-  gets scale 1), and the values' sums over `axes` if `uint8_inputs` (`Int8Matrix.sums`). A numpy
-  `x` is quantized by numpy (on the host, nothing compiled), to the same values as jax gives."""
+def _rounded(x, axes: tuple[int, ...]):
+  """(x / scale rounded to integers in -127..127, as float32; scale), one scale per slice over
+  `axes` (max |x| there / 127; an all-zero slice gets scale 1). numpy for a numpy `x`."""
   xp = np if isinstance(x, np.ndarray) else jnp
   x = x.astype(np.float32)
   # Multiplications by reciprocals: XLA rewrites divisions so, numpy does not (same results).
   scale = xp.max(xp.abs(x), axis=axes, keepdims=True) * np.float32(1 / LEVELS)
   scale = xp.where(scale > 0, scale, np.float32(1))
   inverse = np.float32(1) / scale  # x times it, as XLA computes x / scale
-  values = xp.clip(xp.round(x * inverse), -LEVELS, LEVELS).astype(np.int8)
+  return xp.clip(xp.round(x * inverse), -LEVELS, LEVELS), scale
+
+
+def quantize(x, axes: tuple[int, ...], uint8_inputs: bool = False) -> Int8Matrix:
+  """`x` as int8 with one scale per slice over `axes` (max |x| there / 127; an all-zero slice
+  gets scale 1), and the values' sums over `axes` if `uint8_inputs` (`Int8Matrix.sums`). A numpy
+  `x` is quantized by numpy (on the host, nothing compiled), to the same values as jax gives."""
+  rounded, scale = _rounded(x, axes)
+  values = rounded.astype(np.int8)
   sums = values.sum(axis=axes, keepdims=True, dtype=np.int32) if uint8_inputs else None
   return Int8Matrix(values, scale, sums)
 
@@ -88,14 +95,17 @@ def int8_product(subscripts: str, x: jax.Array, w: Int8Matrix, out_dtype=jnp.flo
       f"int8_product: the matrix's scale {w.scale.shape} varies over the axes {subscripts!r} "
       "sums; quantize it over them"
     )
-  q = quantize(x, x_summed)
+  rounded, scale = _rounded(x, x_summed)
   if w.sums is None:
-    total = jnp.einsum(subscripts, q.values, w.values, preferred_element_type=jnp.int32)
+    values = rounded.astype(jnp.int8)
+    total = jnp.einsum(subscripts, values, w.values, preferred_element_type=jnp.int32)
   else:  # (x + 128) w - 128 sum(w): the int8 product's int32 values, exactly
-    shifted = (q.values.astype(jnp.int32) + 128).astype(jnp.uint8)
+    # +128 before the one conversion (exact: integers in 1..255); XLA:CPU's float -> int8 ->
+    # int32 -> uint8 chain does not vectorize, one float -> uint8 conversion does.
+    shifted = (rounded + 128).astype(jnp.uint8)
     total = uint8_int8_product(shifted, w.values, ((x_summed, w_summed), ((), ())))
     total = total - 128 * jnp.squeeze(w.sums, w_summed)
-  x_scale = jnp.squeeze(q.scale, x_summed).reshape(
+  x_scale = jnp.squeeze(scale, x_summed).reshape(
     tuple(x.shape[i] for i, c in enumerate(xs) if c in out) + (1,) * len(w_kept)
   )
   w_scale = jnp.squeeze(w.scale, w_summed)
