@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from model.uint8_product import uint8_int8_product
 
 LEVELS = 127  # symmetric: -127..127, so that a sign flip never overflows
 MATRICES = ("kernel", "embedding")  # the parameters that model/layers.py's products read
@@ -103,6 +102,10 @@ def int8_product(subscripts: str, x: jax.Array, w: Int8Matrix, out_dtype=jnp.flo
     # +128 before the one conversion (exact: integers in 1..255); XLA:CPU's float -> int8 ->
     # int32 -> uint8 chain does not vectorize, one float -> uint8 conversion does.
     shifted = (rounded + 128).astype(jnp.uint8)
+    # Imported where first traced: jax.extend, which it needs, takes ~20 ms to import, and a
+    # process that does not trace a uint8 product (float32, a program read back) need not.
+    from model.uint8_product import uint8_int8_product
+
     total = uint8_int8_product(shifted, w.values, ((x_summed, w_summed), ((), ())))
     total = total - 128 * jnp.squeeze(w.sums, w_summed)
   x_scale = jnp.squeeze(scale, x_summed).reshape(
