@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
 LEVELS = 127  # symmetric: -127..127, so that a sign flip never overflows
 MATRICES = ("kernel", "embedding")  # the parameters that model/layers.py's products read
 
