@@ -101,8 +101,8 @@ def int8_product(subscripts: str, x: jax.Array, w: Int8Matrix, out_dtype=jnp.flo
     # +128 before the one conversion (exact: integers in 1..255); XLA:CPU's float -> int8 ->
     # int32 -> uint8 chain does not vectorize, one float -> uint8 conversion does.
     shifted = (rounded + 128).astype(jnp.uint8)
-    # Imported where first traced: jax.extend, which it needs, takes ~20 ms to import, and a
-    # process that does not trace a uint8 product (float32, a program read back) need not.
+    # Imported where first traced: it needs jax.extend, whose import a process that traces no
+    # uint8 product (float32, programs read back) need not pay (docs/experiments.md).
     from model.uint8_product import uint8_int8_product
 
     total = uint8_int8_product(shifted, w.values, ((x_summed, w_summed), ((), ())))
